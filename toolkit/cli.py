@@ -1,0 +1,53 @@
+"""The ``dsv4kit`` command line: provision, validate, bench, records, rollout."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from dsv4kit import __version__
+from dsv4kit import bench_cmd, provision_cmd, records_cmd, rollout_cmd, validate_cmd
+
+app = typer.Typer(
+    name="dsv4kit",
+    help=(
+        "Bring an 8x RTX PRO 6000 (sm_120) box to a validated, benchmarked DeepSeek-V4-Flash "
+        "server on SGLang 0.5.23.\n\n"
+        "Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 host unreachable, 4 timeout, "
+        "5 environment missing something, 6 a driven tool failed, 130 interrupted."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"dsv4kit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Optional[bool] = typer.Option(
+        None, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """dsv4kit: provision, validate, bench, records, rollout."""
+
+
+app.command("validate", no_args_is_help=True)(validate_cmd.validate)
+app.command("provision")(provision_cmd.provision)
+app.command("bench")(bench_cmd.bench)
+app.add_typer(records_cmd.app, name="records")
+app.add_typer(rollout_cmd.app, name="rollout")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

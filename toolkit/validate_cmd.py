@@ -1,0 +1,46 @@
+"""``dsv4kit validate``: the kernel validation table, here (``--local``) or on a box (``--gpu N``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dsv4kit import exitcodes
+
+
+def validate(
+    local: bool = typer.Option(False, "--local", help="Run on this machine: its GPU, or the Triton CPU interpreter when there is none."),
+    gpu: Optional[int] = typer.Option(None, "--gpu", min=0, help="Run on this GPU index of the box (CUDA_VISIBLE_DEVICES=N)."),
+    host: Optional[str] = typer.Option(None, "--host", help="Inventory host name to validate on (default: the only host)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Hard timeout in seconds for the remote run; the remote process group is killed past it."),
+    cases: Optional[str] = typer.Option(None, "--cases", help="Comma-separated SUITE or SUITE:SPEC items, e.g. 'indexer' or 'indexer:16x32x2048'. Default: every suite's default cases."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the report to this path."),
+    interpret: Optional[bool] = typer.Option(None, "--interpret/--no-interpret", help="Force (or forbid) Triton's CPU interpreter. Default for --local: the interpreter only when no GPU is visible. A remote run never falls back silently."),
+    installed: bool = typer.Option(False, "--installed", help="Remote: use the dsv4kit already rolled out into the box's SGLang venv instead of shipping this checkout's wheel."),
+    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Remote: accept and record an unknown host key (its fingerprint is printed and saved). A changed key is always refused."),
+    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Remote: where reports are kept, named by host, GPU and time."),
+) -> None:
+    """Run the kernel validation table and exit non-zero on any failed case.
+
+    --local runs here. --gpu N runs on the box over SSH, in its SGLang venv, on GPU N.
+    """
+    if local == (gpu is not None):
+        typer.echo("error: give exactly one of --local or --gpu N", err=True)
+        raise typer.Exit(exitcodes.USAGE)
+    if local:
+        from dsv4kit.validation.harness import run_cli
+
+        code = run_cli(cases, str(json_path) if json_path else None, interpret)
+        raise typer.Exit(code)
+
+    from dsv4kit import remote_validate
+
+    code = remote_validate.run(
+        gpu=gpu, host=host, inventory=inventory, timeout=timeout, cases=cases,
+        json_path=json_path, interpret=bool(interpret), installed=installed,
+        trust_new_host_key=trust_new_host_key, results_dir=results_dir,
+    )
+    raise typer.Exit(code)

@@ -1,0 +1,1 @@
+"""Validation harness and kernel benchmarks."""

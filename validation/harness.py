@@ -1,0 +1,281 @@
+"""The validation harness: runs kernel suites against their references and reports a table.
+
+A *suite* is a module in ``dsv4kit.validation`` that checks one kernel. ``SUITES`` maps the suite
+name to that module's dotted path. Each suite module provides::
+
+    NAME: str
+    def default_cases(profile: str) -> list[str]
+        # Case specs for a profile: "gpu" (full set) or "cpu" (small, for the Triton interpreter).
+    def parse_case(spec: str) -> object
+        # Turn one spec string into a case; raise ValueError naming the problem on bad input.
+    def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]
+        # Yield one row per (case, implementation) comparison, plus any extra checks
+        # (CUDA-graph replay, determinism) that apply on options.device.
+
+``--cases`` takes comma-separated ``SUITE`` (that suite's defaults) or ``SUITE:SPEC`` items.
+
+Kernel modules are imported lazily by the suites, after ``TRITON_INTERPRET`` has been decided:
+Triton reads that variable when a kernel is decorated, not when it is launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Optional
+
+SUITES: dict[str, str] = {
+    "indexer": "dsv4kit.validation.indexer_suite",
+    "attention": "dsv4kit.validation.attention_suite",
+}
+
+REPORT_SCHEMA = 1
+
+
+@dataclass
+class RunOptions:
+    device: str  # "cuda" or "cpu"
+    interpret: bool  # True when kernels run through Triton's CPU interpreter
+    compare_sglang: bool = True  # also compare SGLang's own installed fallback when importable
+    progress: Optional[Callable[[str], None]] = None  # status messages while a case runs
+
+
+@dataclass
+class CheckRow:
+    """One comparison: an implementation on a case, or an extra check such as graph replay."""
+
+    suite: str
+    case: str  # human label of the case, e.g. "B=16 H=64 pages=32 seqlen<=2048"
+    impl: str  # "kernel", "fallback", "sglang", "graph-replay", "determinism", ...
+    passed: bool
+    max_abs: Optional[float] = None  # max |out - ref| over compared (finite) positions
+    rel: Optional[float] = None  # ||out - ref|| / ||ref|| over compared positions
+    pattern_ok: Optional[bool] = None  # -inf pattern (indexer) / no NaN in real heads (attention)
+    bar: Optional[float] = None  # the rel bar this row was held to, None when informational
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        def fmt(v: Optional[float]) -> str:
+            return "-" if v is None else f"{v:.3e}"
+
+        pattern = "-" if self.pattern_ok is None else ("match" if self.pattern_ok else "MISMATCH")
+        verdict = "PASS" if self.passed else "FAIL"
+        if self.bar is None and self.passed:
+            verdict = "info"
+        text = (
+            f"{self.suite:<9} {self.impl:<12} {self.case:<40} "
+            f"max|d|={fmt(self.max_abs):>9}  rel={fmt(self.rel):>9}  pattern={pattern:<8} {verdict}"
+        )
+        return text + (f"  {self.note}" if self.note else "")
+
+
+@dataclass
+class SuiteReport:
+    name: str
+    rows: list[CheckRow]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows) and bool(self.rows)
+
+    def worst(self, impl: str = "kernel") -> Optional[CheckRow]:
+        rows = [r for r in self.rows if r.impl == impl and r.rel is not None]
+        return max(rows, key=lambda r: (math.inf if math.isnan(r.rel) else r.rel), default=None)
+
+
+def parse_cases(text: Optional[str]) -> dict[str, list[str]]:
+    """``"indexer,attention:c4x16"`` -> ``{"indexer": [], "attention": ["c4x16"]}``.
+
+    An empty list means "that suite's defaults". Unknown suites and malformed specs raise
+    ValueError with the offending item named.
+    """
+    if not text:
+        return {name: [] for name in SUITES}
+    selected: dict[str, list[str]] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        suite, _, spec = item.partition(":")
+        if suite not in SUITES:
+            raise ValueError(f"unknown suite {suite!r} in --cases item {item!r}; known: {', '.join(SUITES)}")
+        specs = selected.setdefault(suite, [])
+        if spec:
+            load_suite(suite).parse_case(spec)  # fail early, before anything runs
+            specs.append(spec)
+    if not selected:
+        raise ValueError(f"--cases {text!r} selects nothing")
+    return selected
+
+
+def load_suite(name: str):
+    return importlib.import_module(SUITES[name])
+
+
+def choose_device(interpret: Optional[bool]) -> tuple[str, bool]:
+    """Decide where kernels run. ``interpret=None`` means: GPU if there is one, else interpreter."""
+    has_cuda = False
+    if not interpret:
+        try:
+            import torch
+
+            has_cuda = torch.cuda.is_available()
+        except ImportError:
+            has_cuda = False
+    if interpret is None:
+        interpret = not has_cuda
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+        return "cpu", True
+    if not has_cuda:
+        raise RuntimeError("no CUDA device is visible; pass --interpret to run on the CPU interpreter")
+    return "cuda", False
+
+
+def environment_info(device: str, interpret: bool) -> dict:
+    info = {"python": platform.python_version(), "host": platform.node(), "device": device,
+            "interpret": interpret}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if device == "cuda":
+            info["gpu"] = torch.cuda.get_device_name()
+            info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
+            info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        from dsv4kit import __version__
+
+        info["dsv4kit"] = __version__
+    except ImportError:
+        pass
+    try:
+        import sglang  # noqa: F401
+
+        info["sglang"] = getattr(sglang, "__version__", "unknown")
+    except Exception:
+        info["sglang"] = None
+    return info
+
+
+def run_suites(
+    selection: dict[str, list[str]],
+    options: RunOptions,
+    emit: Callable[[str], None] = print,
+) -> tuple[list[SuiteReport], dict]:
+    reports = []
+    for name, specs in selection.items():
+        suite = load_suite(name)
+        profile = "cpu" if options.interpret else "gpu"
+        specs = specs or suite.default_cases(profile)
+        rows = []
+        emit(f"== {name}: {len(specs)} case(s) on {options.device}"
+             + (" (Triton interpreter)" if options.interpret else ""))
+        for row in suite.run(specs, options):
+            rows.append(row)
+            emit(row.line())
+        report = SuiteReport(name, rows)
+        worst = report.worst()
+        if worst is not None:
+            emit(f"WORST {name}: {worst.case} rel={worst.rel:.3e} max|d|={worst.max_abs:.3e}")
+        emit(f"{name}: {'PASS' if report.passed else 'FAIL'}")
+        reports.append(report)
+    return reports, environment_info(options.device, options.interpret)
+
+
+def report_json(reports: list[SuiteReport], env: dict, started: float) -> dict:
+    return {
+        "schema": REPORT_SCHEMA,
+        "kind": "dsv4kit-validation",
+        "started_unix": started,
+        "seconds": round(time.time() - started, 3),
+        "environment": env,
+        "passed": all(r.passed for r in reports) and bool(reports),
+        "suites": {
+            r.name: {
+                "passed": r.passed,
+                "worst": dataclasses.asdict(r.worst()) if r.worst() else None,
+                "rows": [dataclasses.asdict(row) for row in r.rows],
+            }
+            for r in reports
+        },
+    }
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    """Write JSON so that an interrupted run never leaves a half-written report."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, indent=2, sort_keys=True, default=_json_default)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def _json_default(value):
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    return str(value)
+
+
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    """``python -m dsv4kit.validation.harness``: the same run without the CLI dependencies.
+
+    This is what ``dsv4kit validate --gpu N`` runs on the box, inside the SGLang venv.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.harness",
+                                     description="Run the dsv4kit kernel validation table.")
+    parser.add_argument("--cases", default=None, help="comma-separated SUITE or SUITE:SPEC items")
+    parser.add_argument("--json", dest="json_path", default=None, help="write the report here")
+    parser.add_argument("--interpret", action="store_true",
+                        help="run kernels through Triton's CPU interpreter (small cases)")
+    parser.add_argument("--no-sglang", action="store_true",
+                        help="do not compare against SGLang's installed fallback")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    return run_cli(args.cases, args.json_path, True if args.interpret else None,
+                   compare_sglang=not args.no_sglang)
+
+
+def run_cli(cases: Optional[str], json_path: Optional[str], interpret: Optional[bool],
+            compare_sglang: bool = True, emit: Callable[[str], None] = print) -> int:
+    """Shared by ``dsv4kit validate --local`` and ``python -m``. Returns an exit code."""
+    from dsv4kit import exitcodes
+
+    started = time.time()
+    try:
+        device, interpret = choose_device(interpret)
+        selection = parse_cases(cases)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exitcodes.USAGE if isinstance(exc, ValueError) else exitcodes.ENVIRONMENT
+    options = RunOptions(device=device, interpret=interpret, compare_sglang=compare_sglang,
+                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    reports, env = run_suites(selection, options, emit=lambda s: emit(s) or sys.stdout.flush())
+    payload = report_json(reports, env, started)
+    emit(f"VERDICT: {'PASS' if payload['passed'] else 'FAIL'}")
+    if json_path:
+        write_json_atomic(json_path, payload)
+        emit(f"report: {json_path}")
+    return exitcodes.OK if payload["passed"] else exitcodes.CHECK_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
