@@ -1,0 +1,64 @@
+"""The schema of the dsv4kit inventory variables (``dsv4_*``), shared by every command.
+
+The inventory is an ordinary Ansible YAML inventory plus ``group_vars/`` and ``host_vars/``
+beside it. Ansible reads it for ``dsv4kit provision``; ``dsv4kit.inventory`` reads the same files
+for ``validate`` and ``bench`` and checks every ``dsv4_*`` variable against ``FIELDS``.
+
+Each entry: name -> (python type(s), description). Values are checked after merging
+all < group < host. Unknown ``dsv4_*`` names are errors (they are almost always typos).
+Host-level connection settings use Ansible's own names (``ansible_host``, ``ansible_port``, ...),
+listed in ``CONNECTION_FIELDS``.
+"""
+
+from __future__ import annotations
+
+# Pins and layout. The values themselves live in inventory/group_vars/all.yml, the one place
+# for versions; role defaults only document them.
+FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    # --- versions (all pins) ---
+    "dsv4_driver_branch": (str, "NVIDIA driver branch, open kernel modules (>= 580 for Blackwell)."),
+    "dsv4_cuda_version": (str, "CUDA toolkit version, e.g. '13.0' (apt package cuda-toolkit-13-0)."),
+    "dsv4_python_version": (str, "Python version of the SGLang venv, e.g. '3.12'."),
+    "dsv4_torch_version": (str, "torch version installed in the venv (must match SGLang's pin)."),
+    "dsv4_torch_index_url": (str, "Package index for the CUDA build of torch."),
+    "dsv4_triton_version": (str, "triton version installed in the venv."),
+    "dsv4_sglang_version": (str, "SGLang version; the kernels' rollout supports 0.5.23."),
+    "dsv4_flash_attn_version": (str, "flash-attn version built from source for sm_120."),
+    "dsv4_flash_attn_arch_list": (str, "TORCH_CUDA_ARCH_LIST for the flash-attn build, e.g. '12.0'."),
+    # --- hardware and layout ---
+    "dsv4_gpu_present": (bool, "False on a GPU-less test target: GPU, kernel-module and reboot steps run in check mode."),
+    "dsv4_gpu_count": (int, "GPUs expected on the box (nvidia-smi -L / lspci)."),
+    "dsv4_prefill_gpus": (list, "GPU indices of the prefill server."),
+    "dsv4_decode_gpus": (list, "GPU indices of the decode server."),
+    "dsv4_validate_gpu": (int, "Default GPU for `dsv4kit validate --gpu` (a decode GPU)."),
+    # --- serving ---
+    "dsv4_model_path": (str, "Model directory on the box."),
+    "dsv4_model_revision": (str, "Model revision (commit hash) recorded in bench records."),
+    "dsv4_context_length": (int, "--context-length of the servers, in tokens."),
+    "dsv4_router_port": (int, "Port of the router (the public endpoint)."),
+    "dsv4_prefill_port": (int, "Port of the prefill server."),
+    "dsv4_decode_port": (int, "Port of the decode server."),
+    "dsv4_kernel_flags": (dict, "Environment flags that turn the dsv4kit kernels on (name -> '0'/'1')."),
+    "dsv4_server_extra_args": (list, "Extra sglang.launch_server arguments, one list item each."),
+    "dsv4_service_user": (str, "System user that runs the serving units."),
+    # --- paths on the box ---
+    "dsv4_prefix": (str, "Root under which every dsv4kit path lives ('/' on a real box, a scratch dir in tests)."),
+    "dsv4_venv_dir": (str, "The SGLang venv (absolute path)."),
+    "dsv4_state_dir": (str, "dsv4kit state on the box: freeze files, build logs, cached wheels, scratch."),
+    # --- connection policy (control machine side) ---
+    "dsv4_known_hosts": (str, "known_hosts file used to verify host keys (fabric and ansible)."),
+    "dsv4_connect_timeout": ((int, float), "Seconds to wait for an SSH connection."),
+}
+
+CONNECTION_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "ansible_host": (str, "Address of the box."),
+    "ansible_port": (int, "SSH port."),
+    "ansible_user": (str, "SSH user."),
+    "ansible_ssh_private_key_file": (str, "Private key file for SSH."),
+    "ansible_become": (bool, "Use sudo for privileged tasks."),
+    "ansible_python_interpreter": (str, "Python Ansible uses on the box."),
+    "ansible_ssh_common_args": (str, "Extra ssh arguments for Ansible."),
+    "ansible_connection": (str, "Ansible connection plugin (ssh)."),
+}
+
+REQUIRED = ("dsv4_venv_dir", "dsv4_context_length", "dsv4_decode_port", "dsv4_gpu_count")
