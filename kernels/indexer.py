@@ -1,0 +1,295 @@
+"""Capture-safe, O(actual length) FP8 paged MQA logits for the DeepSeek-V4 C4 indexer.
+
+Drop-in for SGLang 0.5.23's ``fp8_paged_mqa_logits_torch_sm120`` (and the TileLang indexer):
+the same eight positional arguments, the same fp32 ``[B, max_seq_len]`` result.
+
+Byte layout of the index-K cache (spec section 2.3)
+---------------------------------------------------
+``kvcache`` is the layer's uint8 pool, ``[num_pages, 64, 1, 132]`` (or flat ``[num_pages, 8448]``).
+The 4-D view is *not* token-major; a page is 8448 contiguous bytes::
+
+    page p, slot o in [0, 64):
+      bytes p*8448 +        o*128 + [0, 128)   K values, fp8 e4m3fn (OCP, max 448), token-major
+      bytes p*8448 + 8192 + o*4   + [0, 4)     s_k, a plain fp32 scale (not ue8m0)
+
+Compressed position ``t`` of row ``b`` lives in page ``page_table[b, t >> 6]``, slot ``t & 63``.
+The kernel receives the uint8 pointer and reinterprets it in-kernel as fp8 (values) and as fp32
+(scales: float offset ``p*2112 + 2048 + o``). All byte offsets are int64: ``num_pages*8448`` and
+``B*max_seq_len`` can pass 2**31.
+
+Maths (spec section 2.5)
+------------------------
+With ``L = seq_lens[b]`` (clamped to ``[0, max_seq_len]``), for ``t < L``::
+
+    logit[b, t] = s_k[pg, o] * sum_h weight[b, h] * relu( sum_d q8[b, h, d] * k8[pg, o, d] )
+
+q carries no scale of its own: the q scale, 1/sqrt(128) and 1/sqrt(64) are folded into ``weight``.
+Per page the inner sums are one fp8 x fp8 ``tl.dot`` of ``[64 positions x 128] @ [128 x H heads]``
+with fp32 accumulation (tensor cores on sm_90 and sm_120), then relu, the weighted head sum and the
+scale in fp32. For ``t >= L``: exactly ``-inf``.
+
+Work and grid
+-------------
+The grid is ``(B, R)`` with ``R = clamp(ceil(target_programs / B), 1, P)``: it depends only on
+``B`` and ``P`` (and the device's SM count), never on ``seq_lens`` values. Program ``(b, j)``
+loads ``L`` on the device and
+
+* scores pages ``j, j+R, j+2R, ... < ceil(L/64)``: work follows the actual length, a page at or
+  past ``ceil(L/64)`` is never loaded, and its (possibly stale) page-table entry is never read;
+* fills its ``1/R`` share of the tail ``[ceil(L/64)*64, max_seq_len)`` with ``-inf`` using wide
+  vector stores (no per-position program work); ``[L, ceil(L/64)*64)`` is masked to ``-inf`` by
+  the page that scores it.
+
+Capture safety (spec section 5): no ``.item()``, no host sync, no allocation other than the output
+(``torch.empty``, which a CUDA graph serves from its private pool), static launch configuration
+(no autotuning). All arguments are checked on the host before the launch.
+
+A page id read for a position ``< L`` that lies outside ``[0, num_pages)`` is never dereferenced
+(the address is clamped) and its 64 positions score ``-inf``: a corrupt table cannot make the
+kernel read out of bounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+PAGE_SIZE = 64  # compressed positions per index-K page
+HEAD_DIM = 128  # index head dim
+PAGE_BYTES = PAGE_SIZE * (HEAD_DIM + 4)  # 8448: 64*128 fp8 values then 64 fp32 scales
+SCALE_OFFSET = PAGE_SIZE * HEAD_DIM  # 8192: byte offset of the scales within a page
+
+# Launch configuration. Static on purpose: autotuning would sync the device inside capture.
+# Programs per row R = clamp(ceil(PROGRAMS_PER_SM * num_SMs / B), 1, P).
+PROGRAMS_PER_SM = 8
+NUM_WARPS = 4
+NUM_STAGES = 3
+FILL_BLOCK = 2048  # fp32 elements per -inf store (8 KiB)
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _indexer_logits_kernel(
+    q_ptr,  # fp8 e4m3 [B, 1, H, D], contiguous
+    kv_ptr,  # uint8 [num_pages, 8448]
+    w_ptr,  # fp32 [B, H], contiguous
+    seq_lens_ptr,  # int32 [B] with stride seq_lens_stride
+    page_table_ptr,  # int32 [B, P] with row stride pt_stride, unit column stride
+    out_ptr,  # fp32 [B, max_seq_len], contiguous
+    seq_lens_stride,
+    pt_stride,
+    num_pages,
+    max_seq_len,
+    progs_per_row,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    PAGE_BYTES: tl.constexpr,
+    SCALE_OFFSET: tl.constexpr,
+    FILL: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+
+    seq_len = tl.load(seq_lens_ptr + b * seq_lens_stride)
+    seq_len = tl.minimum(tl.maximum(seq_len, 0), max_seq_len)
+    n_pages = (seq_len + PAGE - 1) // PAGE
+    out_row = out_ptr + b * max_seq_len
+    offs_t = tl.arange(0, PAGE)
+
+    # ---- scored pages: j, j+R, ... < n_pages (none when j >= n_pages: nothing is loaded) ----
+    offs_h = tl.arange(0, H)
+    offs_d = tl.arange(0, D)
+    # Masks built as tensors (the interpreter cannot AND a block with a scalar): all-false when
+    # this program scores nothing, so those loads issue no memory traffic.
+    q_mask = (offs_h[:, None] * 0 + offs_d[None, :] * 0 + j) < n_pages
+    q = tl.load(q_ptr + b * (H * D) + offs_h[:, None] * D + offs_d[None, :], mask=q_mask, other=0.0)
+    w = tl.load(w_ptr + b * H + offs_h, mask=(offs_h * 0 + j) < n_pages, other=0.0)
+    kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+    kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
+    for p in range(j, n_pages, progs_per_row):
+        page = tl.load(page_table_ptr + b * pt_stride + p).to(tl.int64)
+        page_ok = (page >= 0) & (page < num_pages)
+        page = tl.where(page_ok, page, 0)  # never dereference an id outside the pool
+        scored_until = tl.where(page_ok, seq_len, 0)  # a bad id's positions score -inf
+        k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
+        s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
+        scores = tl.dot(k, tl.trans(q))  # [PAGE, H] fp32 accumulation
+        scores = tl.maximum(scores, 0.0)
+        logit = tl.sum(scores * w[None, :], axis=1) * s_k
+        t = p * PAGE + offs_t
+        logit = tl.where(t < scored_until, logit, float("-inf"))
+        tl.store(out_row + t, logit, mask=t < max_seq_len)
+
+    # ---- this program's share of the -inf tail [n_pages*PAGE, max_seq_len) ----
+    tail_start = n_pages * PAGE
+    tail = tl.maximum(max_seq_len - tail_start, 0)
+    chunk = tl.cdiv(tl.cdiv(tail, progs_per_row), PAGE) * PAGE  # multiple of 64: aligned stores
+    start = tail_start + j * chunk
+    end = tl.minimum(start + chunk, max_seq_len)
+    neg_inf = tl.full([FILL], float("-inf"), tl.float32)
+    for off in range(start, end, FILL):
+        off = tl.multiple_of(off, PAGE)
+        idx = off + tl.arange(0, FILL)
+        tl.store(out_row + idx, neg_inf, mask=idx < end)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    if _INTERPRET or not torch.cuda.is_available():
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def programs_per_row(batch: int, num_table_pages: int, device: torch.device,
+                     programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """R for the grid ``(B, R)``: a function of B, P and the device only (capture-safe)."""
+    index = device.index if device.index is not None else (
+        torch.cuda.current_device() if device.type == "cuda" else 0)
+    target = programs_per_sm * _sm_count(index)
+    return max(1, min(num_table_pages, -(-target // max(batch, 1))))
+
+
+def _fail(message: str) -> None:
+    raise ValueError(f"fp8_paged_mqa_logits: {message}")
+
+
+def check_args(q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits):
+    """Validate every argument on the host; return ``(B, H, P, num_pages, seq_lens_1d, kv_2d, msl)``.
+
+    Runs before any launch (and so never inside a captured region): only shapes, dtypes, strides
+    and devices are inspected, never tensor values.
+    """
+    for name, value in (("q_fp8", q_fp8), ("kvcache", kvcache), ("weight", weight),
+                        ("seq_lens", seq_lens), ("page_table", page_table)):
+        if not isinstance(value, torch.Tensor):
+            _fail(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if clean_logits:
+        _fail("clean_logits=True is not supported (every SGLang 0.5.23 caller passes False)")
+
+    if q_fp8.dtype != torch.float8_e4m3fn:
+        _fail(f"q_fp8 must be torch.float8_e4m3fn, got {q_fp8.dtype}")
+    if q_fp8.dim() != 4 or q_fp8.shape[1] != 1:
+        _fail(f"q_fp8 must be [B, 1, H, 128] (next_n == 1), got shape {tuple(q_fp8.shape)}")
+    batch, _, heads, head_dim = q_fp8.shape
+    if head_dim != HEAD_DIM:
+        _fail(f"head_dim must be {HEAD_DIM}, got {head_dim} (q_fp8 shape {tuple(q_fp8.shape)})")
+    if heads not in (16, 32, 64, 128):
+        _fail(f"number of index heads must be 16, 32, 64 or 128, got {heads}")
+    if not q_fp8.is_contiguous():
+        _fail("q_fp8 must be contiguous")
+
+    if kvcache.dtype != torch.uint8:
+        _fail(f"kvcache must be the uint8 index-K pool, got {kvcache.dtype}")
+    if kvcache.dim() == 4:
+        if kvcache.shape[1] != PAGE_SIZE:
+            _fail(f"page size must be {PAGE_SIZE}, got kvcache shape {tuple(kvcache.shape)}")
+        if tuple(kvcache.shape[2:]) != (1, HEAD_DIM + 4):
+            _fail(f"kvcache must be [num_pages, 64, 1, 132], got {tuple(kvcache.shape)}")
+    elif kvcache.dim() == 2:
+        if kvcache.shape[1] != PAGE_BYTES:
+            _fail(f"flat kvcache pages must be {PAGE_BYTES} bytes (page size {PAGE_SIZE}), "
+                  f"got shape {tuple(kvcache.shape)}")
+    else:
+        _fail(f"kvcache must be [num_pages, 64, 1, 132] or [num_pages, {PAGE_BYTES}], "
+              f"got shape {tuple(kvcache.shape)}")
+    if not kvcache.is_contiguous():
+        _fail("kvcache must be contiguous")
+    num_pages = kvcache.shape[0]
+    if num_pages < 1:
+        _fail("kvcache holds no pages")
+
+    if weight.dtype != torch.float32:
+        _fail(f"weight must be float32, got {weight.dtype}")
+    if tuple(weight.shape) != (batch, heads):
+        _fail(f"weight must be [B, H] = {(batch, heads)}, got {tuple(weight.shape)}")
+    if not weight.is_contiguous():
+        _fail("weight must be contiguous")
+
+    if seq_lens.dtype != torch.int32:
+        _fail(f"seq_lens must be int32, got {seq_lens.dtype}")
+    if seq_lens.dim() == 2 and seq_lens.shape[1] == 1:
+        seq_lens = seq_lens[:, 0]
+    if seq_lens.dim() != 1 or seq_lens.shape[0] != batch:
+        _fail(f"seq_lens must be [B] or [B, 1] with B = {batch}, got {tuple(seq_lens.shape)}")
+
+    if page_table.dtype != torch.int32:
+        _fail(f"page_table must be int32, got {page_table.dtype}")
+    if page_table.dim() != 2 or page_table.shape[0] != batch:
+        _fail(f"page_table must be [B, P] with B = {batch}, got {tuple(page_table.shape)}")
+    if page_table.shape[1] < 1:
+        _fail("page_table has no columns (P == 0)")
+    if page_table.stride(1) != 1:
+        _fail("page_table rows must be contiguous (column stride 1)")
+    table_pages = page_table.shape[1]
+
+    if isinstance(max_seq_len, bool):
+        _fail("max_seq_len must be an int, got bool")
+    try:
+        max_seq_len = operator.index(max_seq_len)
+    except TypeError:
+        _fail(f"max_seq_len must be an int, got {type(max_seq_len).__name__}")
+    # Decode passes exactly P*64; SGLang's prefill path passes max(seq_lens) <= P*64.
+    if not 1 <= max_seq_len <= table_pages * PAGE_SIZE:
+        _fail(f"max_seq_len must be in [1, P*64] = [1, {table_pages * PAGE_SIZE}] "
+              f"for page_table with P = {table_pages}, got {max_seq_len}")
+
+    device = q_fp8.device
+    for name, value in (("kvcache", kvcache), ("weight", weight), ("seq_lens", seq_lens),
+                        ("page_table", page_table)):
+        if value.device != device:
+            _fail(f"{name} is on {value.device} but q_fp8 is on {device}")
+    if device.type != "cuda" and not _INTERPRET:
+        _fail(f"tensors must be on a CUDA device, got {device} "
+              "(set TRITON_INTERPRET=1 before importing to run on the CPU interpreter)")
+    return batch, heads, table_pages, num_pages, seq_lens, kvcache.view(num_pages, PAGE_BYTES), max_seq_len
+
+
+def fp8_paged_mqa_logits(
+    q_fp8: torch.Tensor,
+    kvcache: torch.Tensor,
+    weight: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    deep_gemm_metadata: Any,
+    max_seq_len: int,
+    clean_logits: bool = False,
+) -> torch.Tensor:
+    """fp32 ``[B, max_seq_len]`` indexer logits; exact ``-inf`` at every ``t >= seq_lens[b]``.
+
+    Arguments as SGLang 0.5.23 passes them (spec section 2.2): ``q_fp8`` fp8 ``[B, 1, H, 128]``,
+    ``kvcache`` uint8 ``[num_pages, 64, 1, 132]``, ``weight`` fp32 ``[B, H]``, ``seq_lens`` int32
+    ``[B]`` or ``[B, 1]`` (compressed lengths, may be 0), ``page_table`` int32 ``[B, P]`` (entries
+    past a row's length may be stale and are never read), ``deep_gemm_metadata`` (ignored),
+    ``max_seq_len`` (``P * 64`` in decode), ``clean_logits`` (must be False). Layout and maths:
+    see the module docstring.
+    """
+    del deep_gemm_metadata  # None on sm_120; rows are never chunked on this route
+    batch, heads, table_pages, num_pages, seq_lens_1d, kv_pages, max_seq_len = check_args(
+        q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits)
+    out = torch.empty((batch, max_seq_len), dtype=torch.float32, device=q_fp8.device)
+    if batch == 0:
+        return out
+    launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len,
+           programs_per_row(batch, table_pages, q_fp8.device))
+    return out
+
+
+def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len,
+           progs_per_row, num_warps=NUM_WARPS, num_stages=NUM_STAGES, fill_block=FILL_BLOCK):
+    """Launch on already-checked arguments (the benchmark uses this to sweep configurations)."""
+    batch, _, heads, head_dim = q_fp8.shape
+    grid = (batch, progs_per_row)
+    _indexer_logits_kernel[grid](
+        q_fp8, kv_pages, weight, seq_lens_1d, page_table, out,
+        seq_lens_1d.stride(0), page_table.stride(0), num_pages, max_seq_len, progs_per_row,
+        H=heads, D=head_dim, PAGE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, SCALE_OFFSET=SCALE_OFFSET,
+        FILL=fill_block, num_warps=num_warps, num_stages=num_stages,
+    )
