@@ -1,0 +1,55 @@
+"""Inventories that point at the loopback sshd (tests/sshd.py), for the SSH and remote-validation tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def write_inventory(directory: Path, server, *, name: str = "lo", **overrides) -> Path:
+    """A one-host inventory for ``server`` (a LoopbackSSHD). ``overrides`` replace host variables.
+
+    The "box venv" is ``directory/venv`` whose ``bin/python`` is a symlink to this interpreter
+    (so torch and triton are importable there, as in the box's SGLang venv); the state dir is a
+    private directory under ``directory``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    venv = box_venv(directory / "venv")
+    host = {
+        "ansible_host": server.host,
+        "ansible_port": server.port,
+        "ansible_user": server.user,
+        "ansible_ssh_private_key_file": str(server.client_key),
+        "dsv4_known_hosts": str(server.known_hosts),
+        "dsv4_connect_timeout": 10,
+        "dsv4_venv_dir": str(venv),
+        "dsv4_state_dir": str(directory / "state"),
+        "dsv4_context_length": 8192,
+        "dsv4_decode_port": 30002,
+        "dsv4_gpu_count": 8,
+    }
+    for key, value in overrides.items():
+        if value is None:
+            host.pop(key, None)
+        else:
+            host[key] = value
+    path = directory / "hosts.yml"
+    path.write_text(yaml.safe_dump({"all": {"children": {"boxes": {"hosts": {name: host}}}}}))
+    return path
+
+
+def box_venv(venv: Path) -> Path:
+    """A stand-in for the box's SGLang venv: bin/python -> this interpreter (not a copy)."""
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        python.symlink_to(sys.executable)
+    return venv
+
+
+def keygen(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path

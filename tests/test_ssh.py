@@ -1,0 +1,143 @@
+"""dsv4kit.ssh against the real loopback sshd: host-key policy, credentials, timeouts, transfers."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from dsv4kit import exitcodes, ssh
+from dsv4kit.inventory import InventoryError, load_inventory
+from tests.remote_inventory import keygen, write_inventory
+
+
+def _host(tmp_path, server, **overrides):
+    return load_inventory(write_inventory(tmp_path / "inv", server, **overrides)).host()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens once the socket is closed
+
+
+@pytest.fixture
+def session(tmp_path, loopback_ssh):
+    with ssh.open_session(_host(tmp_path, loopback_ssh)) as s:
+        yield s
+
+
+def test_run_streams_lines_and_keeps_exit_code(session):
+    lines = []
+    result = session.run("echo one; echo two >&2; printf three; exit 0", timeout=20, stream=lines.append)
+    assert result.exit_code == 0 and result.stdout == "one\nthree" and result.stderr == "two\n"
+    assert sorted(lines) == ["one", "three", "two"]
+    assert session.host_key_fingerprint.startswith("SHA256:")
+    failed = session.run("echo oops >&2; exit 7", timeout=20, check=False)
+    assert failed.exit_code == 7 and failed.stderr == "oops\n"
+    with pytest.raises(ssh.RemoteCommandFailed, match="exited with 7") as info:
+        session.run("exit 7", timeout=20)
+    assert info.value.exit_code == exitcodes.TOOL_FAILED
+
+
+def test_env_and_cwd_are_set_and_secrets_never_shown(session, tmp_path):
+    result = session.run("echo \"$GREETING\"; pwd", timeout=20, cwd=str(tmp_path),
+                         env={"GREETING": "it's a b"})
+    assert result.stdout.splitlines() == ["it's a b", str(tmp_path)]
+    with pytest.raises(ssh.RemoteCommandFailed) as info:
+        session.run("exit 3", timeout=20, env={"HF_TOKEN": "hunter2-value", "API_KEY": "k3y-value"})
+    assert "hunter2-value" not in str(info.value) and "k3y-value" not in str(info.value)
+    assert "HF_TOKEN='***'" in str(info.value) or "HF_TOKEN=***" in str(info.value)
+
+
+def test_timeout_kills_the_remote_process_group(session):
+    marker = f"{time.time() % 1000:.3f}".replace(".", "")  # a sleep length no one else uses
+    started = time.monotonic()
+    with pytest.raises(ssh.RemoteTimeout, match="timed out after 1s") as info:
+        # A child in the background and one in the foreground: both must go.
+        session.run(f"sleep 3{marker} & sleep 4{marker}", timeout=1)
+    assert info.value.exit_code == exitcodes.TIMEOUT
+    assert time.monotonic() - started < 10
+    # The box is this machine: nothing of the command may be left running.
+    left = subprocess.run(["pgrep", "-f", f"sleep [34]{marker}"], capture_output=True, text=True)
+    assert left.stdout == "", f"processes survived the timeout: {left.stdout}"
+    # The session is still usable afterwards.
+    assert session.run("echo alive", timeout=20).stdout == "alive\n"
+
+
+def test_put_and_get_round_trip(session, tmp_path):
+    src = tmp_path / "payload.bin"
+    src.write_bytes(bytes(range(256)) * 100)
+    remote = tmp_path / "remote" / "copy.bin"
+    remote.parent.mkdir()
+    session.put(src, remote)
+    back = tmp_path / "back.bin"
+    session.get(remote, back)
+    assert back.read_bytes() == src.read_bytes()
+    with pytest.raises(ssh.RemoteCommandFailed, match="cannot fetch"):
+        session.get(tmp_path / "missing.json", tmp_path / "x.json")
+
+
+def test_unreachable_closed_port(tmp_path, loopback_ssh):
+    host = _host(tmp_path, loopback_ssh, ansible_port=_closed_port())
+    with pytest.raises(ssh.Unreachable, match="cannot connect.*refused") as info:
+        ssh.open_session(host)
+    assert info.value.exit_code == exitcodes.UNREACHABLE
+
+
+def test_bad_credentials(tmp_path, loopback_ssh):
+    wrong = keygen(tmp_path / "wrong_key")
+    host = _host(tmp_path, loopback_ssh, ansible_ssh_private_key_file=str(wrong))
+    with pytest.raises(ssh.AuthenticationFailed, match=f"authentication failed with key file {wrong}") as info:
+        ssh.open_session(host)
+    assert info.value.exit_code == exitcodes.UNREACHABLE
+
+
+def test_missing_key_file_is_an_inventory_error(tmp_path, loopback_ssh):
+    host = _host(tmp_path, loopback_ssh, ansible_ssh_private_key_file=str(tmp_path / "nope"))
+    with pytest.raises(InventoryError, match="does not exist"):
+        ssh.open_session(host)
+
+
+def test_changed_host_key_is_refused_even_with_trust(tmp_path, loopback_ssh):
+    other = keygen(tmp_path / "other_host_key")
+    known = tmp_path / "known_hosts"
+    pub = other.with_suffix(".pub").read_text().split()
+    known.write_text(f"[127.0.0.1]:{loopback_ssh.port} {pub[0]} {pub[1]}\n")
+    before = known.read_text()
+    host = _host(tmp_path, loopback_ssh, dsv4_known_hosts=str(known))
+    for trust in (False, True):
+        with pytest.raises(ssh.HostKeyMismatch, match="HOST KEY CHANGED.*ssh-keygen -R") as info:
+            ssh.open_session(host, trust_new_host_key=trust)
+        assert info.value.exit_code == exitcodes.UNREACHABLE
+    assert known.read_text() == before  # never rewritten
+
+
+def test_unknown_host_key_refused_then_trusted_explicitly(tmp_path, loopback_ssh):
+    known = tmp_path / "ssh" / "known_hosts"  # does not exist yet
+    host = _host(tmp_path, loopback_ssh, dsv4_known_hosts=str(known))
+    with pytest.raises(ssh.UnknownHostKey, match="not in .*--trust-new-host-key") as info:
+        ssh.open_session(host)
+    assert info.value.exit_code == exitcodes.UNREACHABLE
+    assert not known.exists()
+
+    notices = []
+    with ssh.open_session(host, trust_new_host_key=True, say=notices.append) as s:
+        assert s.host_key_trusted_now
+        fp = s.host_key_fingerprint
+    expected = subprocess.run(["ssh-keygen", "-lf", str(loopback_ssh.host_key.with_suffix(".pub"))],
+                              capture_output=True, text=True, check=True).stdout.split()[1]
+    assert fp == expected
+    assert any(fp in n and str(known) in n for n in notices)
+    assert known.read_text().startswith(f"[127.0.0.1]:{loopback_ssh.port} ssh-ed25519 ")
+    # OpenSSH itself now accepts the recorded key.
+    argv = loopback_ssh.ssh_argv("true")
+    argv[argv.index(f"UserKnownHostsFile={loopback_ssh.known_hosts}")] = f"UserKnownHostsFile={known}"
+    assert subprocess.run(argv, capture_output=True).returncode == 0
+    # And the next connection needs no trust flag and records nothing new.
+    with ssh.open_session(host) as s:
+        assert not s.host_key_trusted_now
+    assert len(known.read_text().splitlines()) == 1
