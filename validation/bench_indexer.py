@@ -1,0 +1,521 @@
+"""Indexer benchmark: the O(max_context) torch fallback vs the Triton kernel vs the memory floor.
+
+``python -m dsv4kit.validation.bench_indexer [--out DIR] [--quick] [--tune]``
+
+* Measures the device's copy bandwidth first, in the same run.
+* Grid: B in {1, 16, 64}, H = 64, actual length in {2K, 32K, 128K} tokens (c4 length = tokens/4),
+  context in {8K, 128K, 1M} tokens with ``max_seq_len`` as SGLang computes it (spec section 2.8:
+  ``P = ceil((ctx + 4) / 256)``, ``max_seq_len = P * 64``); points with length > context are skipped.
+* Every implementation is timed under CUDA-graph replay (several calls per graph, so launch gaps
+  do not count). Floor = (index-K pages for the actual length + the full logits rows) / bandwidth.
+* Targets: kernel <= max(1.3 x floor, 4 us) at every point; at B=64, 128K context, 2K-token requests
+  the kernel is >= 300x faster than the fallback.
+
+Writes ``bench_indexer.json`` and ``bench_indexer.png`` under ``--out`` and prints a table.
+``--render JSON`` prints the markdown table of an existing result (used by docs/indexer.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from typing import Callable, Optional
+
+SCHEMA = 1
+HEADS = 64
+PAGE = 64
+PAGE_BYTES = 8448
+BATCHES = (1, 16, 64)
+LENGTHS_TOKENS = (2048, 32768, 131072)
+CONTEXTS_TOKENS = (8192, 131072, 1048576)
+FLOOR_FACTOR = 1.3
+FLOOR_MIN_US = 4.0
+SPEEDUP_POINT = {"batch": 64, "context": 131072, "tokens": 2048}
+SPEEDUP_TARGET = 300.0
+CALLS_PER_GRAPH = 10
+
+
+def table_pages(context_tokens: int, extra: int = 4) -> int:
+    """SGLang's page-table width: ceil((context + extra) / 256) (no speculative decoding)."""
+    return -(-(context_tokens + extra) // 256)
+
+
+def fallback_peak_bytes(batch: int, pages: int, heads: int = HEADS) -> int:
+    """Rough peak of the fallback's temporaries (gather, bf16 K, bf16 scores, fp32 products)."""
+    positions = batch * pages * PAGE
+    return (batch * pages * PAGE_BYTES * 2 + positions * 128 * 2
+            + positions * heads * (2 + 2 + 4) + positions * 4 * 3)
+
+
+def _fmt_tokens(n: int) -> str:
+    return f"{n // 1048576}M" if n % 1048576 == 0 else f"{n // 1024}K"
+
+
+# --------------------------------------------------------------------------------------------
+# measurement (CUDA only)
+
+
+def _elapsed_s(torch, device: str, fn: Callable[[], object]) -> float:
+    """Seconds ``fn`` takes on the device (CUDA events), or wall-clock on the CPU smoke path."""
+    if device != "cuda":
+        started = time.perf_counter()
+        fn()
+        return time.perf_counter() - started
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def measure_bandwidth(torch, device: str = "cuda", nbytes: int = 1 << 30, reps: int = 20) -> dict:
+    """Device-to-device copy bandwidth (read + write bytes / time), best of 3 batches."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    fill = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    for _ in range(3):
+        dst.copy_(src)
+
+    def copies():
+        for _ in range(reps):
+            dst.copy_(src)
+
+    def fills():
+        for _ in range(reps):
+            fill.fill_(float("-inf"))
+
+    copy_s = [_elapsed_s(torch, device, copies) / reps for _ in range(3)]
+    fill_s = [_elapsed_s(torch, device, fills) / reps for _ in range(3)]
+    del src, dst, fill
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"copy_GBps": 2 * nbytes / min(copy_s) / 1e9, "fill_GBps": nbytes / min(fill_s) / 1e9,
+            "bytes": nbytes, "method": f"torch copy_ of {nbytes >> 20} MiB, best of 3 x {reps}"}
+
+
+def time_under_graph(torch, fn: Callable[[], object], calls: int, reps: int,
+                     device: str = "cuda") -> float:
+    """Microseconds per call: capture ``calls`` calls in one CUDA graph, replay it ``reps`` times.
+
+    On the CPU smoke path (``--device cpu``) this times eager calls instead; those numbers are
+    meaningless and only prove the code path runs.
+    """
+    if device != "cuda":
+        fn()
+        return _elapsed_s(torch, device, fn) * 1e6
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / (reps * calls))
+    del graph
+    torch.cuda.synchronize()
+    return sorted(samples)[1]
+
+
+def make_bench_inputs(torch, batch: int, c4_len: int, pages: int, seed: int = 0, device: str = "cuda"):
+    """Uniform-length rows on the GPU: shuffled live pages, random valid stale entries past L."""
+    from dsv4kit.kernels.indexer_reference import IndexerInputs, INDEX_WEIGHT_SCALE
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    live = -(-c4_len // PAGE)
+    num_pages = max(batch * live + 1, 2)
+    k = torch.randn(num_pages, PAGE, 128, device=device, generator=gen)
+    s_k = k.abs().amax(-1).clamp_min(1e-4) / 448.0
+    k8 = (k / s_k.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    del k
+    pool = torch.empty(num_pages, PAGE_BYTES, dtype=torch.uint8, device=device)
+    pool[:, :PAGE * 128] = k8.view(torch.uint8).reshape(num_pages, -1)
+    pool[:, PAGE * 128:] = s_k.contiguous().view(torch.uint8).reshape(num_pages, -1)
+    del k8
+    q = torch.randn(batch, HEADS, 128, device=device, generator=gen)
+    s_q = q.abs().amax(-1).clamp_min(1e-4) / 448.0
+    q8 = (q / s_q.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    weight = (torch.randn(batch, HEADS, device=device, generator=gen) * INDEX_WEIGHT_SCALE * s_q).contiguous()
+    table = torch.randint(0, num_pages, (batch, pages), device=device, generator=gen, dtype=torch.int32)
+    perm = torch.randperm(num_pages, device=device, generator=gen)[: batch * live].to(torch.int32)
+    table[:, :live] = perm.view(batch, live)
+    seq_lens = torch.full((batch,), c4_len, dtype=torch.int32, device=device)
+    return IndexerInputs(q8.unsqueeze(1).contiguous(), pool.view(num_pages, PAGE, 1, 132), weight,
+                         seq_lens, table, pages * PAGE)
+
+
+def grid_points(quick: bool) -> list[dict]:
+    batches = (1, 64) if quick else BATCHES
+    lengths = (2048, 32768) if quick else LENGTHS_TOKENS
+    contexts = (8192, 131072) if quick else CONTEXTS_TOKENS
+    points = []
+    for batch in batches:
+        for context in contexts:
+            for tokens in lengths:
+                if tokens > context:
+                    continue
+                pages = table_pages(context)
+                points.append({"batch": batch, "heads": HEADS, "tokens": tokens, "c4_len": tokens // 4,
+                               "context": context, "pages": pages, "max_seq_len": pages * PAGE})
+    return points
+
+
+def floor_bytes(point: dict) -> int:
+    live = -(-point["c4_len"] // PAGE)
+    return point["batch"] * (live * PAGE_BYTES + point["max_seq_len"] * 4)
+
+
+def bench_point(torch, point: dict, bandwidth: dict, budget_bytes: int, log,
+                device: str = "cuda") -> dict:
+    from dsv4kit.kernels import indexer
+    from dsv4kit.kernels.indexer_reference import compare, fallback_logits
+
+    inputs = make_bench_inputs(torch, point["batch"], point["c4_len"], point["pages"], device=device)
+    args = inputs.args()
+    kernel_us = time_under_graph(torch, lambda: indexer.fp8_paged_mqa_logits(*args),
+                                 CALLS_PER_GRAPH, 20, device)
+    result = dict(point)
+    result["kernel_us"] = kernel_us
+    nbytes = floor_bytes(point)
+    result["floor_bytes"] = nbytes
+    result["floor_us"] = nbytes / (bandwidth["copy_GBps"] * 1e9) * 1e6
+    result["target_us"] = max(FLOOR_FACTOR * result["floor_us"], FLOOR_MIN_US)
+    result["kernel_vs_floor"] = kernel_us / result["floor_us"]
+    result["target_met"] = kernel_us <= result["target_us"]
+
+    peak = fallback_peak_bytes(point["batch"], point["pages"])
+    result["fallback_peak_bytes"] = peak
+    if peak > budget_bytes:
+        result["fallback_us"] = None
+        result["fallback_skipped"] = (f"needs ~{peak / 2**30:.1f} GiB of temporaries, over the "
+                                      f"{budget_bytes / 2**30:.1f} GiB budget")
+        result["speedup"] = None
+    else:
+        started = time.perf_counter()
+        reference = fallback_logits(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        eager_s = time.perf_counter() - started
+        out = indexer.fp8_paged_mqa_logits(*args)
+        stats = compare(out, reference, inputs.seq_lens)
+        result["rel_vs_fallback"] = stats["rel"]
+        result["pattern_ok"] = stats["pattern_ok"]
+        del out, reference
+        reps = max(2, min(20, int(0.3 / max(eager_s, 1e-6))))
+        calls = 1 if eager_s > 1e-3 else CALLS_PER_GRAPH
+        result["fallback_us"] = time_under_graph(torch, lambda: fallback_logits(*args), calls, reps,
+                                                 device)
+        result["fallback_skipped"] = None
+        result["speedup"] = result["fallback_us"] / kernel_us
+    del inputs, args
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+TUNE_POINTS = [
+    {"batch": 1, "tokens": 131072, "context": 1048576},
+    {"batch": 64, "tokens": 2048, "context": 1048576},
+    {"batch": 64, "tokens": 131072, "context": 131072},
+    {"batch": 16, "tokens": 32768, "context": 131072},
+    {"batch": 64, "tokens": 2048, "context": 131072},
+    {"batch": 1, "tokens": 2048, "context": 8192},
+]
+
+
+def tune(torch, log) -> list[dict]:
+    """Sweep the static launch configuration on a few points (informs the committed defaults)."""
+    from dsv4kit.kernels import indexer
+
+    rows = []
+    for spec in TUNE_POINTS:
+        pages = table_pages(spec["context"])
+        inputs = make_bench_inputs(torch, spec["batch"], spec["tokens"] // 4, pages)
+        batch, _, _, num_pages, seq, kv, msl = indexer.check_args(
+            inputs.q_fp8, inputs.kvcache, inputs.weight, inputs.seq_lens, inputs.page_table,
+            inputs.max_seq_len, False)
+        for per_sm in (2, 4, 8, 16, 32):
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    r = indexer.programs_per_row(batch, pages, torch.device("cuda"), per_sm)
+
+                    def call(r=r, warps=warps, stages=stages):
+                        out = torch.empty((batch, msl), dtype=torch.float32, device="cuda")
+                        indexer.launch(inputs.q_fp8, kv, inputs.weight, seq, inputs.page_table, out,
+                                       num_pages, msl, r, num_warps=warps, num_stages=stages)
+                        return out
+
+                    us = time_under_graph(torch, call, CALLS_PER_GRAPH, 10)
+                    rows.append({**spec, "programs_per_sm": per_sm, "num_warps": warps,
+                                 "num_stages": stages, "programs_per_row": r, "us": us})
+        best = min((r for r in rows if r["batch"] == spec["batch"] and r["tokens"] == spec["tokens"]
+                    and r["context"] == spec["context"]), key=lambda r: r["us"])
+        log(f"tune B={spec['batch']} len={_fmt_tokens(spec['tokens'])} ctx={_fmt_tokens(spec['context'])}: "
+            f"best {best['us']:.1f} us at programs_per_sm={best['programs_per_sm']} "
+            f"warps={best['num_warps']} stages={best['num_stages']}")
+        del inputs
+        torch.cuda.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# reporting
+
+
+def render_table(payload: dict) -> str:
+    """Markdown table of a result JSON (docs/indexer.md quotes this output verbatim)."""
+    lines = [
+        "| B | length | context | max_seq_len | fallback (us) | kernel (us) | floor (us) "
+        "| kernel/floor | speedup | target (us) | met |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for p in payload["points"]:
+        if p.get("error"):
+            lines.append(f"| {p['batch']} | {_fmt_tokens(p['tokens'])} | {_fmt_tokens(p['context'])} "
+                         f"| {p['max_seq_len']} | error: {p['error'][:60]} | | | | | | NO |")
+            continue
+        fallback = "skipped" if p.get("fallback_us") is None else f"{p['fallback_us']:.1f}"
+        speedup = "-" if p.get("speedup") is None else f"{p['speedup']:.0f}x"
+        lines.append(
+            f"| {p['batch']} | {_fmt_tokens(p['tokens'])} | {_fmt_tokens(p['context'])} "
+            f"| {p['max_seq_len']} | {fallback} | {p['kernel_us']:.1f} | {p['floor_us']:.1f} "
+            f"| {p['kernel_vs_floor']:.2f} | {speedup} | {p['target_us']:.1f} "
+            f"| {'yes' if p['target_met'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def render_summary(payload: dict) -> str:
+    env = payload["environment"]
+    bw = payload["bandwidth"]
+    s = payload["summary"]
+    speed = s["speedup_target"]
+    lines = [
+        f"Device: {env.get('gpu')} ({env.get('capability')}), torch {env.get('torch')}, "
+        f"triton {env.get('triton')}. Command: `{payload['command']}`.",
+        f"Measured copy bandwidth: {bw['copy_GBps']:.0f} GB/s ({bw['method']}); "
+        f"fill bandwidth {bw['fill_GBps']:.0f} GB/s.",
+        f"Floor target (kernel <= max({FLOOR_FACTOR} x floor, {FLOOR_MIN_US:.0f} us)): met at "
+        f"{s['floor_target_met']} of {s['points']} points"
+        + (f"; missed at {', '.join(s['floor_target_missed'])}." if s["floor_target_missed"] else "."),
+        f"Speedup target (B={SPEEDUP_POINT['batch']}, {_fmt_tokens(SPEEDUP_POINT['context'])} context, "
+        f"{_fmt_tokens(SPEEDUP_POINT['tokens'])}-token requests, >= {SPEEDUP_TARGET:.0f}x): "
+        + ("not measured." if speed["speedup"] is None else
+           f"{speed['speedup']:.0f}x, {'met' if speed['met'] else 'MISSED'}."),
+    ]
+    return "\n".join(lines)
+
+
+def summarise(points: list[dict]) -> dict:
+    missed = [f"B={p['batch']} len={_fmt_tokens(p['tokens'])} ctx={_fmt_tokens(p['context'])}"
+              for p in points if not p["target_met"]]
+    speed_point = next((p for p in points if p["batch"] == SPEEDUP_POINT["batch"]
+                        and p["context"] == SPEEDUP_POINT["context"]
+                        and p["tokens"] == SPEEDUP_POINT["tokens"]), None)
+    speedup = None if speed_point is None else speed_point.get("speedup")
+    return {
+        "points": len(points),
+        "floor_target_met": len(points) - len(missed),
+        "floor_target_missed": missed,
+        "speedup_target": {**SPEEDUP_POINT, "target": SPEEDUP_TARGET, "speedup": speedup,
+                           "met": speedup is not None and speedup >= SPEEDUP_TARGET},
+        "all_targets_met": not missed and speedup is not None and speedup >= SPEEDUP_TARGET,
+    }
+
+
+def plot(payload: dict, path: str, log) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: skipping the plot")
+        return None
+    points = payload["points"]
+    batches = sorted({p["batch"] for p in points})
+    lengths = sorted({p["tokens"] for p in points})
+    fig, axes = plt.subplots(len(batches), len(lengths), figsize=(4.2 * len(lengths), 3.4 * len(batches)),
+                             squeeze=False)
+    for i, batch in enumerate(batches):
+        for j, tokens in enumerate(lengths):
+            ax = axes[i][j]
+            sel = sorted((p for p in points if p["batch"] == batch and p["tokens"] == tokens),
+                         key=lambda p: p["context"])
+            for key, label, style, color in (
+                    ("fallback_us", "torch fallback (bf16, O(max ctx))", "o-", "tab:red"),
+                    ("kernel_us", "Triton kernel", "s-", "tab:blue"),
+                    ("floor_us", "memory floor", "^--", "black")):
+                xs = [p["context"] for p in sel if p.get(key) is not None]
+                ys = [p[key] for p in sel if p.get(key) is not None]
+                if xs:
+                    ax.plot(xs, ys, style, color=color, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"B={batch}, length {_fmt_tokens(tokens)} tokens", fontsize=9)
+            ax.set_xlabel("context (tokens)")
+            ax.set_ylabel("time per call (us)")
+            ax.grid(True, which="both", alpha=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7)
+    env = payload["environment"]
+    fig.suptitle(f"DSV4 indexer logits under CUDA-graph replay, H=64 - {env.get('gpu')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _environment(torch, device: str) -> dict:
+    import triton
+
+    from dsv4kit import __version__
+
+    if device != "cuda":
+        return {"gpu": "cpu (Triton interpreter smoke run: timings are meaningless)",
+                "capability": None, "sm_count": None, "torch": torch.__version__,
+                "triton": triton.__version__, "dsv4kit": __version__,
+                "python": platform.python_version(), "host": platform.node()}
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": torch.cuda.get_device_name(), "capability": "sm_%d%d" % torch.cuda.get_device_capability(),
+            "sm_count": props.multi_processor_count, "memory_GiB": round(props.total_memory / 2**30, 1),
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "dsv4kit": __version__, "python": platform.python_version(), "host": platform.node()}
+
+
+def _write_json(path: str, payload: dict) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    from dsv4kit import exitcodes
+
+    parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.bench_indexer",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=".", help="directory for bench_indexer.json and .png")
+    parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
+    parser.add_argument("--tune", action="store_true", help="also sweep launch configurations")
+    parser.add_argument("--budget-gib", type=float, default=None,
+                        help="memory budget for the fallback's temporaries (default: half of free memory)")
+    parser.add_argument("--render", metavar="JSON", help="print the markdown table of a result and exit")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: smoke-run the code path through the Triton interpreter "
+                             "(needs TRITON_INTERPRET=1; timings are meaningless)")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+
+    if args.render:
+        try:
+            with open(args.render) as fh:
+                payload = json.load(fh)
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot read {args.render}: {exc}", file=sys.stderr)
+            return exitcodes.USAGE
+        print(render_summary(payload))
+        print()
+        print(render_table(payload))
+        return exitcodes.OK
+
+    import torch
+
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: the indexer benchmark needs a CUDA GPU (none is visible); "
+              "--device cpu only smoke-tests the code path", file=sys.stderr)
+        return exitcodes.ENVIRONMENT
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("error: --device cpu needs TRITON_INTERPRET=1 in the environment", file=sys.stderr)
+        return exitcodes.ENVIRONMENT
+    if device == "cpu" and args.tune:
+        print("error: --tune needs a CUDA GPU", file=sys.stderr)
+        return exitcodes.USAGE
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    started = time.time()
+    env = _environment(torch, device)
+    log(f"device: {env['gpu']} ({env['capability']}, {env['sm_count']} SMs)")
+    bandwidth = measure_bandwidth(torch, device, nbytes=(1 << 30) if device == "cuda" else (1 << 24),
+                                  reps=20 if device == "cuda" else 2)
+    log(f"copy bandwidth {bandwidth['copy_GBps']:.0f} GB/s, fill {bandwidth['fill_GBps']:.0f} GB/s")
+    if args.budget_gib:
+        budget = int(args.budget_gib * 2**30)
+    else:
+        budget = torch.cuda.mem_get_info()[0] // 2 if device == "cuda" else 1 << 30
+
+    from dsv4kit.kernels import indexer
+
+    points = []
+    for point in grid_points(args.quick or device == "cpu"):
+        if device == "cpu" and point["context"] > 131072:
+            continue
+        try:
+            result = bench_point(torch, point, bandwidth, budget, log, device)
+        except Exception as exc:  # noqa: BLE001 - record the failure, keep measuring the rest
+            log(f"point {point} failed: {type(exc).__name__}: {exc}")
+            result = {**point, "error": f"{type(exc).__name__}: {exc}", "kernel_us": None,
+                      "fallback_us": None, "floor_us": None, "target_met": False}
+        points.append(result)
+        if result.get("error"):
+            continue
+        fb = "skipped" if result["fallback_us"] is None else f"{result['fallback_us']:.1f}"
+        log(f"B={point['batch']:>2} len={_fmt_tokens(point['tokens']):>4} ctx={_fmt_tokens(point['context']):>4}"
+            f"  fallback={fb} us  kernel={result['kernel_us']:.1f} us  floor={result['floor_us']:.1f} us"
+            f"  {'ok' if result['target_met'] else 'MISSED'}")
+
+    payload = {
+        "schema": SCHEMA,
+        "kind": "dsv4kit-bench-indexer",
+        "command": "python -m dsv4kit.validation.bench_indexer " + " ".join(
+            sys.argv[1:] if argv is None else list(argv)),
+        "started_unix": started,
+        "seconds": None,
+        "environment": env,
+        "bandwidth": bandwidth,
+        "fallback_budget_bytes": budget,
+        "timing": f"CUDA-graph replay, {CALLS_PER_GRAPH} kernel calls per graph (fallback: 1 when "
+                  "slower than 1 ms), median of 3 batches; inputs stay resident between calls",
+        "kernel_config": {"programs_per_sm": indexer.PROGRAMS_PER_SM, "num_warps": indexer.NUM_WARPS,
+                          "num_stages": indexer.NUM_STAGES, "fill_block": indexer.FILL_BLOCK},
+        "targets": {"floor_factor": FLOOR_FACTOR, "floor_min_us": FLOOR_MIN_US,
+                    "speedup": {**SPEEDUP_POINT, "target": SPEEDUP_TARGET}},
+        "points": points,
+        "summary": summarise(points),
+    }
+    if args.tune:
+        payload["tuning"] = tune(torch, log)
+    payload["seconds"] = round(time.time() - started, 1)
+    json_path = os.path.join(args.out, "bench_indexer.json")
+    _write_json(json_path, payload)
+    png = plot(payload, os.path.join(args.out, "bench_indexer.png"), log)
+    print(render_summary(payload))
+    print()
+    print(render_table(payload))
+    print(f"\nwrote {json_path}" + (f" and {png}" if png else ""))
+    return exitcodes.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
