@@ -1,10 +1,519 @@
-"""Remote validation over SSH: ``dsv4kit validate --gpu N``. (Not implemented yet.)"""
+"""Remote validation over SSH: ``dsv4kit validate --gpu N``.
+
+Steps, each bounded by a timeout:
+
+1. Load the host from the inventory; check ``--cases`` here (bad input fails before any SSH).
+2. Build this checkout's wheel (or take ``--wheel``; nothing with ``--installed``).
+3. Connect (host key verified against known_hosts; see ``dsv4kit.ssh``).
+4. Preflight on the box: the venv directory and its python exist, which GPUs exist
+   (``nvidia-smi -L``, else torch in the venv), whether SGLang is importable.
+5. Copy the wheel to ``<dsv4_state_dir>/scratch/validate-<stamp>`` and install it there with
+   ``pip install --no-deps --target`` (the venv itself is never modified), unless ``--installed``.
+6. Run ``python -m dsv4kit.validation.harness`` with the venv python, ``CUDA_VISIBLE_DEVICES=N``
+   and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so N is nvidia-smi's index), streaming its lines, under a
+   hard timeout that kills the remote process group.
+7. Fetch the JSON report, add a ``remote`` section (host, GPU, wheel hash, host-key fingerprint),
+   keep it as ``<results-dir>/<host>-gpu<N>-<UTC stamp>.json``, print the table.
+8. Remove the scratch directory.
+
+Exit codes (``dsv4kit.exitcodes``): 0 all cases passed, 1 a case failed, 2 bad input (inventory,
+--cases, --wheel), 3 unreachable / authentication / host key, 4 timeout, 5 environment (no venv,
+no python, GPU absent), 6 a driven tool failed (wheel build, pip, harness crash), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
 
 from dsv4kit import exitcodes
 
+PREFLIGHT_TIMEOUT_S = 180.0  # importing torch on a cold box can take a while
+INSTALL_TIMEOUT_S = 300.0
+SMALL_TIMEOUT_S = 60.0
+REPORT_NAME = "report.json"
+_NVIDIA_SMI_LINE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: [^)]*\))?\s*$")
 
-def run(**kwargs) -> int:
-    import sys
 
-    print("error: remote validation is not implemented yet", file=sys.stderr)
-    return exitcodes.USAGE
+class ValidationAbort(Exception):
+    """Stop the remote validation with this exit code and message."""
+
+    def __init__(self, exit_code: int, message: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class BoxFacts:
+    """What the preflight found on the box."""
+
+    venv_ok: bool = False
+    python_version: Optional[str] = None
+    python_error: str = ""
+    gpus: list[tuple[int, str]] = field(default_factory=list)
+    gpu_source: str = "none"  # "nvidia-smi", "torch", or "none"
+    gpu_query_notes: list[str] = field(default_factory=list)
+    torch_cuda_count: Optional[int] = None
+    probe: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- pure helpers
+def parse_nvidia_smi_list(text: str) -> list[tuple[int, str]]:
+    """``nvidia-smi -L`` output -> [(index, name)]; lines that are not GPU lines are ignored."""
+    found = []
+    for line in text.splitlines():
+        match = _NVIDIA_SMI_LINE.match(line.strip())
+        if match:
+            found.append((int(match.group(1)), match.group(2).strip()))
+    return found
+
+
+def describe_gpus(gpus: list[tuple[int, str]]) -> str:
+    if not gpus:
+        return "none"
+    return ", ".join(f"{index}: {name}" for index, name in gpus)
+
+
+def check_gpu(gpu: int, facts: BoxFacts, interpret: bool, host_name: str) -> Optional[str]:
+    """The reason GPU ``gpu`` cannot be used for this run, or None when it can (or need not)."""
+    if interpret:
+        return None  # the Triton interpreter runs on the CPU, asked for explicitly
+    notes = "; ".join(facts.gpu_query_notes)
+    if not facts.gpus:
+        return (
+            f"GPU {gpu} absent on {host_name}: no NVIDIA GPU found ({notes or 'nothing reported'}). "
+            "Pass --interpret to run the kernels on the box's CPU through the Triton interpreter."
+        )
+    if gpu not in {index for index, _ in facts.gpus}:
+        return (
+            f"GPU {gpu} absent on {host_name}: it has {len(facts.gpus)} GPU(s) "
+            f"({describe_gpus(facts.gpus)}; from {facts.gpu_source})"
+        )
+    if facts.torch_cuda_count is not None and facts.torch_cuda_count <= gpu:
+        error = facts.probe.get("torch_error") or facts.probe.get("cuda_error") or ""
+        return (
+            f"GPU {gpu} is listed by {facts.gpu_source} on {host_name} but torch in the venv sees only "
+            f"{facts.torch_cuda_count} CUDA device(s)" + (f" ({error})" if error else "")
+        )
+    return None
+
+
+def report_filename(host_name: str, gpu: int, when: datetime) -> str:
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", host_name)
+    return f"{safe}-gpu{gpu}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
+
+
+def format_table(report: dict) -> list[str]:
+    """The validation table from a harness JSON report."""
+    from dsv4kit.validation.harness import CheckRow
+
+    lines = []
+    names = {f.name for f in CheckRow.__dataclass_fields__.values()}
+    for suite, body in report.get("suites", {}).items():
+        for row in body.get("rows", []):
+            values = {k: v for k, v in row.items() if k in names}
+            for key in ("max_abs", "rel", "bar"):
+                if isinstance(values.get(key), str):  # NaN/inf written as text
+                    values[key] = float(values[key])
+            lines.append(CheckRow(**values).line())
+        lines.append(f"{suite}: {'PASS' if body.get('passed') else 'FAIL'}")
+    return lines
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- box-side scripts
+def _preflight_script(venv: str, python: str) -> str:
+    probe = (
+        "import importlib.util as u, json, sys\n"
+        "r = {'python': '%d.%d.%d' % sys.version_info[:3]}\n"
+        "for m in ('triton', 'sglang', 'dsv4kit'):\n"
+        "    s = u.find_spec(m)\n"
+        "    r[m] = (s.origin or (list(s.submodule_search_locations or []) or [''])[0]) if s else None\n"
+        "if len(sys.argv) > 1:\n"
+        "    try:\n"
+        "        import torch\n"
+        "        r['torch'] = torch.__version__\n"
+        "        r['cuda_count'] = torch.cuda.device_count()\n"
+        "        r['cuda_names'] = [torch.cuda.get_device_name(i) for i in range(r['cuda_count'])]\n"
+        "    except Exception as e:\n"
+        "        r['torch_error'] = '%s: %s' % (type(e).__name__, e)\n"
+        "print('probe=' + json.dumps(r))\n"
+    )
+    v, py = shlex.quote(venv), shlex.quote(python)
+    return f"""
+if [ ! -d {v} ]; then echo venv=missing; exit 0; fi
+echo venv=ok
+if [ ! -e {py} ]; then echo python=missing; exit 0; fi
+if [ ! -x {py} ]; then echo python=not-executable; exit 0; fi
+torch_query=1
+if command -v nvidia-smi >/dev/null 2>&1; then
+  if gpus=$(nvidia-smi -L 2>&1); then
+    printf '%s\\n' "$gpus" | sed 's/^/nvidia_smi=/'; echo nvidia_smi_rc=0
+  else
+    echo "nvidia_smi_rc=$?"; printf '%s\\n' "$gpus" | tail -n 2 | sed 's/^/nvidia_smi_error=/'
+  fi
+else
+  echo nvidia_smi_rc=absent
+fi
+{py} -c {shlex.quote(probe)} torch 2>&1 | tail -n 5
+"""
+
+
+def parse_preflight(output: str) -> BoxFacts:
+    facts = BoxFacts()
+    smi_lines, smi_rc, smi_errors = [], None, []
+    for line in output.splitlines():
+        key, _, value = line.partition("=")
+        if key == "venv":
+            facts.venv_ok = value == "ok"
+        elif key == "python" and value in ("missing", "not-executable"):
+            facts.python_error = value
+        elif key == "nvidia_smi":
+            smi_lines.append(value)
+        elif key == "nvidia_smi_rc":
+            smi_rc = value
+        elif key == "nvidia_smi_error":
+            smi_errors.append(value.strip())
+        elif key == "probe":
+            try:
+                facts.probe = json.loads(value)
+            except ValueError:
+                facts.python_error = f"probe output unreadable: {value[:200]}"
+    if facts.venv_ok and not facts.python_error:
+        if not facts.probe:
+            tail = [l for l in output.splitlines() if "=" not in l or not l.split("=")[0].isidentifier()]
+            facts.python_error = "broken: " + (" | ".join(tail[-3:]) or "no output")
+        else:
+            facts.python_version = facts.probe.get("python")
+    if "cuda_count" in facts.probe:
+        facts.torch_cuda_count = int(facts.probe["cuda_count"])
+    smi_gpus = parse_nvidia_smi_list("\n".join(smi_lines))
+    if smi_rc == "0" and smi_gpus:
+        facts.gpus, facts.gpu_source = smi_gpus, "nvidia-smi -L"
+    else:
+        if smi_rc == "absent":
+            facts.gpu_query_notes.append("nvidia-smi is not installed")
+        elif smi_rc == "0":
+            facts.gpu_query_notes.append("nvidia-smi -L lists no GPU")
+        elif smi_rc is not None:
+            facts.gpu_query_notes.append(f"nvidia-smi -L failed (exit {smi_rc}): {' '.join(smi_errors)[:300]}")
+        names = facts.probe.get("cuda_names") or []
+        if names:
+            facts.gpus, facts.gpu_source = list(enumerate(names)), "torch in the venv"
+        elif "torch_error" in facts.probe:
+            facts.gpu_query_notes.append(f"torch in the venv failed: {facts.probe['torch_error']}")
+        elif facts.probe:
+            facts.gpu_query_notes.append(
+                f"torch {facts.probe.get('torch', '?')} in the venv sees 0 CUDA devices")
+    return facts
+
+
+# --------------------------------------------------------------------------- the run
+@dataclass
+class _Output:
+    out: Callable[[str], None]
+    err: Callable[[str], None]
+
+
+def _default_output() -> _Output:
+    return _Output(out=lambda s: print(s, flush=True), err=lambda s: print(s, file=sys.stderr, flush=True))
+
+
+def run(*, gpu: int, host: Optional[str] = None, inventory: Optional[Path] = None, timeout: float = 1800.0,
+        cases: Optional[str] = None, json_path: Optional[Path] = None, interpret: bool = False,
+        installed: bool = False, trust_new_host_key: bool = False,
+        results_dir: Path = Path("results/validation"), wheel: Optional[Path] = None,
+        output: Optional[_Output] = None, _test_remote_sleep_s: Optional[float] = None) -> int:
+    """Validate on ``gpu`` of an inventory host. Returns the exit code; prints progress and table.
+
+    ``_test_remote_sleep_s`` (tests only, not reachable from the CLI) makes the box sleep before
+    the harness starts, to exercise the timeout path.
+    """
+    io = output or _default_output()
+    try:
+        return _Run(io, gpu=gpu, host_name=host, inventory=inventory, timeout=timeout, cases=cases,
+                    json_path=json_path, interpret=interpret, installed=installed,
+                    trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
+                    test_sleep=_test_remote_sleep_s).execute()
+    except ValidationAbort as exc:
+        io.err(f"error: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        io.err("interrupted: the remote process group was killed; no report was kept")
+        return exitcodes.INTERRUPTED
+
+
+class _Run:
+    def __init__(self, io: _Output, *, gpu, host_name, inventory, timeout, cases, json_path, interpret,
+                 installed, trust_new_host_key, results_dir, wheel, test_sleep):
+        self.io = io
+        self.gpu = gpu
+        self.host_name = host_name
+        self.inventory = inventory
+        self.timeout = timeout
+        self.cases = cases
+        self.json_path = json_path
+        self.interpret = interpret
+        self.installed = installed
+        self.trust = trust_new_host_key
+        self.results_dir = Path(results_dir)
+        self.wheel_arg = wheel
+        self.test_sleep = test_sleep
+        self.started = datetime.now(timezone.utc)
+        self.session = None
+        self.scratch: Optional[str] = None
+
+    def say(self, message: str) -> None:
+        self.io.err(f"[{self.host.name if hasattr(self, 'host') else '-'}] {message}")
+
+    # ---- steps -----------------------------------------------------------------------------
+    def execute(self) -> int:
+        from dsv4kit import ssh
+
+        self._load_host()
+        self._check_cases()
+        if self.installed and self.wheel_arg is not None:
+            raise ValidationAbort(exitcodes.USAGE, "--installed and --wheel exclude each other")
+        with tempfile.TemporaryDirectory(prefix="dsv4kit-validate-") as local_tmp:
+            built = None if self.installed else self._wheel(Path(local_tmp))
+            try:
+                self.session = ssh.open_session(self.host, trust_new_host_key=self.trust, say=self.say)
+            except ssh.RemoteError as exc:
+                raise ValidationAbort(exc.exit_code, str(exc)) from None
+            try:
+                return self._on_box(built, Path(local_tmp))
+            except ssh.RemoteTimeout as exc:
+                raise ValidationAbort(exitcodes.TIMEOUT, str(exc)) from None
+            except ssh.RemoteError as exc:
+                raise ValidationAbort(exc.exit_code, str(exc)) from None
+            finally:
+                self._cleanup()
+                self.session.close()
+
+    def _load_host(self) -> None:
+        from dsv4kit.inventory import InventoryError, load_inventory
+
+        try:
+            self.host = load_inventory(self.inventory).host(self.host_name)
+            self.host.check_connectable()
+            self.venv = self.host["dsv4_venv_dir"].rstrip("/") or "/"
+            self.python = self.host.venv_python
+        except InventoryError as exc:
+            raise ValidationAbort(exitcodes.USAGE, str(exc)) from None
+        state = str(self.host.get("dsv4_state_dir") or "/tmp/dsv4kit").rstrip("/")
+        self.scratch_root = f"{state}/scratch"
+
+    def _check_cases(self) -> None:
+        from dsv4kit.validation.harness import parse_cases
+
+        try:
+            parse_cases(self.cases)
+        except (ValueError, ImportError) as exc:
+            raise ValidationAbort(exitcodes.USAGE, f"--cases: {exc}") from None
+
+    def _wheel(self, tmp: Path):
+        from dsv4kit import wheelbuild
+
+        try:
+            if self.wheel_arg is not None:
+                return wheelbuild.given_wheel(Path(self.wheel_arg))
+            self.say("building the dsv4kit wheel from this checkout")
+            built = wheelbuild.build_wheel(tmp / "wheel")
+        except wheelbuild.WheelBuildError as exc:
+            code = exitcodes.USAGE if self.wheel_arg is not None else exitcodes.TOOL_FAILED
+            raise ValidationAbort(code, str(exc)) from None
+        self.say(f"built {built.path.name} (sha256 {built.sha256[:16]}, commit {built.commit or 'unknown'})")
+        return built
+
+    def _preflight(self) -> BoxFacts:
+        result = self.session.run(_preflight_script(self.venv, self.python), timeout=PREFLIGHT_TIMEOUT_S,
+                                  env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, check=False)
+        facts = parse_preflight(result.stdout)
+        if not facts.venv_ok:
+            raise ValidationAbort(
+                exitcodes.ENVIRONMENT,
+                f"no venv on {self.host.name}: dsv4_venv_dir {self.venv} does not exist "
+                "(provision the box first: dsv4kit provision)")
+        if facts.python_error:
+            what = {"missing": "does not exist", "not-executable": "is not executable"}.get(
+                facts.python_error, facts.python_error)
+            raise ValidationAbort(exitcodes.ENVIRONMENT, f"no usable python on {self.host.name}: {self.python} {what}")
+        return facts
+
+    def _on_box(self, built, local_tmp: Path) -> int:
+        facts = self._preflight()
+        probe = facts.probe
+        self.say(f"venv python {self.python} (Python {facts.python_version}); GPUs: "
+                 f"{describe_gpus(facts.gpus)}" + (f" [{facts.gpu_source}]" if facts.gpus else
+                                                   f" [{'; '.join(facts.gpu_query_notes)}]"))
+        problem = check_gpu(self.gpu, facts, self.interpret, self.host.name)
+        if problem:
+            raise ValidationAbort(exitcodes.ENVIRONMENT, problem)
+        if self.interpret:
+            self.say(f"--interpret: kernels run on the box's CPU through the Triton interpreter "
+                     f"(GPU check skipped; CUDA_VISIBLE_DEVICES={self.gpu} is still set)")
+        if probe.get("torch_error"):
+            raise ValidationAbort(exitcodes.ENVIRONMENT,
+                                  f"torch does not import in {self.venv} on {self.host.name}: {probe['torch_error']}")
+        if not probe.get("triton"):
+            raise ValidationAbort(exitcodes.ENVIRONMENT, f"triton is not installed in {self.venv} on {self.host.name}")
+        self.say("SGLang is importable on the box: its installed fallback is compared too" if probe.get("sglang")
+                 else "SGLang is not importable on the box: no SGLang comparison rows")
+        if self.installed and not probe.get("dsv4kit"):
+            raise ValidationAbort(
+                exitcodes.ENVIRONMENT,
+                f"--installed: dsv4kit is not installed in {self.venv} on {self.host.name} "
+                "(roll it out with dsv4kit rollout, or drop --installed to ship this checkout's wheel)")
+
+        self.scratch = f"{self.scratch_root}/validate-{self.started.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
+        made = self.session.run(f"mkdir -p -m 700 {shlex.quote(self.scratch)}", timeout=SMALL_TIMEOUT_S, check=False)
+        if made.exit_code != 0:
+            bad, self.scratch = self.scratch, None
+            raise ValidationAbort(exitcodes.ENVIRONMENT,
+                                  f"cannot create the scratch directory {bad} on {self.host.name} "
+                                  f"(check dsv4_state_dir): {made.stderr.strip()[-300:]}")
+        env = {"CUDA_VISIBLE_DEVICES": str(self.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+               "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        if built is not None:
+            env["PYTHONPATH"] = self._install_wheel(built)
+        if self.interpret:
+            env["TRITON_INTERPRET"] = "1"
+        return self._harness(env, built, facts, local_tmp)
+
+    def _install_wheel(self, built) -> str:
+        remote_wheel = f"{self.scratch}/{built.path.name}"
+        site = f"{self.scratch}/site"
+        self.say(f"installing {built.path.name} into {site} (the venv is not modified)")
+        self.session.put(built.path, remote_wheel)
+        py = shlex.quote(self.python)
+        install = (
+            f"{py} -m pip install --no-deps --no-index --no-compile --disable-pip-version-check -q "
+            f"--target {shlex.quote(site)} {shlex.quote(remote_wheel)} && "
+            f"PYTHONPATH={shlex.quote(site)} {py} -c 'import dsv4kit; print(\"dsv4kit_file=\" + dsv4kit.__file__)'"
+        )
+        result = self.session.run(install, timeout=INSTALL_TIMEOUT_S, check=False,
+                                  env={"PIP_NO_INPUT": "1", "PIP_ROOT_USER_ACTION": "ignore"})
+        if result.exit_code != 0:
+            text = (result.stderr + result.stdout).strip()
+            if "No module named pip" in text:
+                raise ValidationAbort(exitcodes.ENVIRONMENT,
+                                      f"the venv python {self.python} on {self.host.name} has no pip; cannot install the wheel")
+            raise ValidationAbort(exitcodes.TOOL_FAILED,
+                                  f"pip could not install {built.path.name} on {self.host.name} "
+                                  f"(exit {result.exit_code}):\n{text[-2000:]}")
+        loaded = next((l.split("=", 1)[1] for l in result.stdout.splitlines() if l.startswith("dsv4kit_file=")), "")
+        if not loaded.startswith(site + "/"):
+            raise ValidationAbort(exitcodes.ENVIRONMENT,
+                                  f"the shipped dsv4kit in {site} is shadowed on {self.host.name}: "
+                                  f"python imports {loaded or 'nothing'}")
+        return site
+
+    def _harness(self, env: dict, built, facts: BoxFacts, local_tmp: Path) -> int:
+        remote_report = f"{self.scratch}/{REPORT_NAME}"
+        args = [self.python, "-m", "dsv4kit.validation.harness", "--json", remote_report]
+        if self.cases:
+            args += ["--cases", self.cases]
+        if self.interpret:
+            args.append("--interpret")
+        command = " ".join(shlex.quote(a) for a in args)
+        if self.test_sleep:
+            command = f"sleep {float(self.test_sleep):g}; {command}"
+        self.say(f"running the harness on GPU {self.gpu} (timeout {self.timeout:g}s)")
+        result = self.session.run(command, timeout=self.timeout, env=env, cwd=self.scratch,
+                                  stream=lambda line: self.io.out(f"[{self.host.name}] {line}"), check=False)
+        if result.exit_code not in (exitcodes.OK, exitcodes.CHECK_FAILED):
+            tail = (result.stderr.strip() or result.stdout.strip())[-2000:]
+            code = result.exit_code if result.exit_code in (exitcodes.USAGE, exitcodes.ENVIRONMENT) else exitcodes.TOOL_FAILED
+            raise ValidationAbort(code, f"the harness on {self.host.name} exited with {result.exit_code}"
+                                  + (f":\n{tail}" if tail else ""))
+        fetched = local_tmp / REPORT_NAME
+        self.session.get(remote_report, fetched)
+        try:
+            report = json.loads(fetched.read_text())
+        except ValueError as exc:
+            raise ValidationAbort(exitcodes.TOOL_FAILED, f"the harness report from {self.host.name} is not JSON: {exc}") from None
+        device = report.get("environment", {}).get("device")
+        if not self.interpret and device != "cuda":
+            raise ValidationAbort(exitcodes.ENVIRONMENT,
+                                  f"the harness on {self.host.name} ran on {device!r}, not on GPU {self.gpu}, "
+                                  "although --interpret was not given; no report was kept")
+        report["remote"] = self._record(built, facts)
+        return self._keep(report)
+
+    def _record(self, built, facts: BoxFacts) -> dict:
+        from dsv4kit import __version__
+
+        return {
+            "host": self.host.name,
+            "address": f"{self.host.address}:{self.host.port}",
+            "user": self.host.user,
+            "gpu": self.gpu,
+            "gpus_on_box": [{"index": i, "name": n} for i, n in facts.gpus],
+            "gpu_source": facts.gpu_source,
+            "interpret": self.interpret,
+            "cases": self.cases,
+            "timeout_s": self.timeout,
+            "venv_python": self.python,
+            "sglang_on_box": facts.probe.get("sglang"),
+            "installed": self.installed,
+            "wheel": None if built is None else {
+                "name": built.path.name, "sha256": built.sha256,
+                "commit": built.commit, "source": str(built.source) if built.source else None},
+            "host_key_fingerprint": self.session.host_key_fingerprint,
+            "host_key_trusted_now": self.session.host_key_trusted_now,
+            "known_hosts": str(self.host.known_hosts),
+            "started_utc": self.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "control_dsv4kit": __version__,
+        }
+
+    def _keep(self, report: dict) -> int:
+        name = report_filename(self.host.name, self.gpu, self.started)
+        path = self.results_dir / name
+        n = 2
+        while path.exists():
+            path = self.results_dir / name.replace(".json", f"-{n}.json")
+            n += 1
+        write_json_atomic(path, report)
+        if self.json_path:
+            write_json_atomic(Path(self.json_path), report)
+        env = report.get("environment", {})
+        self.io.out("")
+        self.io.out(f"validation table: {self.host.name} GPU {self.gpu} "
+                    f"({env.get('gpu') or ('Triton interpreter on the CPU' if env.get('interpret') else env.get('device'))}; "
+                    f"torch {env.get('torch')}, triton {env.get('triton')}, sglang {env.get('sglang') or 'absent'})")
+        for line in format_table(report):
+            self.io.out(line)
+        passed = bool(report.get("passed"))
+        self.io.out(f"VERDICT: {'PASS' if passed else 'FAIL'}")
+        self.io.out(f"report: {path}" + (f" (and {self.json_path})" if self.json_path else ""))
+        return exitcodes.OK if passed else exitcodes.CHECK_FAILED
+
+    def _cleanup(self) -> None:
+        scratch, self.scratch = self.scratch, None
+        if not scratch or self.session is None:
+            return
+        # Only ever our own directory: <state>/scratch/validate-<stamp>-<hex>.
+        if not re.fullmatch(re.escape(self.scratch_root) + r"/validate-\d{8}T\d{6}Z-[0-9a-f]{6}", scratch):
+            return
+        try:
+            self.session.run(f"rm -rf -- {shlex.quote(scratch)}", timeout=SMALL_TIMEOUT_S, check=True)
+        except Exception as exc:
+            self.say(f"warning: could not remove the scratch directory {scratch}: {exc}")

@@ -22,10 +22,14 @@ def validate(
     installed: bool = typer.Option(False, "--installed", help="Remote: use the dsv4kit already rolled out into the box's SGLang venv instead of shipping this checkout's wheel."),
     trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Remote: accept and record an unknown host key (its fingerprint is printed and saved). A changed key is always refused."),
     results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Remote: where reports are kept, named by host, GPU and time."),
+    wheel: Optional[Path] = typer.Option(None, "--wheel", help="Remote: ship this prebuilt dsv4kit wheel instead of building one from this checkout."),
 ) -> None:
     """Run the kernel validation table and exit non-zero on any failed case.
 
-    --local runs here. --gpu N runs on the box over SSH, in its SGLang venv, on GPU N.
+    --local runs here. --gpu N runs on the box over SSH, in its SGLang venv, on GPU N: this
+    checkout's wheel is installed into a scratch directory there (or, with --installed, the
+    rolled-out dsv4kit is used), the report is fetched and kept under --results-dir. Host keys are
+    verified against the inventory's known_hosts. See docs/validation.md.
     """
     if local == (gpu is not None):
         typer.echo("error: give exactly one of --local or --gpu N", err=True)
@@ -41,6 +45,6 @@ def validate(
     code = remote_validate.run(
         gpu=gpu, host=host, inventory=inventory, timeout=timeout, cases=cases,
         json_path=json_path, interpret=bool(interpret), installed=installed,
-        trust_new_host_key=trust_new_host_key, results_dir=results_dir,
+        trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
     )
     raise typer.Exit(code)
