@@ -255,6 +255,65 @@ def test_remote_timeout_kills_the_process_group(box):
     assert code == exitcodes.TIMEOUT, lines
     assert time.monotonic() - started < 40
     assert any("timed out after 3s" in l and "process group" in l for l in lines), lines
-    left = subprocess.run(["pgrep", "-f", f"sleep {sleep}"], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-f", f"^sleep {sleep}$"], capture_output=True, text=True).stdout
     assert left == "", f"remote processes survived: {left}"
     no_leftovers(results, scratch)
+
+
+# --------------------------------------------------------------------------- Ctrl-C: exit 130
+def test_interrupt_kills_the_remote_run_and_keeps_nothing(box):
+    import os
+    import signal
+    import sys
+
+    inventory, results, scratch = box
+    sleep = f"8{int(time.time() * 1000) % 100000}.5"
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dsv4kit import remote_validate\n"
+        f"sys.exit(remote_validate.run(gpu=0, inventory=Path({str(inventory)!r}), timeout=300, "
+        f"cases={CASE!r}, interpret=True, installed=True, results_dir=Path({str(results)!r}), "
+        f"_test_remote_sleep_s={float(sleep)}))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        seen = []
+        while time.monotonic() < deadline:  # wait until the box is running our command
+            line = proc.stderr.readline()
+            seen.append(line)
+            if "running the harness" in line or not line:
+                break
+        assert "running the harness" in seen[-1], "".join(seen)
+        for _ in range(50):
+            if subprocess.run(["pgrep", "-f", f"^sleep {sleep}$"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == exitcodes.INTERRUPTED, err
+    assert "interrupted" in err
+    left = subprocess.run(["pgrep", "-f", f"^sleep {sleep}$"], capture_output=True, text=True).stdout
+    assert left == "", f"remote processes survived Ctrl-C: {left}"
+    no_leftovers(results, scratch)
+
+
+def test_unwritable_state_dir_is_named(tmp_path, loopback_ssh):
+    import os
+
+    if os.geteuid() == 0:
+        state = "/proc/dsv4kit-state"  # not creatable, even for root
+    else:
+        state = str(tmp_path / "ro")
+        os.mkdir(state, 0o500)
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_state_dir=state)
+    code, _, err = validate("--gpu", "0", "-i", str(inventory), "--installed", "--interpret", "--cases", CASE)
+    assert code == exitcodes.ENVIRONMENT
+    assert f"cannot create the scratch directory {state}/scratch/validate-" in err
+    assert f"needs write access to {state}/scratch" in err

@@ -62,7 +62,7 @@ def test_timeout_kills_the_remote_process_group(session):
     assert info.value.exit_code == exitcodes.TIMEOUT
     assert time.monotonic() - started < 10
     # The box is this machine: nothing of the command may be left running.
-    left = subprocess.run(["pgrep", "-f", f"sleep [34]{marker}"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", f"^sleep [34]{marker}$"], capture_output=True, text=True)
     assert left.stdout == "", f"processes survived the timeout: {left.stdout}"
     # The session is still usable afterwards.
     assert session.run("echo alive", timeout=20).stdout == "alive\n"
@@ -141,3 +141,40 @@ def test_unknown_host_key_refused_then_trusted_explicitly(tmp_path, loopback_ssh
     with ssh.open_session(host) as s:
         assert not s.host_key_trusted_now
     assert len(known.read_text().splitlines()) == 1
+
+
+def test_box_side_timeout_ends_the_command_when_the_controller_is_gone(tmp_path, loopback_ssh):
+    """If the controlling process dies without killing anything, the box still ends the command."""
+    import os
+    import signal
+    import sys
+
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh)
+    sleep = f"7{int(time.time() * 1000) % 100000}.5"
+    code = (
+        "from dsv4kit import ssh\n"
+        "from dsv4kit.inventory import load_inventory\n"
+        f"s = ssh.open_session(load_inventory({str(inventory)!r}).host())\n"
+        f"s.run('sleep {sleep}', timeout=1, stream=print)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for _ in range(100):
+            if subprocess.run(["pgrep", "-f", f"^sleep {sleep}$"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the remote command never started")
+        proc.send_signal(signal.SIGKILL)  # no chance to clean up
+        proc.wait(timeout=10)
+        # 1 s + the box-side grace: the command is gone without anyone killing it from here.
+        deadline = time.monotonic() + 1 + ssh._REMOTE_GRACE_S + 10
+        while time.monotonic() < deadline:
+            if subprocess.run(["pgrep", "-f", f"^sleep {sleep}$"], capture_output=True).returncode != 0:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the remote command outlived its box-side timeout")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

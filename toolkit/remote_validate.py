@@ -388,8 +388,9 @@ class _Run:
         if made.exit_code != 0:
             bad, self.scratch = self.scratch, None
             raise ValidationAbort(exitcodes.ENVIRONMENT,
-                                  f"cannot create the scratch directory {bad} on {self.host.name} "
-                                  f"(check dsv4_state_dir): {made.stderr.strip()[-300:]}")
+                                  f"cannot create the scratch directory {bad} on {self.host.name}: the SSH "
+                                  f"user {self.host.user} needs write access to {self.scratch_root} "
+                                  f"(dsv4_state_dir/scratch): {made.stderr.strip()[-300:]}")
         env = {"CUDA_VISIBLE_DEVICES": str(self.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
         if built is not None:

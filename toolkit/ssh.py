@@ -64,6 +64,12 @@ class RemoteTimeout(RemoteError):
     exit_code = exitcodes.TIMEOUT
 
 
+class MissingRemoteTool(RemoteError):
+    """The box lacks a tool every remote command needs (``setsid``, GNU ``timeout``)."""
+
+    exit_code = exitcodes.ENVIRONMENT
+
+
 class RemoteCommandFailed(RemoteError):
     """A remote command exited non-zero (raised only with ``check=True``)."""
 
@@ -91,7 +97,7 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW", re.IGNORECASE)
 _PGID_MARKER = "__dsv4kit_pgid__="
 # Extra seconds the box-side `timeout` waits beyond the local deadline: the local side kills the
 # process group first and reports; the box-side timer is the backstop when we are gone.
-_REMOTE_GRACE_S = 10
+_REMOTE_GRACE_S = 5
 
 
 def fingerprint(key: "paramiko.PKey") -> str:
@@ -351,6 +357,12 @@ class RemoteSession:
         result = RemoteResult(exit_code=code, stdout=out.text, stderr=err.text, seconds=elapsed)
         if code == 124 and elapsed >= timeout:
             raise RemoteTimeout(f"{self.host.name}: command timed out after {timeout:g}s on the box: {shown}")
+        if code in (126, 127):
+            missing = re.search(r"exec: (setsid|timeout): not found", result.stderr)
+            if missing:
+                raise MissingRemoteTool(
+                    f"{self.host.name}: '{missing.group(1)}' is missing on the box "
+                    "(util-linux and coreutils provide setsid and timeout)")
         if code == -1:
             raise Unreachable(f"{self.host.name}: the connection dropped while running: {shown}")
         if check and code != 0:
@@ -381,19 +393,27 @@ class RemoteSession:
             self._say(f"warning: could not kill remote process group {pgid} on {self.host.name}: {exc}")
 
     # -- files --------------------------------------------------------------------------------
-    def put(self, local_path, remote_path) -> None:
-        try:
-            self._conn.put(str(local_path), remote=str(remote_path))
-        except (OSError, EOFError) as exc:
-            raise RemoteCommandFailed(f"{self.host.name}: cannot copy {local_path} to {remote_path}: {exc}",
-                                      RemoteResult(1, "", str(exc))) from None
+    def put(self, local_path, remote_path, *, timeout: float = 600.0) -> None:
+        """Copy a local file to the box (SFTP). Any single transfer stall over ``timeout`` fails."""
+        self._transfer("put", local_path, remote_path, timeout)
 
-    def get(self, remote_path, local_path) -> None:
+    def get(self, remote_path, local_path, *, timeout: float = 600.0) -> None:
+        """Copy a file from the box (SFTP). Any single transfer stall over ``timeout`` fails."""
+        self._transfer("get", remote_path, local_path, timeout)
+
+    def _transfer(self, direction: str, src, dst, timeout: float) -> None:
+        self._transport()
         try:
-            self._conn.get(str(remote_path), local=str(local_path))
+            self._conn.sftp().get_channel().settimeout(timeout)
+            if direction == "put":
+                self._conn.put(str(src), remote=str(dst))
+            else:
+                self._conn.get(str(src), local=str(dst))
+        except (socket.timeout, TimeoutError):
+            raise RemoteTimeout(f"{self.host.name}: copying {src} to {dst} stalled for {timeout:g}s") from None
         except (OSError, EOFError) as exc:
-            raise RemoteCommandFailed(f"{self.host.name}: cannot fetch {remote_path}: {exc}",
-                                      RemoteResult(1, "", str(exc))) from None
+            what = f"cannot copy {src} to {dst}" if direction == "put" else f"cannot fetch {src}"
+            raise RemoteCommandFailed(f"{self.host.name}: {what}: {exc}", RemoteResult(1, "", str(exc))) from None
 
 
 class _LineBuffer:

@@ -26,10 +26,11 @@ def validate(
 ) -> None:
     """Run the kernel validation table and exit non-zero on any failed case.
 
-    --local runs here. --gpu N runs on the box over SSH, in its SGLang venv, on GPU N: this
-    checkout's wheel is installed into a scratch directory there (or, with --installed, the
-    rolled-out dsv4kit is used), the report is fetched and kept under --results-dir. Host keys are
-    verified against the inventory's known_hosts. See docs/validation.md.
+    --local runs here. --gpu N runs on the box over SSH, in its SGLang venv, on GPU N.
+
+    Remote: this checkout's wheel goes to a scratch dir on the box (--installed: the rolled-out one).
+
+    Host keys are checked against known_hosts; reports go to --results-dir. See docs/validation.md.
     """
     if local == (gpu is not None):
         typer.echo("error: give exactly one of --local or --gpu N", err=True)
