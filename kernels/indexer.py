@@ -71,6 +71,7 @@ PROGRAMS_PER_SM = 8
 NUM_WARPS = 4
 NUM_STAGES = 3
 FILL_BLOCK = 2048  # fp32 elements per -inf store (8 KiB)
+PREFETCH = True  # prefetch the next page's id and scales one iteration ahead
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -94,6 +95,7 @@ def _indexer_logits_kernel(
     PAGE_BYTES: tl.constexpr,
     SCALE_OFFSET: tl.constexpr,
     FILL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -114,13 +116,34 @@ def _indexer_logits_kernel(
     w = tl.load(w_ptr + b * H + offs_h, mask=(offs_h * 0 + j) < n_pages, other=0.0)
     kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
+    pt_row = page_table_ptr + b * pt_stride
+    if PREFETCH:
+        # Software-prefetch the next page's id and scales one iteration ahead (the pipeliner only
+        # prefetches the dot operand). The first id is read before n_pages is known: j < R <= P
+        # keeps that read inside the table row, and the id is only used if j < n_pages.
+        page_next = tl.load(pt_row + j).to(tl.int64)
+        ok_next = (page_next >= 0) & (page_next < num_pages)
+        page_next = tl.where(ok_next, page_next, 0)
+        s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t,
+                         mask=(offs_t * 0 + j) < n_pages, other=0.0)
     for p in range(j, n_pages, progs_per_row):
-        page = tl.load(page_table_ptr + b * pt_stride + p).to(tl.int64)
-        page_ok = (page >= 0) & (page < num_pages)
-        page = tl.where(page_ok, page, 0)  # never dereference an id outside the pool
+        if PREFETCH:
+            page = page_next
+            page_ok = ok_next
+            s_k = s_next
+            p_next = p + progs_per_row
+            page_next = tl.load(pt_row + p_next, mask=p_next < n_pages, other=0).to(tl.int64)
+            ok_next = (page_next >= 0) & (page_next < num_pages)
+            page_next = tl.where(ok_next, page_next, 0)
+            s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t,
+                             mask=(offs_t * 0 + p_next) < n_pages, other=0.0)
+        else:
+            page = tl.load(pt_row + p).to(tl.int64)
+            page_ok = (page >= 0) & (page < num_pages)
+            page = tl.where(page_ok, page, 0)  # never dereference an id outside the pool
+            s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
         scored_until = tl.where(page_ok, seq_len, 0)  # a bad id's positions score -inf
         k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
-        s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
         scores = tl.dot(k, tl.trans(q))  # [PAGE, H] fp32 accumulation
         scores = tl.maximum(scores, 0.0)
         logit = tl.sum(scores * w[None, :], axis=1) * s_k
@@ -283,7 +306,8 @@ def fp8_paged_mqa_logits(
 
 
 def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len,
-           progs_per_row, num_warps=NUM_WARPS, num_stages=NUM_STAGES, fill_block=FILL_BLOCK):
+           progs_per_row, num_warps=NUM_WARPS, num_stages=NUM_STAGES, fill_block=FILL_BLOCK,
+           prefetch=PREFETCH):
     """Launch on already-checked arguments (the benchmark uses this to sweep configurations)."""
     batch, _, heads, head_dim = q_fp8.shape
     grid = (batch, progs_per_row)
@@ -291,5 +315,5 @@ def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max
         q_fp8, kv_pages, weight, seq_lens_1d, page_table, out,
         seq_lens_1d.stride(0), page_table.stride(0), num_pages, max_seq_len, progs_per_row,
         H=heads, D=head_dim, PAGE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, SCALE_OFFSET=SCALE_OFFSET,
-        FILL=fill_block, num_warps=num_warps, num_stages=num_stages,
+        FILL=fill_block, PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages,
     )

@@ -232,13 +232,33 @@ def bench_point(torch, point: dict, bandwidth: dict, budget_bytes: int, log,
 
 
 TUNE_POINTS = [
+    {"batch": 1, "tokens": 2048, "context": 1048576},
     {"batch": 1, "tokens": 131072, "context": 1048576},
+    {"batch": 16, "tokens": 32768, "context": 131072},
     {"batch": 64, "tokens": 2048, "context": 1048576},
     {"batch": 64, "tokens": 131072, "context": 131072},
-    {"batch": 16, "tokens": 32768, "context": 131072},
     {"batch": 64, "tokens": 2048, "context": 131072},
-    {"batch": 1, "tokens": 2048, "context": 8192},
 ]
+FILL_TUNE_POINTS = [TUNE_POINTS[0], TUNE_POINTS[3]]
+
+
+def _tune_configs():
+    from dsv4kit.kernels import indexer
+
+    for per_sm in (2, 4, 8, 16, 32):
+        for warps in (4, 8):
+            for stages in (2, 3, 4):
+                for prefetch in (False, True):
+                    yield {"programs_per_sm": per_sm, "num_warps": warps, "num_stages": stages,
+                           "prefetch": prefetch, "fill_block": indexer.FILL_BLOCK}
+
+
+def _fill_configs():
+    from dsv4kit.kernels import indexer
+
+    for fill in (1024, 2048, 4096, 8192):
+        yield {"programs_per_sm": indexer.PROGRAMS_PER_SM, "num_warps": indexer.NUM_WARPS,
+               "num_stages": indexer.NUM_STAGES, "prefetch": indexer.PREFETCH, "fill_block": fill}
 
 
 def tune(torch, log) -> list[dict]:
@@ -246,34 +266,48 @@ def tune(torch, log) -> list[dict]:
     from dsv4kit.kernels import indexer
 
     rows = []
-    for spec in TUNE_POINTS:
-        pages = table_pages(spec["context"])
-        inputs = make_bench_inputs(torch, spec["batch"], spec["tokens"] // 4, pages)
-        batch, _, _, num_pages, seq, kv, msl = indexer.check_args(
-            inputs.q_fp8, inputs.kvcache, inputs.weight, inputs.seq_lens, inputs.page_table,
-            inputs.max_seq_len, False)
-        for per_sm in (2, 4, 8, 16, 32):
-            for warps in (4, 8):
-                for stages in (2, 3, 4):
-                    r = indexer.programs_per_row(batch, pages, torch.device("cuda"), per_sm)
+    for sweep, specs, configs in (("main", TUNE_POINTS, _tune_configs), ("fill", FILL_TUNE_POINTS, _fill_configs)):
+        for spec in specs:
+            pages = table_pages(spec["context"])
+            inputs = make_bench_inputs(torch, spec["batch"], spec["tokens"] // 4, pages)
+            batch, _, _, num_pages, seq, kv, msl = indexer.check_args(
+                inputs.q_fp8, inputs.kvcache, inputs.weight, inputs.seq_lens, inputs.page_table,
+                inputs.max_seq_len, False)
+            point_rows = []
+            for cfg in configs():
+                r = indexer.programs_per_row(batch, pages, torch.device("cuda"), cfg["programs_per_sm"])
 
-                    def call(r=r, warps=warps, stages=stages):
-                        out = torch.empty((batch, msl), dtype=torch.float32, device="cuda")
-                        indexer.launch(inputs.q_fp8, kv, inputs.weight, seq, inputs.page_table, out,
-                                       num_pages, msl, r, num_warps=warps, num_stages=stages)
-                        return out
+                def call(r=r, cfg=cfg):
+                    out = torch.empty((batch, msl), dtype=torch.float32, device="cuda")
+                    indexer.launch(inputs.q_fp8, kv, inputs.weight, seq, inputs.page_table, out,
+                                   num_pages, msl, r, num_warps=cfg["num_warps"],
+                                   num_stages=cfg["num_stages"], fill_block=cfg["fill_block"],
+                                   prefetch=cfg["prefetch"])
+                    return out
 
+                try:
                     us = time_under_graph(torch, call, CALLS_PER_GRAPH, 10)
-                    rows.append({**spec, "programs_per_sm": per_sm, "num_warps": warps,
-                                 "num_stages": stages, "programs_per_row": r, "us": us})
-        best = min((r for r in rows if r["batch"] == spec["batch"] and r["tokens"] == spec["tokens"]
-                    and r["context"] == spec["context"]), key=lambda r: r["us"])
-        log(f"tune B={spec['batch']} len={_fmt_tokens(spec['tokens'])} ctx={_fmt_tokens(spec['context'])}: "
-            f"best {best['us']:.1f} us at programs_per_sm={best['programs_per_sm']} "
-            f"warps={best['num_warps']} stages={best['num_stages']}")
-        del inputs
-        torch.cuda.empty_cache()
+                except Exception as exc:  # noqa: BLE001 - a config that fails is recorded, not fatal
+                    log(f"tune config {cfg} failed: {type(exc).__name__}: {exc}")
+                    us = None
+                point_rows.append({"sweep": sweep, **spec, **cfg, "programs_per_row": r, "us": us})
+            rows.extend(point_rows)
+            timed = [r for r in point_rows if r["us"] is not None]
+            if timed:
+                best = min(timed, key=lambda r: r["us"])
+                log(f"tune[{sweep}] B={spec['batch']} len={_fmt_tokens(spec['tokens'])} "
+                    f"ctx={_fmt_tokens(spec['context'])}: best {best['us']:.2f} us with "
+                    + ", ".join(f"{k}={best[k]}" for k in ("programs_per_sm", "num_warps",
+                                                           "num_stages", "prefetch", "fill_block")))
+            del inputs
+            torch.cuda.empty_cache()
     return rows
+
+
+def graph_node_floor_us(torch) -> float:
+    """Time of a trivial kernel node (a 64-float fill) under the same graph timing: launch floor."""
+    tiny = torch.empty(64, dtype=torch.float32, device="cuda")
+    return time_under_graph(torch, lambda: tiny.fill_(0.0), CALLS_PER_GRAPH, 20)
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,7 +345,9 @@ def render_summary(payload: dict) -> str:
         f"Device: {env.get('gpu')} ({env.get('capability')}), torch {env.get('torch')}, "
         f"triton {env.get('triton')}. Command: `{payload['command']}`.",
         f"Measured copy bandwidth: {bw['copy_GBps']:.0f} GB/s ({bw['method']}); "
-        f"fill bandwidth {bw['fill_GBps']:.0f} GB/s.",
+        f"fill bandwidth {bw['fill_GBps']:.0f} GB/s"
+        + (f"; a trivial kernel node takes {bw['graph_node_floor_us']:.1f} us under the same graph "
+           "timing." if bw.get("graph_node_floor_us") is not None else "."),
         f"Floor target (kernel <= max({FLOOR_FACTOR} x floor, {FLOOR_MIN_US:.0f} us)): met at "
         f"{s['floor_target_met']} of {s['points']} points"
         + (f"; missed at {', '.join(s['floor_target_missed'])}." if s["floor_target_missed"] else "."),
@@ -459,6 +495,8 @@ def main(argv=None) -> int:
     log(f"device: {env['gpu']} ({env['capability']}, {env['sm_count']} SMs)")
     bandwidth = measure_bandwidth(torch, device, nbytes=(1 << 30) if device == "cuda" else (1 << 24),
                                   reps=20 if device == "cuda" else 2)
+    if device == "cuda":
+        bandwidth["graph_node_floor_us"] = graph_node_floor_us(torch)
     log(f"copy bandwidth {bandwidth['copy_GBps']:.0f} GB/s, fill {bandwidth['fill_GBps']:.0f} GB/s")
     if args.budget_gib:
         budget = int(args.budget_gib * 2**30)
@@ -498,18 +536,21 @@ def main(argv=None) -> int:
         "timing": f"CUDA-graph replay, {CALLS_PER_GRAPH} kernel calls per graph (fallback: 1 when "
                   "slower than 1 ms), median of 3 batches; inputs stay resident between calls",
         "kernel_config": {"programs_per_sm": indexer.PROGRAMS_PER_SM, "num_warps": indexer.NUM_WARPS,
-                          "num_stages": indexer.NUM_STAGES, "fill_block": indexer.FILL_BLOCK},
+                          "num_stages": indexer.NUM_STAGES, "fill_block": indexer.FILL_BLOCK,
+                          "prefetch": indexer.PREFETCH},
         "targets": {"floor_factor": FLOOR_FACTOR, "floor_min_us": FLOOR_MIN_US,
                     "speedup": {**SPEEDUP_POINT, "target": SPEEDUP_TARGET}},
         "points": points,
         "summary": summarise(points),
     }
-    if args.tune:
-        payload["tuning"] = tune(torch, log)
     payload["seconds"] = round(time.time() - started, 1)
     json_path = os.path.join(args.out, "bench_indexer.json")
     _write_json(json_path, payload)
     png = plot(payload, os.path.join(args.out, "bench_indexer.png"), log)
+    if args.tune:  # after the main result is safely written
+        payload["tuning"] = tune(torch, log)
+        payload["seconds"] = round(time.time() - started, 1)
+        _write_json(json_path, payload)
     print(render_summary(payload))
     print()
     print(render_table(payload))
