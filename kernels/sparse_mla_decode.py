@@ -273,9 +273,14 @@ def default_config(num_heads: int, device: torch.device) -> DecodeConfig:
 
 
 def choose_num_splits(T: int, head_blocks: int, width_total: int, block_n: int, sm_count: int) -> int:
-    """Splits per (token, head block): enough programs to fill the SMs, from shapes only."""
+    """Splits per (token, head block), from shapes only (graph-safe).
+
+    Only when the (token, head block) programs fill less than half the SMs: each split costs a
+    [BLOCK_H, 512] fp32 partial written and read back, which near a full wave costs more than
+    the idle SMs would have given.
+    """
     programs = max(1, T * head_blocks)
-    if programs >= sm_count:
+    if 2 * programs > sm_count:
         return 1
     max_useful = max(1, -(-width_total // block_n))
     return max(1, min(-(-sm_count // programs), max_useful, 64))

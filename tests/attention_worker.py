@@ -1,0 +1,99 @@
+"""Subprocess worker for the attention tests: ``python -m tests.attention_worker interp|aot``.
+
+TRITON_INTERPRET is read when a kernel is decorated, so interpreter runs and ahead-of-time builds
+each get their own process. Prints one JSON object (check name -> result) on the last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _interp() -> dict:
+    import torch
+
+    from dsv4kit.kernels.sparse_mla_decode import flash_mla_with_kvcache_sm120
+    from dsv4kit.kernels.sparse_mla_reference import compare, make_inputs, sparse_mla_reference
+
+    results = {}
+
+    def check(name, inputs, **overrides):
+        ref, ref_lse = sparse_mla_reference(**inputs.kwargs)
+        out, lse = flash_mla_with_kvcache_sm120(**inputs.kwargs, **overrides)
+        stats = compare(out, ref, inputs.real_heads)
+        H = inputs.real_heads
+        empty = (ref[:, 0, :H] == 0).all(dim=-1)
+        got = out[:, 0, :H].float()
+        stats["empty_zero"] = bool(torch.where(empty.unsqueeze(-1), got, torch.zeros_like(got)).eq(0).all())
+        stats["empty_rows"] = int(empty.all(dim=-1).sum())
+        same_inf = torch.isneginf(lse[:, :H]) == torch.isneginf(ref_lse[:, :H])
+        finite = torch.isfinite(ref_lse[:, :H])
+        stats["lse_ok"] = bool(same_inf.all()) and bool(
+            ((lse[:, :H] - ref_lse[:, :H]).abs()[finite] <= 1e-3 * (1 + ref_lse[:, :H].abs()[finite])).all())
+        stats["shape"] = [list(out.shape), str(out.dtype), list(lse.shape)]
+        results[name] = stats
+
+    base = dict(holes=True, empty_rows=1)
+    swa = make_inputs(T=3, heads=16, padded_heads=32, swa_page_size=256, seq_lens=[300, 40, 5], **base)
+    check("swa_ps256_split", swa)
+    check("swa_ps256_nosplit", swa, num_splits=1)
+    c4 = make_inputs(T=3, heads=16, padded_heads=16, swa_page_size=64, extra="c4", extra_width=64,
+                     seq_lens=[400, 150, 2], seed=1, **base)
+    check("c4_ps64_split", c4, num_splits=3)
+    check("c4_ps64_nosplit", c4, num_splits=1)
+    c128 = make_inputs(T=2, heads=24, padded_heads=24, swa_page_size=64, extra="c128", extra_width=128,
+                       seq_lens=[9000, 100], seed=2, holes=True)
+    check("c128_ps2_H24", c128)
+    check("c128_ps2_H24_fp16dot", c128, dot_dtype="fp16")
+
+    # Sink: large sinks dominate the denominator, negative ones vanish; both against the reference.
+    sink = make_inputs(T=2, heads=16, padded_heads=16, seq_lens=[128, 64], seed=3)
+    sink.kwargs["attn_sink"] = torch.tensor([30.0, -30.0] * 8)
+    check("sink_extremes", sink)
+
+    # Bad slot ids (>= num_pages * page_size), lengths past the width or negative, strided indices.
+    odd = make_inputs(T=3, heads=16, padded_heads=16, extra="c4", extra_width=64, seq_lens=[500, 200, 30],
+                      seed=4)
+    kw = odd.kwargs
+    kw["indices"][0, 0, 3] = 1 << 30
+    kw["extra_indices_in_kvcache"][1, 0, 0] = kw["extra_k_cache"].shape[0] * 64
+    kw["topk_length"][2] = 100000
+    kw["extra_topk_length"][2] = -5
+    wide = torch.full((3, 1, 2 * kw["indices"].shape[2]), -7, dtype=torch.int32)
+    wide[:, :, ::2] = kw["indices"]
+    kw["indices"] = wide[:, :, ::2]
+    check("bad_slots_lengths_strided_indices", odd)
+    return results
+
+
+def _aot() -> dict:
+    from dsv4kit.kernels.sparse_mla_aot import compile_decode, summary
+    from dsv4kit.kernels.sparse_mla_decode import default_config
+
+    import torch
+
+    results = {}
+    cfg64 = default_config(64, torch.device("cpu"))
+    cfg16 = default_config(16, torch.device("cpu"))
+    results["sm120_c4_split_H64"] = summary(compile_decode(120, cfg64, page_size=256, extra_page_size=64,
+                                                           split=True))
+    results["sm120_c128_nosplit_H16"] = summary(compile_decode(120, cfg16, page_size=64, extra_page_size=2,
+                                                               split=False))
+    results["sm90_c4_split_H64"] = summary(compile_decode(90, cfg64, page_size=256, extra_page_size=64,
+                                                          split=True))
+    return results
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "interp":
+        os.environ["TRITON_INTERPRET"] = "1"
+        payload = _interp()
+    elif mode == "aot":
+        os.environ.pop("TRITON_INTERPRET", None)
+        payload = _aot()
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    print(json.dumps(payload, default=str))

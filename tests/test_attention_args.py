@@ -1,0 +1,116 @@
+"""Argument checks of the sparse-MLA decode entry point, the V4 page builder and the suite specs."""
+
+import logging
+
+import pytest
+import torch
+
+from dsv4kit.kernels import sparse_mla_decode as dec
+from dsv4kit.kernels.sparse_mla_reference import (
+    dequantize_v4, make_inputs, page_bytes, quantize_v4_pages, sparse_mla_reference,
+)
+from dsv4kit.validation import attention_suite
+
+
+@pytest.fixture(scope="module")
+def good():
+    return make_inputs(T=2, heads=16, padded_heads=16, extra="c4", extra_width=64, seq_lens=[300, 20]).kwargs
+
+
+def _call(kw, **changes):
+    args = dict(kw)
+    args.update(changes)
+    return dec.flash_mla_with_kvcache_sm120(**args)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda kw: {"q": kw["q"][:, :, :, :256]}, "q must be"),
+    (lambda kw: {"q": kw["q"].float().to(torch.int32)}, "q must be bf16"),
+    (lambda kw: {"q": torch.zeros(2, 1, 65, 512, dtype=torch.bfloat16)}, "heads"),
+    (lambda kw: {"head_dim_v": 448}, "head_dim_v"),
+    (lambda kw: {"softmax_scale": float("nan")}, "softmax_scale"),
+    (lambda kw: {"softmax_scale": torch.tensor(0.04)}, "softmax_scale"),
+    (lambda kw: {"indices": kw["indices"].long()}, "indices must be int32"),
+    (lambda kw: {"indices": kw["indices"][:1]}, "indices must be"),
+    (lambda kw: {"topk_length": None}, "topk_length is required"),
+    (lambda kw: {"topk_length": kw["topk_length"].long()}, "topk_length must be int32"),
+    (lambda kw: {"attn_sink": kw["attn_sink"][:8]}, "attn_sink"),
+    (lambda kw: {"attn_sink": kw["attn_sink"].double()}, "attn_sink must be float32"),
+    (lambda kw: {"k_cache": kw["k_cache"].view(torch.uint8)[..., :576]}, "V4 layout"),
+    (lambda kw: {"k_cache": kw["k_cache"].to(torch.float16)}, "1-byte dtype"),
+    (lambda kw: {"extra_topk_length": None}, "given together"),
+    (lambda kw: {"extra_indices_in_kvcache": kw["extra_indices_in_kvcache"][:, :, :0]}, "width >= 1"),
+])
+def test_bad_arguments_raise_clear_errors(good, change, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        _call(good, **change(good))
+
+
+def test_cache_stride_and_storage_are_checked(good):
+    cache = good["k_cache"]
+    short = torch.as_strided(cache, cache.shape, (cache.stride(0) // 2, 584, 584, 1))
+    with pytest.raises(ValueError, match="stride\\(0\\)"):
+        _call(good, k_cache=short)
+    with pytest.raises(ValueError, match="stride\\(3\\)"):
+        _call(good, k_cache=torch.as_strided(cache, (1, *cache.shape[1:]), (cache.stride(0), 584, 584, 2)))
+
+
+def test_page_bytes_and_round_trip():
+    assert [page_bytes(ps) for ps in (256, 64, 2)] == [149760, 37440, 1728]
+    kv = torch.randn(70, 512) * torch.exp2(torch.randint(-3, 4, (70, 1)).float())
+    cache = quantize_v4_pages(kv, 64)
+    assert cache.shape == (2, 64, 1, 584) and cache.stride(0) == 37440
+    back = dequantize_v4(cache, torch.arange(70))
+    assert torch.equal(back[:, 448:], kv[:, 448:].to(torch.bfloat16).float())
+    # fp8 e4m3 keeps 3 mantissa bits: the scaled error is at most half a step of 2^-3 relative.
+    tile_amax = kv[:, :448].reshape(70, 7, 64).abs().amax(-1, keepdim=True)
+    err = (back[:, :448] - kv[:, :448]).reshape(70, 7, 64).abs()
+    assert bool((err <= tile_amax * 2 ** -4 + 1e-6).all())
+    # ue8m0: every scale byte is the exponent of a power of two >= amax / 448
+    scales = cache.as_strided((2, 37440), (37440, 1))[:, 64 * 576:64 * 584].reshape(2, 64, 8)[:, :, :7]
+    exps = scales.reshape(-1, 7)[:70].float() - 127
+    assert bool((torch.exp2(exps) * 448 >= tile_amax.squeeze(-1) * (1 - 1e-6)).all())
+
+
+def test_prefill_sized_calls_use_the_reference_and_log_once(caplog):
+    inputs = make_inputs(T=dec.SM120_DECODE_MAX_TOKENS + 1, heads=16, padded_heads=16, seq_lens=None, seed=9)
+    dec._LOGGED_DELEGATION = False
+    with caplog.at_level(logging.WARNING, logger=dec.__name__):
+        out, lse = dec.flash_mla_with_kvcache_sm120(**inputs.kwargs)
+        dec.flash_mla_with_kvcache_sm120(**inputs.kwargs)
+    ref, ref_lse = sparse_mla_reference(**inputs.kwargs)
+    assert out.dtype == torch.bfloat16 and out.shape == (65, 1, 16, 512)
+    assert torch.equal(out, ref.to(torch.bfloat16))
+    assert sum("float32 torch reference" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_module_contract():
+    assert dec.SM120_DECODE_MAX_TOKENS == 64
+    assert dec.choose_num_splits(64, 2, 640, 32, 132) == 1
+    assert dec.choose_num_splits(16, 2, 640, 32, 132) == 5
+    assert dec.choose_num_splits(1, 2, 8384, 32, 132) == 64
+    assert dec.choose_num_splits(1, 2, 64, 32, 132) == 2
+
+
+@pytest.mark.parametrize("spec", ["c4-T16-H64", "c128-T1-H16of64-ps64-x8256-L131072-holes-empty",
+                                  "swa-T4-H32of64-L60"])
+def test_suite_parses_specs(spec):
+    case = attention_suite.parse_case(spec)
+    assert case.T >= 1 and case.heads <= case.padded_heads
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("c8-T1-H64", "kind"), ("c4-H64", "missing T"), ("c4-T1", "missing H"), ("c4-T1-H65", "H <="),
+    ("c4-T1-H64-ps128", "page size"), ("swa-T1-H64-x64", "needs a c4"), ("c4-T1-H64-foo", "unknown part"),
+])
+def test_suite_rejects_bad_specs(spec, message):
+    with pytest.raises(ValueError, match=message):
+        attention_suite.parse_case(spec)
+
+
+def test_suite_profiles():
+    for profile in ("cpu", "gpu"):
+        for spec in attention_suite.default_cases(profile):
+            attention_suite.parse_case(spec)
+    with pytest.raises(ValueError):
+        attention_suite.default_cases("tpu")
