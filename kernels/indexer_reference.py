@@ -139,52 +139,54 @@ def make_indexer_inputs(batch: int, heads: int, pages_per_row: int, max_len: int
     """
     if max_len > pages_per_row * PAGE_SIZE:
         raise ValueError(f"max_len {max_len} exceeds P*64 = {pages_per_row * PAGE_SIZE}")
-    gen = torch.Generator().manual_seed(seed)
+    lengths_gen = torch.Generator().manual_seed(seed)
     if lengths is None:
-        lengths = edge_lengths(batch, max_len, gen)
+        lengths = edge_lengths(batch, max_len, lengths_gen)
     live = [-(-n // PAGE_SIZE) for n in lengths]
     needed = sum(live)
     num_pages = num_pages or max(needed + 3, 4)
     if num_pages < needed:
         raise ValueError(f"num_pages {num_pages} < {needed} live pages")
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)  # data made where it is used
 
     # Keys: Hadamard-rotated values look Gaussian; give each position its own magnitude.
-    k = torch.randn(num_pages, PAGE_SIZE, HEAD_DIM, generator=gen)
-    k *= torch.rand(num_pages, PAGE_SIZE, 1, generator=gen) * 2 + 0.1
+    k = torch.randn(num_pages, PAGE_SIZE, HEAD_DIM, generator=gen, device=device)
+    k *= torch.rand(num_pages, PAGE_SIZE, 1, generator=gen, device=device) * 2 + 0.1
     k8, s_k = quantize_rows(k)
-    pool = torch.empty(num_pages, PAGE_BYTES, dtype=torch.uint8)
+    del k
+    pool = torch.empty(num_pages, PAGE_BYTES, dtype=torch.uint8, device=device)
     pool[:, :SCALE_OFFSET] = k8.view(torch.uint8).reshape(num_pages, SCALE_OFFSET)
     pool[:, SCALE_OFFSET:] = s_k.contiguous().view(torch.uint8).reshape(num_pages, PAGE_SIZE * 4)
+    del k8
 
     # Queries: quantised per head; the q scale and the softmax scales are folded into the weights.
-    q = torch.randn(batch, heads, HEAD_DIM, generator=gen)
+    q = torch.randn(batch, heads, HEAD_DIM, generator=gen, device=device)
     q8, s_q = quantize_rows(q)
-    w = torch.randn(batch, heads, generator=gen) * INDEX_WEIGHT_SCALE * s_q
+    w = torch.randn(batch, heads, generator=gen, device=device) * INDEX_WEIGHT_SCALE * s_q
 
-    perm = torch.randperm(num_pages, generator=gen)
-    table = torch.empty(batch, pages_per_row, dtype=torch.int32)
+    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    if stale == "random":
+        table = torch.randint(0, num_pages, (batch, pages_per_row), generator=gen, device=device,
+                              dtype=torch.int32)
+    elif stale == "invalid":
+        table = torch.randint(2 ** 30, 2 ** 31 - 1, (batch, pages_per_row), generator=gen,
+                              device=device, dtype=torch.int32)
+    else:
+        raise ValueError(f"stale must be 'random' or 'invalid', got {stale!r}")
     cursor = 0
-    for b, n in enumerate(live):
-        table[b, :n] = perm[cursor:cursor + n].to(torch.int32)
+    for b, n in enumerate(live):  # live entries: distinct pool pages in shuffled order
+        table[b, :n] = perm[cursor:cursor + n]
         cursor += n
-        rest = pages_per_row - n
-        if rest:
-            if stale == "random":
-                table[b, n:] = torch.randint(0, num_pages, (rest,), generator=gen, dtype=torch.int32)
-            elif stale == "invalid":
-                table[b, n:] = torch.randint(2 ** 30, 2 ** 31 - 1, (rest,), generator=gen,
-                                             dtype=torch.int32)
-            else:
-                raise ValueError(f"stale must be 'random' or 'invalid', got {stale!r}")
-    seq = torch.tensor(lengths, dtype=torch.int32)
+    seq = torch.tensor(lengths, dtype=torch.int32, device=device)
     if seq_lens_2d:
         seq = seq.unsqueeze(1)
     return IndexerInputs(
-        q_fp8=q8.unsqueeze(1).to(device),
-        kvcache=pool.view(num_pages, PAGE_SIZE, 1, HEAD_DIM + 4).to(device),
-        weight=w.float().contiguous().to(device),
-        seq_lens=seq.to(device),
-        page_table=table.to(device),
+        q_fp8=q8.unsqueeze(1).contiguous(),
+        kvcache=pool.view(num_pages, PAGE_SIZE, 1, HEAD_DIM + 4),
+        weight=w.float().contiguous(),
+        seq_lens=seq,
+        page_table=table,
         max_seq_len=pages_per_row * PAGE_SIZE,
     )
 

@@ -547,15 +547,16 @@ def main(argv=None) -> int:
     json_path = os.path.join(args.out, "bench_indexer.json")
     _write_json(json_path, payload)
     png = plot(payload, os.path.join(args.out, "bench_indexer.png"), log)
+    print(render_summary(payload))
+    print()
+    print(render_table(payload))
+    print(f"\nwrote {json_path}" + (f" and {png}" if png else ""), flush=True)
     if args.tune:  # after the main result is safely written
         payload["tuning"] = tune(torch, log)
         payload["seconds"] = round(time.time() - started, 1)
         _write_json(json_path, payload)
-    print(render_summary(payload))
-    print()
-    print(render_table(payload))
-    print(f"\nwrote {json_path}" + (f" and {png}" if png else ""))
-    return exitcodes.OK
+    broken = [p for p in points if p.get("error") or p.get("pattern_ok") is False]
+    return exitcodes.CHECK_FAILED if broken else exitcodes.OK
 
 
 if __name__ == "__main__":

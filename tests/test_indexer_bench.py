@@ -1,0 +1,92 @@
+"""The indexer benchmark's grid, floor and reporting (the timing itself needs a GPU), and the
+docs table being generated from the committed GPU result."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dsv4kit import exitcodes
+from dsv4kit.validation import bench_indexer as bench
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "docs" / "results" / "bench_indexer_h200.json"
+
+
+def test_max_seq_len_follows_sglang():
+    assert [bench.table_pages(c) * 64 for c in (8192, 131072, 1048576)] == [2112, 32832, 262208]
+
+
+def test_grid_skips_lengths_beyond_the_context():
+    points = bench.grid_points(quick=False)
+    assert len(points) == 3 * 7
+    assert all(p["tokens"] <= p["context"] and p["c4_len"] == p["tokens"] // 4 for p in points)
+    assert {(p["batch"], p["context"], p["tokens"]) for p in points} >= {(64, 131072, 2048),
+                                                                          (1, 1048576, 131072)}
+
+
+def test_floor_counts_live_pages_and_the_full_row():
+    point = {"batch": 2, "c4_len": 65, "max_seq_len": 2112}
+    assert bench.floor_bytes(point) == 2 * (2 * 8448 + 2112 * 4)
+
+
+def _point(batch, tokens, context, kernel_us, fallback_us, floor_us):
+    target = max(bench.FLOOR_FACTOR * floor_us, bench.FLOOR_MIN_US)
+    return {"batch": batch, "heads": 64, "tokens": tokens, "c4_len": tokens // 4, "context": context,
+            "pages": bench.table_pages(context), "max_seq_len": bench.table_pages(context) * 64,
+            "kernel_us": kernel_us, "fallback_us": fallback_us, "floor_us": floor_us,
+            "target_us": target, "kernel_vs_floor": kernel_us / floor_us,
+            "target_met": kernel_us <= target,
+            "speedup": None if fallback_us is None else fallback_us / kernel_us}
+
+
+def _payload(points):
+    return {"command": "python -m dsv4kit.validation.bench_indexer", "points": points,
+            "environment": {"gpu": "test", "capability": "sm_90", "torch": "x", "triton": "y"},
+            "bandwidth": {"copy_GBps": 4000.0, "fill_GBps": 4000.0, "method": "m",
+                          "graph_node_floor_us": 1.5},
+            "summary": bench.summarise(points)}
+
+
+def test_summary_reports_missed_targets_honestly():
+    points = [_point(64, 2048, 131072, 10.0, 4000.0, 8.0), _point(1, 2048, 8192, 9.0, 30.0, 1.0)]
+    summary = bench.summarise(points)
+    assert summary["floor_target_met"] == 1
+    assert summary["floor_target_missed"] == ["B=1 len=2K ctx=8K"]
+    assert summary["speedup_target"]["speedup"] == 400.0 and summary["speedup_target"]["met"]
+    assert not summary["all_targets_met"]
+    text = bench.render_summary(_payload(points)) + "\n" + bench.render_table(_payload(points))
+    assert "missed at B=1 len=2K ctx=8K" in text and "| NO |" in text and "400x, met" in text
+
+
+def test_skipped_fallback_renders_as_skipped():
+    table = bench.render_table(_payload([_point(64, 2048, 1048576, 20.0, None, 18.0)]))
+    assert "| skipped |" in table
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    points = [_point(1, 2048, c, 5.0, 50.0 * c / 8192, 2.0) for c in bench.CONTEXTS_TOKENS]
+    path = bench.plot(_payload(points), str(tmp_path / "p.png"), print)
+    assert path and Path(path).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_without_a_gpu_the_bench_exits_with_environment(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert bench.main(["--out", "/nonexistent-not-created"]) == exitcodes.ENVIRONMENT
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_render_of_a_missing_file_is_a_usage_error(tmp_path):
+    assert bench.main(["--render", str(tmp_path / "none.json")]) == exitcodes.USAGE
+
+
+@pytest.mark.skipif(not RESULT.exists(), reason="no committed GPU result yet")
+def test_docs_table_is_generated_from_the_committed_result():
+    payload = json.loads(RESULT.read_text())
+    doc = (ROOT / "docs" / "indexer.md").read_text()
+    assert bench.render_table(payload) in doc
+    assert bench.render_summary(payload) in doc
