@@ -335,7 +335,9 @@ class RemoteSession:
                 while channel.recv_stderr_ready():
                     err.feed(channel.recv_stderr(65536))
                     got = True
-                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                # sshd may send the exit status before the last output; EOF means all output is in.
+                done = channel.closed or (channel.exit_status_ready() and channel.eof_received)
+                if done and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:
                     self._kill_group(pgid[0])
