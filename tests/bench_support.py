@@ -1,0 +1,172 @@
+"""Test support for the bench tests: the real client's venv, a tiny tokenizer, the stand-in server.
+
+- ``client_venv()``: a venv with the real ``sglang.benchmark.serving`` (sglang 0.5.23 installed
+  ``--no-deps``) and its import-time needs (bench-serving-0.5.23.md §7). It is built once and cached
+  under ``$DSV4KIT_TEST_CACHE`` (default ``~/.cache/dsv4kit-tests``) in a directory named by a hash
+  of the requirements; ``$DSV4KIT_BENCH_CLIENT_VENV`` points at a prebuilt one instead.
+  torch: SGLang's own pin, 2.14.1, with torchvision 0.29.1, *inside the venv* (the system torch
+  2.13 CPU build cannot load a PyPI torchvision, whose ops library links CUDA torch libraries;
+  the venv's torch shadows the system one, which is left untouched).
+- ``make_tokenizer(python, dir)``: a ``PreTrainedTokenizerFast`` around a ``tokenizers`` WordLevel
+  model over the words ``w0 .. w{V-1}`` that the stand-in server generates, saved to ``dir``.
+- ``FakeServer``: ``tests/fake_sglang_server.py`` as a subprocess on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SGLANG_VERSION = "0.5.23"
+# Import-time needs of sglang.benchmark.serving (spec §7), pinned where SGLang 0.5.23 pins them.
+CLIENT_REQUIREMENTS = (
+    "torch==2.14.1", "torchvision==0.29.1",
+    "transformers==5.19.0", "tokenizers==0.23.2", "sentencepiece==0.2.1",
+    "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0",
+    "aiohttp", "requests", "tqdm", "datasets", "orjson", "psutil", "pybase64", "pillow", "starlette",
+    "msgspec", "pyzmq>=25.1.2", "ipython", "gguf",
+)
+VOCAB_SIZE = 200
+BUILD_TIMEOUT_S = 1500
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DSV4KIT_TEST_CACHE", Path.home() / ".cache" / "dsv4kit-tests"))
+
+
+def requirements_key() -> str:
+    text = "\n".join([f"python {sys.version_info[:2]}", f"sglang=={SGLANG_VERSION}", *CLIENT_REQUIREMENTS])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _pip(python: Path, *args: str) -> None:
+    proc = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip install {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def client_venv() -> Path:
+    """The cached venv with the real bench client (built on first use; see the module doc)."""
+    override = os.environ.get("DSV4KIT_BENCH_CLIENT_VENV")
+    if override:
+        return Path(override)
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / f"bench-client-venv-{requirements_key()}"
+    with open(root / "bench-client-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / ".complete").is_file():
+            return venv
+        building = venv.with_name(venv.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(building)], check=True,
+                       timeout=300)
+        python = building / "bin" / "python"
+        _pip(python, *CLIENT_REQUIREMENTS)
+        _pip(python, "--no-deps", f"sglang=={SGLANG_VERSION}")
+        check = subprocess.run([str(python), "-m", "sglang.benchmark.serving", "--help"], capture_output=True,
+                               text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if check.returncode != 0:
+            raise RuntimeError(f"the bench client does not start in {building}:\n{check.stderr[-3000:]}")
+        # venvs are not relocatable: rebuild the scripts' shebangs by re-creating in place is
+        # unnecessary because we only ever run `bin/python -m ...`; bin/python is a symlink.
+        shutil.rmtree(venv, ignore_errors=True)
+        building.rename(venv)
+        (venv / ".complete").write_text(requirements_key() + "\n")
+        return venv
+
+
+_TOKENIZER_SCRIPT = """
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+size = int(sys.argv[2])
+vocab = {f"w{i}": i for i in range(size)}
+vocab["[UNK]"] = size
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(sys.argv[1])
+"""
+
+
+def make_tokenizer(python: Path, directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
+    """A tiny local tokenizer directory (no hub access), written by the venv's transformers."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(python), "-c", _TOKENIZER_SCRIPT, str(directory), str(vocab_size)], check=True,
+                   timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    # config.json too, in case a loader looks for it (spec §2.2).
+    (directory / "config.json").write_text(json.dumps({"model_type": "dsv4kit-test", "vocab_size": vocab_size + 1}))
+    return directory
+
+
+class FakeServer:
+    """tests/fake_sglang_server.py on 127.0.0.1 (a subprocess; stopped by ``stop``)."""
+
+    def __init__(self, workdir: Path, model_path: Path, *, context_length: int = 4096,
+                 token_delay_ms: float = 10.0, error_every: int = 0, cached_tokens: int = 0):
+        self.workdir = workdir
+        self.args = [
+            "--model-path", str(model_path), "--context-length", str(context_length),
+            "--token-delay-ms", str(token_delay_ms), "--error-every", str(error_every),
+            "--cached-tokens", str(cached_tokens), "--vocab-size", str(VOCAB_SIZE), "--max-lifetime", "900",
+        ]
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> "FakeServer":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        port_file = self.workdir / "fake_server.port"
+        port_file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "fake_sglang_server.py"), "--port-file",
+                                      str(port_file), *self.args],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.workdir / "fake_server.log", "ab"))
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"fake server did not start: {(self.workdir / 'fake_server.log').read_text()}")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+        return self
+
+    def post(self, path: str, body: dict | None = None) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body or {}).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read() or b"{}")
+
+    def stats(self) -> dict:
+        return self.post("/_test/stats")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port: int, context_length: int,
+                    name: str = "lo") -> Path:
+    """A one-host inventory whose box is this machine over the loopback sshd, serving on ``port``."""
+    from tests.remote_inventory import write_inventory
+
+    return write_inventory(
+        directory, sshd, name=name,
+        dsv4_venv_dir=str(venv), dsv4_model_path=str(model_path), dsv4_model_revision="test-rev-1",
+        dsv4_context_length=context_length, dsv4_router_port=port, dsv4_decode_port=port,
+        dsv4_prefill_port=port, dsv4_prefill_gpus=[0, 1, 2, 3], dsv4_decode_gpus=[4, 5, 6, 7],
+        dsv4_gpu_count=8, dsv4_kernel_flags={"SGLANG_SM120_TRITON_INDEXER": "1"},
+    )

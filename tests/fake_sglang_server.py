@@ -1,0 +1,255 @@
+"""A loopback stand-in for an SGLang 0.5.23 server, speaking its real HTTP protocol (tests only).
+
+It answers what ``sglang.benchmark.serving --backend sglang`` and ``dsv4kit bench`` ask for:
+
+- ``GET /health``, ``GET /v1/models``, ``GET /model_info``, ``GET /server_info``
+  (resolved server args, ``context_length``, ``launch_command``, ``startup_time``,
+  ``internal_states``, and a fake ``api_key``/``admin_api_key`` so tests can prove scrubbing);
+- ``POST /flush_cache`` (200, counted);
+- ``POST /generate`` with ``stream: true``: ``data: {json}\\n\\n`` chunks carrying the
+  *cumulative* ``text`` and ``output_ids`` and ``meta_info{id, finish_reason, prompt_tokens,
+  completion_tokens, cached_tokens, ...}``, then ``data: [DONE]`` (SGLang's
+  ``http_server.py`` stream format). Generated text is words ``w<id>`` separated by spaces, so
+  a WordLevel tokenizer over the same words retokenizes it to exactly ``completion_tokens``.
+
+Fault injection (the traps the bench gates must catch):
+  ``--error-every N``: every N-th ``/generate`` request is rejected the way SGLang rejects an
+  over-long prompt on a stream: HTTP 200, then ``data: {"error": {...}}``, then ``[DONE]``.
+  ``--cached-tokens N``: report N cached prompt tokens per request (a warm prefix cache).
+  ``POST /_test/config`` with a JSON body changes ``context_length``, ``error_every``,
+  ``cached_tokens`` or ``token_delay_ms`` at run time and bumps ``startup_time`` when the context
+  length changes (a restart stand-in).
+
+Listens on 127.0.0.1 only and exits by itself after ``--max-lifetime`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+
+FAKE_API_KEY = "sk-dsv4kit-FAKE-SECRET-3f9a"
+FAKE_ADMIN_KEY = "admin-dsv4kit-FAKE-SECRET-77c1"
+
+
+class State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.lock = threading.Lock()
+        self.model_path = args.model_path
+        self.context_length = args.context_length
+        self.token_delay_ms = args.token_delay_ms
+        self.error_every = args.error_every
+        self.cached_tokens = args.cached_tokens
+        self.vocab_size = args.vocab_size
+        self.startup_time = time.time()
+        self.generate_count = 0
+        self.flush_count = 0
+
+    def server_info(self) -> dict:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "served_model_name": self.model_path,
+            "context_length": self.context_length,
+            "tp_size": 4,
+            "dp_size": 1,
+            "ep_size": 1,
+            "kv_cache_dtype": "fp8_e4m3",
+            "page_size": 256,
+            "max_running_requests": 256,
+            "cuda_graph_max_bs_decode": 64,
+            "mem_fraction_static": 0.8,
+            "attention_backend": "dsv4",
+            "disaggregation_mode": "null",
+            "host": "127.0.0.1",
+            "port": 30000,
+            "api_key": FAKE_API_KEY,
+            "admin_api_key": FAKE_ADMIN_KEY,
+            "launch_command": (
+                f"python -m sglang.launch_server --model-path {self.model_path} --tp 4 "
+                f"--context-length {self.context_length} --api-key [REDACTED]"
+            ),
+            "max_total_num_tokens": 1_000_000,
+            "max_req_input_len": self.context_length - 1,
+            "startup_time": self.startup_time,
+            "kv_events": None,
+            "internal_states": [
+                {"last_gen_throughput": 123.4, "memory_usage": {"kv_cache": 1.0}, "avg_spec_accept_length": None}
+            ],
+            "version": "0.5.23",
+            "frontend": "fake_sglang_server",
+        }
+
+
+def make_handler(state: State):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format, *args):  # quiet
+            pass
+
+        def _json(self, code: int, body) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            return json.loads(raw) if raw else {}
+
+        def do_GET(self):
+            path = urlparse(self.path).path
+            if path in ("/health", "/health_generate"):
+                self._json(200, {})
+            elif path == "/v1/models":
+                self._json(200, {"object": "list", "data": [
+                    {"id": state.model_path, "object": "model", "owned_by": "sglang", "root": state.model_path,
+                     "max_model_len": state.context_length}]})
+            elif path in ("/model_info", "/get_model_info"):
+                self._json(200, {"model_path": state.model_path, "tokenizer_path": state.model_path,
+                                 "served_model_name": state.model_path, "is_generation": True,
+                                 "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"]})
+            elif path in ("/server_info", "/get_server_info"):
+                with state.lock:
+                    info = state.server_info()
+                self._json(200, info)
+            else:
+                self._json(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            path = urlparse(self.path).path
+            if path == "/flush_cache":
+                self._body()
+                with state.lock:
+                    state.flush_count += 1
+                data = b"Cache flushed.\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            elif path == "/_test/config":
+                body = self._body()
+                with state.lock:
+                    for key in ("error_every", "cached_tokens", "token_delay_ms"):
+                        if key in body:
+                            setattr(state, key, body[key])
+                    if "context_length" in body and body["context_length"] != state.context_length:
+                        state.context_length = int(body["context_length"])
+                        state.startup_time = time.time()
+                self._json(200, {"ok": True})
+            elif path == "/_test/stats":
+                self._body()
+                with state.lock:
+                    self._json(200, {"generate_count": state.generate_count, "flush_count": state.flush_count})
+            elif path == "/generate":
+                self._generate(self._body())
+            else:
+                self._json(404, {"detail": "Not Found"})
+
+        def _chunk(self, payload) -> None:
+            data = b"data: " + (payload if isinstance(payload, bytes) else json.dumps(payload).encode()) + b"\n\n"
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _generate(self, body: dict) -> None:
+            params = body.get("sampling_params") or {}
+            max_new = int(params.get("max_new_tokens", 16))
+            if "input_ids" in body:
+                prompt_tokens = len(body["input_ids"])
+            else:
+                prompt_tokens = len(str(body.get("text", "")).split())
+            with state.lock:
+                state.generate_count += 1
+                index = state.generate_count
+                reject = bool(state.error_every) and index % state.error_every == 0
+                cached = min(int(state.cached_tokens or 0), prompt_tokens)
+                delay = state.token_delay_ms / 1000.0
+                context_length = state.context_length
+            too_long = prompt_tokens + max_new > context_length
+            if not body.get("stream"):
+                words = [f"w{(index + i) % state.vocab_size}" for i in range(max_new)]
+                self._json(200, {"text": " ".join(words), "meta_info": {
+                    "id": f"req-{index}", "prompt_tokens": prompt_tokens, "completion_tokens": max_new,
+                    "cached_tokens": cached, "finish_reason": {"type": "length", "length": max_new}}})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            if reject or too_long:
+                # SGLang streams a rejected request as HTTP 200 + an error chunk (http_server.py).
+                self._chunk({"error": {"message": f"Input length ({prompt_tokens} tokens) plus max_new_tokens "
+                                       f"({max_new}) exceeds the context length ({context_length}).",
+                                       "type": "BadRequestError", "code": 400}})
+            else:
+                words: list[str] = []
+                ids: list[int] = []
+                for i in range(max_new):
+                    time.sleep(delay)
+                    token = (index * 7 + i) % state.vocab_size
+                    words.append(f"w{token}")
+                    ids.append(token)
+                    done = i == max_new - 1
+                    self._chunk({
+                        "text": " ".join(words),
+                        "output_ids": list(ids),
+                        "meta_info": {
+                            "id": f"req-{index}",
+                            "finish_reason": {"type": "length", "length": max_new} if done else None,
+                            "prompt_tokens": prompt_tokens,
+                            "completion_tokens": len(ids),
+                            "cached_tokens": cached,
+                            "reasoning_tokens": 0,
+                            "weight_version": "default",
+                            "num_retractions": 0,
+                        },
+                    })
+            self._chunk(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+    return Handler
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port-file", help="write the bound port here once listening")
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--context-length", type=int, default=4096)
+    parser.add_argument("--token-delay-ms", type=float, default=2.0)
+    parser.add_argument("--error-every", type=int, default=0)
+    parser.add_argument("--cached-tokens", type=int, default=0)
+    parser.add_argument("--vocab-size", type=int, default=200)
+    parser.add_argument("--max-lifetime", type=float, default=900.0)
+    args = parser.parse_args(argv)
+
+    state = State(args)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))
+    server.daemon_threads = True
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(str(server.server_address[1]))
+        os.replace(tmp, args.port_file)
+    timer = threading.Timer(args.max_lifetime, server.shutdown)
+    timer.daemon = True
+    timer.start()
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,466 @@
+"""The throughput sweep behind ``dsv4kit bench``: drive the real client on the box, gate, record.
+
+Steps (each remote step has a timeout; see docs/benchmarking.md):
+
+1. Check the arguments (lengths fit the context, concurrency list) before anything runs.
+2. Connect (``dsv4kit.ssh``), make a scratch directory on the box, copy ``bench_remote.py`` there.
+3. Read ``/server_info`` of the decode server on the box. If its ``context_length`` differs from
+   ``--ctx``, re-run the playbook's ``sglang_service`` tag with ``dsv4_context_length=<ctx>``
+   (the same settings ``dsv4kit provision`` uses), wait for ``/health`` on every serving port,
+   and read it back again.
+4. Probe provenance on the box (versions, GPUs, serving processes, model files).
+5. For each repetition, for each concurrency: run ``python -m sglang.benchmark.serving`` in the
+   SGLang venv against the router on 127.0.0.1 with fixed lengths (``--random-range-ratio 1.0``),
+   ``--tokenize-prompt``, the ``random-ids`` dataset, the model directory as tokenizer,
+   ``HF_HUB_OFFLINE=1``, warm-up, ``--flush-cache`` (after warm-up, before the measured run),
+   ``--seed``, ``--cache-report``, ``--output-details`` and its own ``--output-file``; fetch the
+   JSONL line and apply the validity gates (``dsv4kit.bench_gates``).
+6. Remove the scratch directory. Only then is a record built (nothing is written before the
+   whole sweep has run), and ``dsv4kit.results_repo.publish`` commits and tags it atomically.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
+
+from dsv4kit import exitcodes
+from dsv4kit.bench_gates import GateConfig, PointExpectation, evaluate
+from dsv4kit.records import (KIND, SCHEMA_VERSION, comparability_key, derive, dumps, split_client_line,
+                             summarize_points)
+from dsv4kit.scrub import scrub
+
+CLIENT_MODULE = "sglang.benchmark.serving"
+DATASET = "random-ids"
+SMALL_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 120.0
+#: Input lengths at or above this are "long context": fewer prompts per point (each is a big prefill).
+LONG_INPUT = 32768
+CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+              "PYTHONUNBUFFERED": "1"}
+
+
+class BenchAbort(Exception):
+    """Stop the sweep: nothing is recorded. ``exit_code`` from dsv4kit.exitcodes."""
+
+    def __init__(self, exit_code: int, message: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class SweepConfig:
+    context_length: int
+    concurrency: list[int]
+    input_len: int
+    output_len: int
+    repeat: int = 3
+    num_prompts: Optional[int] = None
+    warmup_requests: Optional[int] = None
+    seed: int = 42
+    point_timeout_s: float = 3600.0
+    server_timeout_s: float = 1800.0
+    restart: bool = True
+    gates: GateConfig = field(default_factory=GateConfig)
+    verbose: bool = False
+
+    def prompts_for(self, concurrency: int) -> int:
+        if self.num_prompts:
+            return self.num_prompts
+        if self.input_len >= LONG_INPUT:
+            return max(8, 2 * concurrency)
+        return max(32, 10 * concurrency)
+
+    def warmup_for(self, concurrency: int) -> int:
+        return self.warmup_requests if self.warmup_requests is not None else max(concurrency, 8)
+
+
+def default_lengths(context_length: int, input_len: Optional[int], output_len: Optional[int]) -> tuple[int, int]:
+    """ISL/OSL: given ones, else OSL 512 and ISL = ctx - max(1024, OSL) (room for the output)."""
+    osl = output_len if output_len is not None else 512
+    isl = input_len if input_len is not None else context_length - max(1024, osl)
+    return isl, osl
+
+
+def check_config(cfg: SweepConfig) -> None:
+    """Bad input fails here, before any connection (exit 2)."""
+    problems = []
+    if cfg.context_length < 2:
+        problems.append(f"--ctx must be a positive token count, got {cfg.context_length}")
+    if not cfg.concurrency:
+        problems.append("--concurrency needs at least one value")
+    if any(c < 1 for c in cfg.concurrency):
+        problems.append(f"--concurrency values must be >= 1, got {cfg.concurrency}")
+    if len(set(cfg.concurrency)) != len(cfg.concurrency):
+        problems.append(f"--concurrency has duplicates: {cfg.concurrency}")
+    if cfg.input_len < 1 or cfg.output_len < 2:
+        problems.append(f"--input-len must be >= 1 and --output-len >= 2 (TPOT needs two tokens), "
+                        f"got {cfg.input_len}/{cfg.output_len}")
+    elif cfg.input_len + cfg.output_len > cfg.context_length:
+        problems.append(
+            f"--input-len {cfg.input_len} + --output-len {cfg.output_len} = {cfg.input_len + cfg.output_len} "
+            f"exceeds --ctx {cfg.context_length}: the server would reject every request")
+    if cfg.repeat < 1:
+        problems.append(f"--repeat must be >= 1, got {cfg.repeat}")
+    if cfg.num_prompts is not None and cfg.num_prompts < 1:
+        problems.append(f"--num-prompts must be >= 1, got {cfg.num_prompts}")
+    if problems:
+        raise BenchAbort(exitcodes.USAGE, "; ".join(problems))
+
+
+def parse_concurrency(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise BenchAbort(exitcodes.USAGE, f"--concurrency must be comma-separated integers, got {text!r}") from None
+    return values
+
+
+def utc_stamp(now: Optional[datetime] = None) -> str:
+    return (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "host"
+
+
+def run_names(host_name: str, context_length: int, stamp: str) -> tuple[str, str]:
+    """(run_id, tag) of a sweep: ``<host>-ctx<ctx>-<stamp>`` and ``bench/<host>/<ctx>/<stamp>``."""
+    host = safe_name(host_name)
+    return f"{host}-ctx{context_length}-{stamp}", f"bench/{host}/{context_length}/{stamp}"
+
+
+def client_argv(python: str, cfg: SweepConfig, *, concurrency: int, base_url: str, model_path: str,
+                output_file: str, tag: str) -> list[str]:
+    """The exact ``sglang.benchmark.serving`` command line of one point."""
+    return [
+        python, "-m", CLIENT_MODULE,
+        "--backend", "sglang",
+        "--base-url", base_url,
+        "--model", model_path,
+        "--tokenizer", model_path,
+        "--dataset-name", DATASET,
+        "--random-input-len", str(cfg.input_len),
+        "--random-output-len", str(cfg.output_len),
+        "--random-range-ratio", "1.0",
+        "--num-prompts", str(cfg.prompts_for(concurrency)),
+        "--max-concurrency", str(concurrency),
+        "--request-rate", "inf",
+        "--warmup-requests", str(cfg.warmup_for(concurrency)),
+        "--flush-cache",
+        "--seed", str(cfg.seed),
+        "--temperature", "0.0",
+        "--tokenize-prompt",
+        "--cache-report",
+        "--output-details",
+        "--output-file", output_file,
+        "--tag", tag,
+        "--ready-check-timeout-sec", "60",
+        "--disable-tqdm",
+    ]
+
+
+@dataclass
+class SweepResult:
+    record: dict
+    details: dict[str, dict]  # details file name -> per-request arrays
+
+    @property
+    def run_id(self) -> str:
+        return self.record["run_id"]
+
+    @property
+    def tag(self) -> str:
+        return self.record["tag"]
+
+    def files(self) -> dict[str, bytes]:
+        """Repository paths -> bytes: the record and its gzipped details (deterministic bytes)."""
+        base = f"records/{self.run_id}"
+        out = {f"{base}/record.json": dumps(self.record).encode()}
+        for name, details in sorted(self.details.items()):
+            data = json.dumps(scrub(details), separators=(",", ":")).encode()
+            out[f"{base}/{name}"] = gzip.compress(data, mtime=0)
+        return out
+
+
+class Remote:
+    """The box-side steps over one SSH session."""
+
+    def __init__(self, session, host, progress: Callable[[str], None]):
+        self.session = session
+        self.host = host
+        self.progress = progress
+        self.python = host.venv_python
+        self.workdir: Optional[str] = None
+
+    def setup(self) -> None:
+        check = self.session.run(f"test -x {shlex.quote(self.python)}", timeout=SMALL_TIMEOUT_S, check=False)
+        if check.exit_code != 0:
+            raise BenchAbort(exitcodes.ENVIRONMENT,
+                             f"{self.host.name}: no SGLang venv python at {self.python} (dsv4_venv_dir); "
+                             f"run `dsv4kit provision` first")
+        made = self.session.run("mktemp -d -t dsv4kit-bench.XXXXXXXX", timeout=SMALL_TIMEOUT_S)
+        self.workdir = made.stdout.strip()
+        helper = Path(__file__).with_name("bench_remote.py")
+        self.session.put(helper, f"{self.workdir}/bench_remote.py")
+
+    def cleanup(self) -> None:
+        if self.workdir and re.fullmatch(r"/[\w./-]*dsv4kit-bench\.\w+", self.workdir):
+            try:
+                self.session.run(f"rm -rf {shlex.quote(self.workdir)}", timeout=SMALL_TIMEOUT_S, check=False)
+            except Exception as exc:  # best effort; the directory is in the box's temp dir
+                self.progress(f"warning: could not remove {self.workdir} on {self.host.name}: {exc}")
+        self.workdir = None
+
+    def helper(self, *args: str, timeout: float = SMALL_TIMEOUT_S, env: Optional[dict] = None) -> dict:
+        command = shlex.join([self.python, f"{self.workdir}/bench_remote.py", *args])
+        result = self.session.run(command, timeout=timeout, env=env, check=False)
+        lines = [l for l in result.stdout.splitlines() if l.strip()]
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, ValueError):
+            raise BenchAbort(exitcodes.TOOL_FAILED,
+                             f"{self.host.name}: bench helper {args[0]} gave no JSON (exit {result.exit_code}): "
+                             f"{(result.stderr or result.stdout).strip()[-800:]}") from None
+
+    def server_info(self, port: int, env: Optional[dict]) -> dict:
+        answer = self.helper("server-info", "--port", str(port), env=env)
+        if not answer.get("ok"):
+            raise BenchAbort(exitcodes.ENVIRONMENT,
+                             f"{self.host.name}: {answer.get('error')}; is the serving unit running? "
+                             f"(`dsv4kit provision` starts it)")
+        return answer["server_info"]
+
+    def wait_health(self, ports: list[int], timeout: float, env: Optional[dict]) -> None:
+        answer = self.helper("wait-health", "--ports", ",".join(str(p) for p in ports), "--timeout",
+                             str(timeout), timeout=timeout + SMALL_TIMEOUT_S, env=env)
+        if not answer.get("ok"):
+            raise BenchAbort(exitcodes.TIMEOUT,
+                             f"{self.host.name}: serving ports {answer.get('pending')} not healthy after "
+                             f"{timeout:g}s: {answer.get('last_error')}")
+
+    def probe(self) -> dict:
+        return self.helper("probe", "--model-path", str(self.host.get("dsv4_model_path") or ""),
+                           "--state-dir", str(self.host.get("dsv4_state_dir") or ""), timeout=PROBE_TIMEOUT_S)
+
+    def fetch_line(self, remote_file: str, label: str) -> dict:
+        with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
+            local = Path(tmp) / "point.jsonl"
+            self.session.get(remote_file, local)
+            lines = [l for l in local.read_text().splitlines() if l.strip()]
+        if len(lines) != 1:
+            raise BenchAbort(exitcodes.TOOL_FAILED,
+                             f"{label}: expected one result line in {remote_file}, found {len(lines)}")
+        try:
+            return json.loads(lines[0])
+        except ValueError as exc:
+            raise BenchAbort(exitcodes.TOOL_FAILED, f"{label}: the client's result line is not JSON: {exc}") from None
+
+
+def _decode_info(server_info: dict) -> dict:
+    """A router in front of PD servers answers {"prefill": [...], "decode": [...]}."""
+    if isinstance(server_info.get("decode"), list) and server_info["decode"]:
+        return server_info["decode"][0]
+    return server_info
+
+
+def _context_of(server_info: dict) -> Optional[int]:
+    value = _decode_info(server_info).get("context_length")
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def default_restart(inventory_path, host, context_length: int, progress: Callable[[str], None],
+                    timeout: float) -> None:
+    """Re-run the playbook's serving tag with the new context length (same settings as provision)."""
+    from dsv4kit import provision
+
+    summary = provision.run_playbook(inventory_path, limit=host.name, tags=["sglang_service"],
+                                     extra_vars={"dsv4_context_length": context_length},
+                                     progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
+    if summary.failed:
+        raise BenchAbort(exitcodes.TOOL_FAILED,
+                         f"restarting the serving units with context length {context_length} failed "
+                         f"(ansible-playbook exit {summary.exit_code}):\n{summary.stdout_tail[-1500:]}")
+
+
+def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Callable[[str], None],
+              argv: Optional[list[str]] = None, stamp: Optional[str] = None,
+              restart: Optional[Callable] = None) -> SweepResult:
+    """Run the whole sweep over ``session``; return the record (nothing is written here)."""
+    from dsv4kit.provenance import sections, serving_gpu_count, toolkit_info
+
+    check_config(cfg)
+    started = time.time()
+    created = datetime.now(timezone.utc)
+    stamp = stamp or utc_stamp(created)
+    run_id, tag = run_names(host.name, cfg.context_length, stamp)
+    decode_port = int(host["dsv4_decode_port"])
+    router_port = int(host.get("dsv4_router_port") or decode_port)
+    serving_ports = sorted({p for p in (router_port, host.get("dsv4_prefill_port"), decode_port) if p})
+    model_path = str(host.get("dsv4_model_path") or "")
+    if not model_path:
+        raise BenchAbort(exitcodes.USAGE, f"{host.source}: host {host.name!r} has no dsv4_model_path "
+                                          f"(the tokenizer is read from the model directory)")
+    env = dict(CLIENT_ENV)
+    if os.environ.get("DSV4KIT_API_KEY"):
+        env["OPENAI_API_KEY"] = os.environ["DSV4KIT_API_KEY"]
+    helper_env = {"OPENAI_API_KEY": env["OPENAI_API_KEY"]} if "OPENAI_API_KEY" in env else None
+
+    remote = Remote(session, host, progress)
+    points: list[dict] = []
+    details: dict[str, dict] = {}
+    notes: list[str] = []
+    try:
+        remote.setup()
+        info = remote.server_info(decode_port, helper_env)
+        current = _context_of(info)
+        restarted = False
+        if current != cfg.context_length:
+            if not cfg.restart:
+                raise BenchAbort(exitcodes.ENVIRONMENT,
+                                 f"{host.name}: the decode server runs with context length {current}, not "
+                                 f"{cfg.context_length}, and --no-restart was given")
+            progress(f"decode server context length is {current}; restarting the serving units with "
+                     f"{cfg.context_length}...")
+            (restart or default_restart)(inventory_path, host, cfg.context_length, progress, cfg.server_timeout_s)
+            remote.wait_health(serving_ports, cfg.server_timeout_s, helper_env)
+            info = remote.server_info(decode_port, helper_env)
+            current = _context_of(info)
+            if current != cfg.context_length:
+                raise BenchAbort(exitcodes.ENVIRONMENT,
+                                 f"{host.name}: after the restart the decode server still reports context "
+                                 f"length {current}, not {cfg.context_length}")
+            restarted = True
+            notes.append(f"serving units restarted for context length {cfg.context_length}")
+        progress(f"decode server on {host.name}:{decode_port}: context length {current} (ok)")
+        startup_time = _decode_info(info).get("startup_time")
+        probe = remote.probe()
+        if not (probe.get("packages") or {}).get("sglang"):
+            raise BenchAbort(exitcodes.ENVIRONMENT, f"{host.name}: sglang is not installed in {remote.python}")
+        gpus_note = (probe.get("gpus") or {}).get("reason")
+        if gpus_note:
+            notes.append(f"GPU facts unavailable: {gpus_note}")
+        serving_gpus = serving_gpu_count(host)
+        base_url = f"http://127.0.0.1:{router_port}"
+        total = cfg.repeat * len(cfg.concurrency)
+        index = 0
+        for rep in range(cfg.repeat):
+            for c in cfg.concurrency:
+                index += 1
+                label = f"[{index}/{total}] C={c} rep {rep + 1}/{cfg.repeat}"
+                n = cfg.prompts_for(c)
+                out_file = f"{remote.workdir}/c{c}_r{rep}.jsonl"
+                argv_point = client_argv(remote.python, cfg, concurrency=c, base_url=base_url,
+                                         model_path=model_path, output_file=out_file, tag=f"{run_id}/c{c}/r{rep}")
+                progress(f"{label}: {n} prompts of {cfg.input_len}+{cfg.output_len} tokens, "
+                         f"warm-up {cfg.warmup_for(c)}...")
+                t0 = time.monotonic()
+                stream = (lambda line: progress(f"  | {line}")) if cfg.verbose else None
+                result = session.run(shlex.join(argv_point), timeout=cfg.point_timeout_s, env=env,
+                                     cwd=remote.workdir, stream=stream, check=False)
+                wall = time.monotonic() - t0
+                if result.exit_code != 0:
+                    tail = (result.stderr.strip() or result.stdout.strip())[-1500:]
+                    raise BenchAbort(exitcodes.TOOL_FAILED,
+                                     f"{label}: {CLIENT_MODULE} exited {result.exit_code}; sweep aborted, "
+                                     f"nothing recorded:\n{tail}")
+                line = remote.fetch_line(out_file, label)
+                expected = PointExpectation(num_prompts=n, input_len=cfg.input_len, output_len=cfg.output_len,
+                                            max_concurrency=c, startup_time=startup_time)
+                validity = evaluate(line, expected, cfg.gates)
+                raw, point_details, _ = split_client_line(line)
+                derived = derive(raw, serving_gpus)
+                details_file = f"details/c{c}_r{rep}.json.gz"
+                details[details_file] = point_details
+                points.append({
+                    "max_concurrency": c, "repetition": rep, "num_prompts": n,
+                    "warmup_requests": cfg.warmup_for(c),
+                    "argv": [a if a != remote.workdir else "<workdir>" for a in argv_point],
+                    "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
+                    "derived": derived, "validity": validity,
+                })
+                decode = derived.get("decode_tok_s")
+                verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
+                progress(f"{label}: decode {decode:.1f} tok/s, output {raw.get('output_throughput', 0):.1f} tok/s, "
+                         f"TTFT p50 {raw.get('median_ttft_ms', 0):.1f} ms, TPOT p50 {raw.get('median_tpot_ms', 0):.2f} ms"
+                         f" [{wall:.0f}s]: {verdict}" if decode is not None else f"{label}: {verdict}")
+                if not validity["passed"]:
+                    for name in validity["failed"]:
+                        progress(f"    gate {name}: {validity['gates'][name]['detail']}")
+    finally:
+        remote.cleanup()
+
+    finished = datetime.now(timezone.utc)
+    invalid = sum(1 for p in points if not p["validity"]["passed"])
+    if invalid:
+        notes.append(f"{invalid} of {len(points)} points failed a validity gate; they are excluded from the summary")
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "run_id": run_id,
+        "tag": tag,
+        "created_at_utc": created.isoformat(timespec="seconds"),
+        "finished_at_utc": finished.isoformat(timespec="seconds"),
+        "duration_wall_s": round(time.time() - started, 3),
+        "toolkit": toolkit_info(argv),
+        **sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
+                   restarted=restarted),
+        "client": {
+            "tool": CLIENT_MODULE,
+            "tool_version": (probe.get("packages") or {}).get("sglang"),
+            "backend": "sglang",
+            "base_url": base_url,
+            "dataset": {"name": DATASET, "input_len": cfg.input_len, "output_len": cfg.output_len,
+                        "range_ratio": 1.0},
+            "seed": cfg.seed,
+            "tokenize_prompt": True,
+            "flush_cache": True,
+            "cache_report": True,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "request_rate": "inf",
+            "tokenizer": "model directory (dsv4_model_path), HF_HUB_OFFLINE=1",
+            "env": dict(CLIENT_ENV),
+            "num_prompts": {str(c): cfg.prompts_for(c) for c in cfg.concurrency},
+            "warmup_requests": {str(c): cfg.warmup_for(c) for c in cfg.concurrency},
+        },
+        "sweep": {"concurrency": list(cfg.concurrency), "repeat": cfg.repeat, "order": "repetition-major",
+                  "point_timeout_s": cfg.point_timeout_s, "gates": cfg.gates.to_dict()},
+        "points": points,
+        "summary": summarize_points(points),
+        "validity_passed": invalid == 0 and bool(points),
+        "invalid_points": invalid,
+        "notes": notes,
+    }
+    record["comparability_key"] = comparability_key(record)
+    return SweepResult(record=scrub(record), details=details)
+
+
+def format_summary(record: dict) -> str:
+    lines = [f"{'C':>5} {'valid':>7} {'decode tok/s':>24} {'per GPU':>9} {'output tok/s':>13} "
+             f"{'TTFT p50 ms':>12} {'TPOT p50 ms':>12}"]
+    for c, entry in record["summary"]["per_concurrency"].items():
+        dec = entry["decode_tok_s"]
+
+        def m(name: str, digits: int = 1) -> str:
+            value = (entry.get(name) or {}).get("mean")
+            return "-" if value is None else f"{value:.{digits}f}"
+
+        if dec.get("n"):
+            ci = dec.get("ci95")
+            dec_text = f"{dec['mean']:.1f}" + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
+        else:
+            dec_text = "-"
+        lines.append(f"{c:>5} {entry['valid_repetitions']:>3}/{entry['total_repetitions']:<3} {dec_text:>24} "
+                     f"{m('decode_tok_s_per_gpu'):>9} {m('output_throughput'):>13} {m('median_ttft_ms'):>12} "
+                     f"{m('median_tpot_ms', 2):>12}")
+    return "\n".join(lines)

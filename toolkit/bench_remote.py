@@ -1,0 +1,299 @@
+"""Box-side helper of ``dsv4kit bench``: copied to the box and run there with the SGLang venv python.
+
+Standard library only (the box may not have dsv4kit installed), and each subcommand prints one
+JSON object on stdout:
+
+``server-info --port P``        ``GET /server_info`` of the server on 127.0.0.1:P.
+``wait-health --ports P,Q --timeout S``  poll ``GET /health`` until every port answers 200.
+``probe --model-path M --state-dir D``   provenance: package versions, CUDA, GPUs
+                                (``nvidia-smi``; null with a reason when it is absent), OS, the
+                                serving processes' argv and SGLANG_*/CUDA_*/NCCL_* environment,
+                                model files' hashes, the SGLang wheel hash.
+
+Ports are not exposed off the box, so everything HTTP goes through here over SSH. An API key,
+when the server needs one, comes from the environment (``OPENAI_API_KEY``), never from argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import hashlib
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+ENV_PREFIXES = ("SGLANG_", "CUDA_", "NCCL_", "DSV4", "TORCH_", "TRITON_")
+PACKAGES = ("sglang", "torch", "triton", "transformers", "tokenizers", "flashinfer-python", "sgl-kernel",
+            "deep-gemm", "numpy", "dsv4kit", "sglang-router", "torchvision")
+SERVER_MARKERS = ("sglang.launch_server", "sglang_router.launch_router", "sglang.launch_router")
+
+
+def _headers() -> dict:
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def http_get(port: int, path: str, timeout: float = 10.0):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=_headers())
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.status, response.read().decode("utf-8", "replace")
+
+
+def cmd_server_info(args) -> dict:
+    try:
+        status, body = http_get(args.port, "/server_info", args.timeout)
+    except urllib.error.HTTPError as exc:
+        return {"ok": False, "error": f"HTTP {exc.code} from /server_info"}
+    except (urllib.error.URLError, OSError, socket.timeout) as exc:
+        return {"ok": False, "error": f"no answer from 127.0.0.1:{args.port}/server_info: {getattr(exc, 'reason', exc)}"}
+    try:
+        return {"ok": True, "status": status, "server_info": json.loads(body)}
+    except ValueError:
+        return {"ok": False, "error": f"/server_info did not return JSON: {body[:200]!r}"}
+
+
+def cmd_wait_health(args) -> dict:
+    ports = [int(p) for p in args.ports.split(",") if p]
+    deadline = time.monotonic() + args.timeout
+    pending = set(ports)
+    last = {}
+    while pending:
+        for port in sorted(pending):
+            try:
+                status, _ = http_get(port, "/health", 5.0)
+                if status == 200:
+                    pending.discard(port)
+            except Exception as exc:  # not up yet
+                last[port] = str(getattr(exc, "reason", exc))
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            return {"ok": False, "pending": sorted(pending), "last_error": {str(k): v for k, v in last.items()}}
+        time.sleep(args.interval)
+    return {"ok": True, "ports": ports}
+
+
+# ------------------------------------------------------------------------------------- probe
+def _run(argv, timeout=30.0):
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        return None, f"{argv[0]} not found on PATH"
+    except subprocess.TimeoutExpired:
+        return None, f"{argv[0]} timed out after {timeout:g}s"
+    if proc.returncode != 0:
+        return None, f"{argv[0]} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:300]}"
+    return proc.stdout, None
+
+
+def _sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _torch_cuda() -> dict:
+    """torch.version.cuda without importing torch (no CUDA context on the serving GPUs)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {"torch_cuda": None, "reason": "torch not installed"}
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        text = open(path).read()
+    except OSError as exc:
+        return {"torch_cuda": None, "reason": f"cannot read {path}: {exc}"}
+    match = re.search(r"^cuda(?:\s*:\s*[^=]+)?\s*=\s*['\"]?([^'\"\n]+?)['\"]?\s*$", text, re.M)
+    value = match.group(1) if match else None
+    return {"torch_cuda": None if value in (None, "None") else value}
+
+
+def _sglang_wheel(state_dir: str) -> dict:
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("sglang")
+    except metadata.PackageNotFoundError:
+        return {"sha256": None, "source": None, "reason": "sglang not installed in this venv"}
+    direct = dist.read_text("direct_url.json")
+    if direct:
+        try:
+            info = json.loads(direct).get("archive_info") or {}
+            hashes = info.get("hashes") or {}
+            if "sha256" in hashes:
+                return {"sha256": hashes["sha256"], "source": "direct_url.json"}
+            if str(info.get("hash", "")).startswith("sha256="):
+                return {"sha256": info["hash"].split("=", 1)[1], "source": "direct_url.json"}
+        except ValueError:
+            pass
+    version = dist.version
+    if state_dir:
+        for path in sorted(glob.glob(os.path.join(state_dir, "**", f"sglang-{version}-*.whl"), recursive=True)):
+            return {"sha256": _sha256_file(path), "source": f"cached wheel {path}"}
+    record = dist.read_text("RECORD")
+    if record:
+        return {"sha256": None, "record_sha256": hashlib.sha256(record.encode()).hexdigest(),
+                "source": "installed RECORD (no wheel file or direct_url hash on the box)"}
+    return {"sha256": None, "source": None, "reason": "no wheel hash available"}
+
+
+def _gpus() -> dict:
+    if shutil.which("nvidia-smi") is None:
+        return {"available": False, "reason": "nvidia-smi not found on PATH", "model": None, "count": None}
+    fields = "index,name,uuid,driver_version,memory.total,power.limit,compute_cap"
+    out, err = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
+    if out is None:
+        return {"available": False, "reason": err, "model": None, "count": None}
+    rows = [r for r in csv.reader(io.StringIO(out)) if r]
+    gpus = []
+    for row in rows:
+        row = [c.strip() for c in row]
+        gpus.append(dict(zip(fields.split(","), row)))
+    header, _ = _run(["nvidia-smi"])
+    cuda_driver = None
+    if header:
+        match = re.search(r"CUDA Version:\s*([0-9.]+)", header)
+        cuda_driver = match.group(1) if match else None
+    topo, topo_err = _run(["nvidia-smi", "topo", "-m"])
+    names = sorted({g.get("name") for g in gpus})
+    return {
+        "available": True,
+        "model": names[0] if len(names) == 1 else names,
+        "count": len(gpus),
+        "driver": gpus[0].get("driver_version") if gpus else None,
+        "cuda_driver_version": cuda_driver,
+        "compute_cap": gpus[0].get("compute_cap") if gpus else None,
+        "devices": gpus,
+        "topology": (topo or topo_err or "")[:4000],
+    }
+
+
+def _serving_processes() -> list:
+    found = []
+    for entry in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(os.path.join(entry, "cmdline"), "rb") as fh:
+                argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+        except OSError:
+            continue
+        joined = " ".join(argv)
+        if not any(marker in joined for marker in SERVER_MARKERS):
+            continue
+        proc = {"pid": int(os.path.basename(entry)), "argv": argv}
+        try:
+            with open(os.path.join(entry, "environ"), "rb") as fh:
+                pairs = [p.decode("utf-8", "replace").split("=", 1) for p in fh.read().split(b"\0") if b"=" in p]
+            proc["env"] = {k: v for k, v in pairs if k.startswith(ENV_PREFIXES)}
+        except OSError as exc:
+            proc["env"] = None
+            proc["env_reason"] = f"cannot read /proc/{proc['pid']}/environ ({exc.strerror}); run as root or the service user"
+        found.append(proc)
+    found.sort(key=lambda p: p["pid"])
+    return found
+
+
+def _model(model_path: str) -> dict:
+    info = {"local_path": model_path, "exists": os.path.isdir(model_path)}
+    match = re.search(r"snapshots/([0-9a-f]{40})", os.path.realpath(model_path))
+    info["snapshot_revision"] = match.group(1) if match else None
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json"):
+        path = os.path.join(model_path, name)
+        info[name.replace(".", "_") + "_sha256"] = _sha256_file(path) if os.path.isfile(path) else None
+    return info
+
+
+def _host() -> dict:
+    info = {
+        "hostname_sha256": hashlib.sha256(socket.gethostname().encode()).hexdigest()[:16],
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "os": None,
+        "cpu_model": None,
+        "ram_gb": None,
+    }
+    try:
+        for line in open("/etc/os-release"):
+            if line.startswith("PRETTY_NAME="):
+                info["os"] = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+        info["cpu_count"] = os.cpu_count()
+    except OSError:
+        pass
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                info["ram_gb"] = round(int(line.split()[1]) / (1024 * 1024), 1)
+    except OSError:
+        pass
+    return info
+
+
+def cmd_probe(args) -> dict:
+    return {
+        "ok": True,
+        "host": _host(),
+        "packages": _versions(),
+        "cuda": _torch_cuda(),
+        "sglang_wheel": _sglang_wheel(args.state_dir),
+        "gpus": _gpus(),
+        "processes": _serving_processes(),
+        "model": _model(args.model_path),
+        "client_env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_remote", description="Box-side helper of dsv4kit bench.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("server-info")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--timeout", type=float, default=10.0)
+    p = sub.add_parser("wait-health")
+    p.add_argument("--ports", required=True)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--interval", type=float, default=2.0)
+    p = sub.add_parser("probe")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--state-dir", default="")
+    args = parser.parse_args(argv)
+    handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe}[args.command]
+    result = handler(args)
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

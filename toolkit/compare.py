@@ -1,0 +1,190 @@
+"""Compare two bench records: comparability first, then a verdict per metric and concurrency.
+
+Comparability: every field of the comparability key (``dsv4kit.records.KEY_FIELDS``: model and
+revision, GPU model and count, context length, dataset, ISL/OSL, range ratio, tokenize-prompt,
+seed, concurrency set, prompts per point, backend, client version) must be equal, except the
+ones the caller explicitly lets differ (``ignore``). Otherwise no verdict is given and the
+differing fields are listed. Launch-argument, driver and version differences are reported as
+information: they are usually exactly what is being compared.
+
+Verdict per (metric, concurrency), from the valid repetitions of each side:
+
+- Δ% = (mean_new - mean_old) / mean_old; interval = Welch 95% CI of the difference, in % of old.
+- threshold = max(noise floor, 3 x pooled CV); floors: throughput 3% at C >= 16 and 5% below,
+  median TPOT/ITL 5%, median TTFT 10%, any p99 15%.
+- ``no-change``: |Δ| <= threshold. ``improved``/``regressed``: |Δ| > threshold and the interval
+  excludes 0 (direction by metric). ``inconclusive``: |Δ| > threshold but the interval includes 0,
+  or fewer than 2 valid repetitions on a side (no interval) and |Δ| > floor.
+  ``invalid``: a side has no valid repetition at that concurrency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from dsv4kit import stats
+from dsv4kit.records import KEY_FIELDS, comparability_key, metric_value
+
+K_CV = 3.0
+#: metric -> (direction, label). Direction "higher" means higher is better.
+METRICS = {
+    "decode_tok_s": ("higher", "decode tok/s (C x 1000 / median TPOT)"),
+    "output_throughput": ("higher", "output tok/s (client)"),
+    "median_tpot_ms": ("lower", "median TPOT ms"),
+    "median_ttft_ms": ("lower", "median TTFT ms"),
+    "p99_tpot_ms": ("lower", "p99 TPOT ms"),
+}
+INFO_FIELDS = (("server", "launch_args_sha256"), ("server", "resolved_args_sha256"), ("gpus", "driver"),
+               ("software", "sglang_version"), ("software", "torch"), ("software", "triton"),
+               ("software", "kernel_flags"), ("toolkit", "git_commit"))
+
+
+def noise_floor(metric: str, concurrency: int) -> float:
+    """Smallest relative change (fraction) that can count as a change, whatever the spread."""
+    if metric.startswith("p99"):
+        return 0.15
+    if "ttft" in metric:
+        return 0.10
+    if "tpot" in metric or "itl" in metric:
+        return 0.05
+    return 0.03 if concurrency >= 16 else 0.05
+
+
+@dataclass
+class Row:
+    metric: str
+    concurrency: int
+    old_n: int
+    new_n: int
+    old_mean: Optional[float]
+    new_mean: Optional[float]
+    delta_pct: Optional[float]
+    ci_pct: Optional[tuple[float, float]]
+    threshold_pct: Optional[float]
+    verdict: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__, ci_pct=list(self.ci_pct) if self.ci_pct else None)
+
+
+@dataclass
+class Comparison:
+    old_id: str
+    new_id: str
+    comparable: bool
+    differences: list[dict] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    info: list[dict] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[Row]:
+        return [r for r in self.rows if r.verdict == "regressed"]
+
+    def to_dict(self) -> dict:
+        return {
+            "old": self.old_id, "new": self.new_id, "comparable": self.comparable,
+            "differences": self.differences, "ignored": self.ignored, "info": self.info,
+            "rows": [r.to_dict() for r in self.rows], "regressions": len(self.regressions),
+        }
+
+
+def _get(record: dict, path: tuple[str, str]):
+    return (record.get(path[0]) or {}).get(path[1])
+
+
+def key_differences(old: dict, new: dict, ignore: Iterable[str] = ()) -> list[dict]:
+    ignore = set(ignore)
+    k_old, k_new = comparability_key(old), comparability_key(new)
+    return [{"field": f, "old": k_old.get(f), "new": k_new.get(f)}
+            for f in KEY_FIELDS if f not in ignore and k_old.get(f) != k_new.get(f)]
+
+
+def _values(record: dict, metric: str, concurrency: int) -> list[float]:
+    out = []
+    for point in record["points"]:
+        if int(point["max_concurrency"]) == concurrency and point["validity"]["passed"]:
+            value = metric_value(point, metric)
+            if value is not None:
+                out.append(float(value))
+    return out
+
+
+def verdict_for(metric: str, concurrency: int, old: list[float], new: list[float]) -> Row:
+    direction = METRICS.get(metric, ("higher", metric))[0]
+    floor = noise_floor(metric, concurrency)
+    if not old or not new:
+        return Row(metric, concurrency, len(old), len(new), stats.mean(old) if old else None,
+                   stats.mean(new) if new else None, None, None, None, "invalid")
+    m_old, m_new = stats.mean(old), stats.mean(new)
+    if m_old == 0:
+        return Row(metric, concurrency, len(old), len(new), m_old, m_new, None, None, None, "inconclusive")
+    delta = (m_new - m_old) / abs(m_old)
+    cv = stats.pooled_cv(old, new) or 0.0
+    threshold = max(floor, K_CV * cv)
+    ci = stats.welch_diff_ci95(old, new)
+    ci_pct = (100 * ci[0] / abs(m_old), 100 * ci[1] / abs(m_old)) if ci else None
+    better = delta > 0 if direction == "higher" else delta < 0
+    if ci is None:
+        verdict = "no-change" if abs(delta) <= floor else "inconclusive"
+    elif abs(delta) <= threshold:
+        verdict = "no-change"
+    elif ci[0] > 0 or ci[1] < 0:
+        verdict = "improved" if better else "regressed"
+    else:
+        verdict = "inconclusive"
+    return Row(metric, concurrency, len(old), len(new), m_old, m_new, 100 * delta, ci_pct,
+               100 * (threshold if ci is not None else floor), verdict)
+
+
+def compare(old: dict, new: dict, *, ignore: Iterable[str] = (), metrics: Iterable[str] = tuple(METRICS)) -> Comparison:
+    ignore = sorted(set(ignore))
+    unknown = [f for f in ignore if f not in KEY_FIELDS]
+    if unknown:
+        raise ValueError(f"unknown comparability field(s) {unknown}; known: {', '.join(KEY_FIELDS)}")
+    result = Comparison(old_id=old["run_id"], new_id=new["run_id"], comparable=True, ignored=ignore)
+    result.differences = key_differences(old, new, ignore)
+    for path in INFO_FIELDS:
+        a, b = _get(old, path), _get(new, path)
+        if a != b:
+            result.info.append({"field": ".".join(path), "old": a, "new": b})
+    if result.differences:
+        result.comparable = False
+        return result
+    concurrencies = sorted({int(p["max_concurrency"]) for p in old["points"]} &
+                           {int(p["max_concurrency"]) for p in new["points"]})
+    for metric in metrics:
+        for c in concurrencies:
+            result.rows.append(verdict_for(metric, c, _values(old, metric, c), _values(new, metric, c)))
+    return result
+
+
+def _fmt(value: Optional[float], digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_comparison(result: Comparison) -> str:
+    lines = [f"old: {result.old_id}", f"new: {result.new_id}"]
+    if result.ignored:
+        lines.append(f"allowed to differ: {', '.join(result.ignored)}")
+    if not result.comparable:
+        lines.append("NOT COMPARABLE: no verdict. These comparability fields differ:")
+        for d in result.differences:
+            lines.append(f"  {d['field']}: {d['old']!r} -> {d['new']!r}")
+        lines.append("(pass --ignore FIELD to compare anyway when the difference is the point, e.g. context_length)")
+    for d in result.info:
+        lines.append(f"note: {d['field']} differs: {str(d['old'])[:60]} -> {str(d['new'])[:60]}")
+    if result.rows:
+        header = f"{'metric':<18} {'C':>4} {'old':>11} {'new':>11} {'Δ%':>8} {'95% CI of Δ%':>19} {'floor%':>7}  verdict"
+        lines += ["", header, "-" * len(header)]
+        for r in result.rows:
+            ci = f"[{_fmt(r.ci_pct[0], 1)}, {_fmt(r.ci_pct[1], 1)}]" if r.ci_pct else "n<2"
+            lines.append(
+                f"{r.metric:<18} {r.concurrency:>4} {_fmt(r.old_mean):>11} {_fmt(r.new_mean):>11} "
+                f"{_fmt(r.delta_pct, 1):>8} {ci:>19} {_fmt(r.threshold_pct, 1):>7}  {r.verdict}"
+            )
+        n = len(result.regressions)
+        lines.append("")
+        lines.append(f"{n} regression(s)" if n else "no regression")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""``records plot``: a PNG of a throughput metric against concurrency, one line per record.
+
+Each line is the mean over the valid repetitions at each concurrency, with the 95% interval as
+error bars; invalid points are left out (a gap, not a zero). Needs matplotlib (Agg backend).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from dsv4kit.compare import METRICS
+
+
+def plot_records(records: Sequence[dict], out: Path, metric: str = "decode_tok_s") -> Path:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("records plot needs matplotlib: pip install matplotlib") from exc
+    if not records:
+        raise ValueError("no records to plot")
+    label = METRICS.get(metric, (None, metric))[1]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    all_c: set[int] = set()
+    for record in records:
+        per_c = record["summary"]["per_concurrency"]
+        xs, ys, errs = [], [], []
+        for c in sorted(per_c, key=int):
+            entry = per_c[c].get(metric) or {}
+            if not entry.get("n"):
+                continue
+            xs.append(int(c))
+            ys.append(entry["mean"])
+            ci = entry.get("ci95")
+            errs.append((entry["mean"] - ci[0]) if ci else 0.0)
+        all_c.update(xs)
+        ctx = (record.get("server") or {}).get("context_length")
+        ds = (record.get("client") or {}).get("dataset") or {}
+        name = f"{record['run_id']} (ctx {ctx}, {ds.get('input_len')}/{ds.get('output_len')})"
+        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(all_c))
+    ax.set_xticklabels([str(c) for c in sorted(all_c)])
+    ax.set_xlabel("concurrency (max in-flight requests)")
+    ax.set_ylabel(label)
+    ax.set_title(f"{label} vs concurrency")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.png")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    tmp.replace(out)
+    return out

@@ -1,0 +1,120 @@
+"""Provenance of a bench record: this toolkit's commit, and the box facts the probe gathered.
+
+The box side is ``dsv4kit.bench_remote probe`` (run there with the SGLang venv python); this module
+turns its JSON plus the inventory and ``/server_info`` into the record's ``toolkit``, ``host``,
+``gpus``, ``software``, ``model`` and ``server`` sections. Everything passes through
+``dsv4kit.scrub`` on the way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from dsv4kit import __version__
+from dsv4kit.records import resolved_args, sha256_json
+from dsv4kit.scrub import scrub
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def toolkit_info(argv: Optional[list[str]] = None) -> dict:
+    """Version, git commit and dirty flag of the dsv4kit checkout running this (if it is one)."""
+    info = {"name": "dsv4kit", "version": __version__, "git_commit": None, "git_dirty": None,
+            "cli_argv": scrub(list(argv if argv is not None else sys.argv))}
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=30)
+        if commit.returncode != 0:
+            info["git_reason"] = "not a git checkout (installed package)"
+            return info
+        info["git_commit"] = commit.stdout.strip()
+        status = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=60)
+        info["git_dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        info["git_reason"] = f"git unavailable: {exc}"
+    return info
+
+
+def serving_gpu_count(host) -> Optional[int]:
+    """GPUs the deployment serves on: prefill + decode GPU sets, else dsv4_gpu_count."""
+    gpus = set(host.get("dsv4_prefill_gpus") or []) | set(host.get("dsv4_decode_gpus") or [])
+    return len(gpus) or host.get("dsv4_gpu_count")
+
+
+def _launch_args(server_info: dict, processes: list[dict]) -> list[str]:
+    launch = server_info.get("launch_command")
+    if isinstance(launch, list):
+        return [str(a) for a in launch]
+    if isinstance(launch, str) and launch:
+        return launch.split()
+    for proc in processes:
+        if any("launch_server" in a for a in proc.get("argv") or []):
+            return list(proc["argv"])
+    return []
+
+
+def sections(*, host, probe: dict, server_info: dict, context_length: int, restarted: bool) -> dict:
+    """The record sections that describe where and on what the sweep ran (scrubbed)."""
+    probe = scrub(probe or {})
+    server_info = scrub(server_info or {})
+    if isinstance(server_info.get("decode"), list) and server_info["decode"]:
+        server_info = server_info["decode"][0]
+    packages = probe.get("packages") or {}
+    gpus = dict(probe.get("gpus") or {"available": False, "reason": "no probe", "model": None, "count": None})
+    gpus["serving_count"] = serving_gpu_count(host)
+    gpus["expected_count"] = host.get("dsv4_gpu_count")
+    processes = probe.get("processes") or []
+    server_env: dict = {}
+    env_reasons = []
+    for proc in processes:
+        if proc.get("env") is not None:
+            server_env.update(proc["env"])
+        elif proc.get("env_reason"):
+            env_reasons.append(proc["env_reason"])
+    model_probe = probe.get("model") or {}
+    model_path = host.get("dsv4_model_path") or server_info.get("model_path") or ""
+    launch_args = scrub(_launch_args(server_info, processes))
+    resolved = resolved_args(server_info)
+    host_info = {"name": host.name, **(probe.get("host") or {})}
+    software = {
+        "sglang_version": packages.get("sglang") or server_info.get("version"),
+        "sglang_wheel": probe.get("sglang_wheel"),
+        "python": (probe.get("host") or {}).get("python"),
+        "torch": packages.get("torch"),
+        "torch_cuda": (probe.get("cuda") or {}).get("torch_cuda"),
+        "triton": packages.get("triton"),
+        "transformers": packages.get("transformers"),
+        "packages": packages,
+        "server_env": server_env if (server_env or not env_reasons) else None,
+        "server_env_reason": "; ".join(sorted(set(env_reasons))) or None,
+        "client_env": probe.get("client_env"),
+        "kernel_flags": host.get("dsv4_kernel_flags"),
+    }
+    model = {
+        "name": os.path.basename(str(model_path).rstrip("/")) or None,
+        "path": model_path,
+        "revision": host.get("dsv4_model_revision"),
+        **{k: v for k, v in model_probe.items() if k not in ("local_path",)},
+    }
+    server = {
+        "context_length": context_length,
+        "router_port": host.get("dsv4_router_port"),
+        "decode_port": host.get("dsv4_decode_port"),
+        "prefill_port": host.get("dsv4_prefill_port"),
+        "launch_args": launch_args,
+        "launch_args_sha256": sha256_json(launch_args) if launch_args else None,
+        "resolved_args": resolved,
+        "resolved_args_sha256": sha256_json(resolved) if resolved is not None else None,
+        "startup_time": server_info.get("startup_time"),
+        "version": server_info.get("version"),
+        "max_total_num_tokens": server_info.get("max_total_num_tokens"),
+        "max_running_requests": server_info.get("max_running_requests"),
+        "restarted_for_context_length": restarted,
+        "processes": [{"pid": p.get("pid"), "argv": p.get("argv")} for p in processes],
+    }
+    return {"host": host_info, "gpus": gpus, "software": software, "model": model, "server": server}

@@ -1,0 +1,207 @@
+"""The results git repository: each sweep is one commit plus one annotated tag, all or nothing.
+
+Layout inside the repository::
+
+    records/<run_id>/record.json
+    records/<run_id>/details/c<C>_r<R>.json.gz      (per-request arrays of each point)
+
+``publish`` never touches the work tree or the index until the record is referenced: it writes
+blobs, builds the tree in a private index file, creates the commit and the tag objects, and
+then moves the branch and creates the tag in ONE ``git update-ref --stdin`` transaction
+(both or neither). An exception or Ctrl-C before that leaves no commit, no tag and no file
+(only unreferenced objects, which ``git gc`` drops). Tags are created, never moved: a tag name
+that exists is refused. Afterwards the work tree (if any) is fast-forwarded to the new commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from dsv4kit.records import RecordError, check
+
+TAG_PREFIX = "bench/"
+RECORDS_DIR = "records"
+ZERO_OID = "0" * 40
+_EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+_FALLBACK_IDENTITY = {"GIT_AUTHOR_NAME": "dsv4kit", "GIT_AUTHOR_EMAIL": "dsv4kit@localhost",
+                      "GIT_COMMITTER_NAME": "dsv4kit", "GIT_COMMITTER_EMAIL": "dsv4kit@localhost"}
+
+
+class ResultsRepoError(RuntimeError):
+    """The results repository cannot be used or updated (message says why)."""
+
+
+@dataclass
+class Published:
+    commit: str
+    tag: str
+    run_id: str
+    paths: list[str]
+
+
+@dataclass
+class RecordEntry:
+    run_id: str
+    tag: Optional[str]
+    path: str
+
+
+def _git(repo: Path, *args: str, input: Optional[bytes] = None, env: Optional[dict] = None,
+         check: bool = True) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True, env=full_env,
+                          timeout=120)
+    if check and proc.returncode != 0:
+        raise ResultsRepoError(f"git {' '.join(args[:3])} failed in {repo}: "
+                               f"{proc.stderr.decode(errors='replace').strip()}")
+    return proc
+
+
+def _out(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout.decode().strip()
+
+
+def ensure_repo(path: os.PathLike | str) -> Path:
+    """The results repository at ``path``, created (``git init -b main``) when absent or empty."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ResultsRepoError(f"results repository {str(path)!r} is a file, not a directory")
+    if path.is_dir() and ((path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())):
+        return path
+    if path.is_dir() and any(path.iterdir()):
+        raise ResultsRepoError(f"{str(path)!r} exists, is not empty and is not a git repository; "
+                               f"pass an empty or new directory with --results-repo")
+    path.mkdir(parents=True, exist_ok=True)
+    _git(path, "init", "-q", "-b", "main")
+    return path
+
+
+def _identity_env(repo: Path) -> dict:
+    env = {}
+    if not _out(_git(repo, "config", "user.name", check=False)) and "GIT_AUTHOR_NAME" not in os.environ:
+        env.update({k: v for k, v in _FALLBACK_IDENTITY.items() if "NAME" in k})
+    if not _out(_git(repo, "config", "user.email", check=False)) and "GIT_AUTHOR_EMAIL" not in os.environ:
+        env.update({k: v for k, v in _FALLBACK_IDENTITY.items() if "EMAIL" in k})
+    return env
+
+
+def _bare(repo: Path) -> bool:
+    return _out(_git(repo, "rev-parse", "--is-bare-repository")) == "true"
+
+
+def tag_exists(repo: Path, tag: str) -> bool:
+    return _git(repo, "rev-parse", "-q", "--verify", f"refs/tags/{tag}", check=False).returncode == 0
+
+
+def publish(repo: os.PathLike | str, *, run_id: str, tag: str, files: dict[str, bytes], message: str) -> Published:
+    """Commit ``files`` (paths relative to the repo) and tag the commit, atomically."""
+    repo = ensure_repo(repo)
+    if _git(repo, "check-ref-format", f"refs/tags/{tag}", check=False).returncode != 0:
+        raise ResultsRepoError(f"{tag!r} is not a valid git tag name")
+    if tag_exists(repo, tag):
+        raise ResultsRepoError(f"tag {tag!r} already exists in {repo}; published tags are never moved")
+    branch = _out(_git(repo, "symbolic-ref", "-q", "HEAD", check=False)) or "refs/heads/main"
+    head_proc = _git(repo, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False)
+    head = _out(head_proc) if head_proc.returncode == 0 else None
+    if head:
+        prefix = f"{RECORDS_DIR}/{run_id}/"
+        existing = _out(_git(repo, "ls-tree", "-r", "--name-only", head, "--", prefix))
+        if existing:
+            raise ResultsRepoError(f"{prefix} already exists in {repo}; run ids are never reused")
+    env = _identity_env(repo)
+    with tempfile.TemporaryDirectory(prefix="dsv4kit-index-") as tmp:
+        index_env = {**env, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if head:
+            _git(repo, "read-tree", head, env=index_env)
+        else:
+            _git(repo, "read-tree", "--empty", env=index_env)
+        for rel, data in sorted(files.items()):
+            blob = _out(_git(repo, "hash-object", "-w", "--stdin", input=data))
+            _git(repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=index_env)
+        tree = _out(_git(repo, "write-tree", env=index_env))
+    parents = ["-p", head] if head else []
+    commit = _out(_git(repo, "commit-tree", tree, *parents, "-m", message, env=env))
+    ident = _out(_git(repo, "var", "GIT_COMMITTER_IDENT", env=env))
+    tag_text = f"object {commit}\ntype commit\ntag {tag}\ntagger {ident}\n\n{message}\n"
+    tag_obj = _out(_git(repo, "mktag", input=tag_text.encode(), env=env))
+    transaction = (
+        f"update {branch} {commit} {head or ZERO_OID}\n"
+        f"create refs/tags/{tag} {tag_obj}\n"
+    )
+    proc = _git(repo, "update-ref", "--stdin", input=transaction.encode(), check=False)
+    if proc.returncode != 0:
+        raise ResultsRepoError(f"could not publish {run_id} in {repo} (nothing was changed): "
+                               f"{proc.stderr.decode(errors='replace').strip()}")
+    if not _bare(repo):
+        # Fast-forward the index and the files to the new commit; the record is already safe.
+        _git(repo, "read-tree", "-m", "-u", head or _EMPTY_TREE, commit, check=False)
+    return Published(commit=commit, tag=tag, run_id=run_id, paths=sorted(files))
+
+
+# ------------------------------------------------------------------------------------ reading
+def list_records(repo: os.PathLike | str) -> list[RecordEntry]:
+    """Every record on the branch, oldest first, with the tag that published it."""
+    repo = Path(repo)
+    if not repo.exists():
+        raise ResultsRepoError(f"results repository {str(repo)!r} does not exist")
+    head = _git(repo, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False)
+    if head.returncode != 0:
+        return []
+    names = _out(_git(repo, "ls-tree", "-r", "--name-only", "HEAD", "--", f"{RECORDS_DIR}/")).splitlines()
+    tags = {}
+    refs = _out(_git(repo, "for-each-ref", "--format=%(refname:strip=2) %(*objectname)", f"refs/tags/{TAG_PREFIX}"))
+    for line in refs.splitlines():
+        name, _, commit = line.partition(" ")
+        tags[commit] = name
+    entries = []
+    for name in names:
+        match = re.fullmatch(rf"{RECORDS_DIR}/([^/]+)/record\.json", name)
+        if not match:
+            continue
+        run_id = match.group(1)
+        commit = _out(_git(repo, "log", "-1", "--format=%H", "HEAD", "--", name))
+        entries.append(RecordEntry(run_id=run_id, tag=tags.get(commit), path=name))
+    entries.sort(key=lambda e: e.run_id.rsplit("-", 1)[-1] + e.run_id)
+    return entries
+
+
+def read_record(repo: os.PathLike | str, ident: str) -> dict:
+    """Load a record by run id, tag (``bench/...``), unique run-id prefix, or a record.json path."""
+    candidate = Path(ident)
+    if ident.endswith(".json") and candidate.is_file():
+        try:
+            return check(json.loads(candidate.read_text()), str(candidate))
+        except ValueError as exc:
+            raise RecordError(f"{candidate}: {exc}") from None
+    repo = Path(repo)
+    entries = list_records(repo)
+    by_tag = [e for e in entries if e.tag == ident or (e.tag and ident == f"refs/tags/{e.tag}")]
+    exact = [e for e in entries if e.run_id == ident]
+    prefix = [e for e in entries if e.run_id.startswith(ident)]
+    matches = by_tag or exact or prefix
+    if not matches:
+        known = ", ".join(e.run_id for e in entries[-5:]) or "none"
+        raise RecordError(f"no record {ident!r} in {repo} (latest: {known}); see `dsv4kit records list`")
+    if len(matches) > 1:
+        raise RecordError(f"{ident!r} is ambiguous in {repo}: {', '.join(e.run_id for e in matches)}")
+    entry = matches[0]
+    text = _git(repo, "show", f"HEAD:{entry.path}").stdout.decode()
+    try:
+        return check(json.loads(text), f"{repo}:{entry.path}")
+    except ValueError as exc:
+        raise RecordError(f"{repo}:{entry.path}: {exc}") from None
+
+
+def read_details(repo: os.PathLike | str, run_id: str, details_file: str) -> dict:
+    import gzip
+
+    data = _git(Path(repo), "show", f"HEAD:{RECORDS_DIR}/{run_id}/{details_file}").stdout
+    return json.loads(gzip.decompress(data))
