@@ -251,7 +251,7 @@ def test_remote_timeout_kills_the_process_group(box):
     code = remote_validate.run(
         gpu=0, inventory=inventory, timeout=3, cases=CASE, interpret=True, installed=True,
         results_dir=results, _test_remote_sleep_s=float(sleep),
-        output=remote_validate._Output(out=lines.append, err=lines.append))
+        output=remote_validate.Output(out=lines.append, err=lines.append))
     assert code == exitcodes.TIMEOUT, lines
     assert time.monotonic() - started < 40
     assert any("timed out after 3s" in l and "process group" in l for l in lines), lines

@@ -228,20 +228,22 @@ def parse_preflight(output: str) -> BoxFacts:
 
 # --------------------------------------------------------------------------- the run
 @dataclass
-class _Output:
+class Output:
+    """Where the run writes: ``out`` for the streamed lines and the table, ``err`` for progress."""
+
     out: Callable[[str], None]
     err: Callable[[str], None]
 
 
-def _default_output() -> _Output:
-    return _Output(out=lambda s: print(s, flush=True), err=lambda s: print(s, file=sys.stderr, flush=True))
+def _default_output() -> Output:
+    return Output(out=lambda s: print(s, flush=True), err=lambda s: print(s, file=sys.stderr, flush=True))
 
 
 def run(*, gpu: int, host: Optional[str] = None, inventory: Optional[Path] = None, timeout: float = 1800.0,
         cases: Optional[str] = None, json_path: Optional[Path] = None, interpret: bool = False,
         installed: bool = False, trust_new_host_key: bool = False,
         results_dir: Path = Path("results/validation"), wheel: Optional[Path] = None,
-        output: Optional[_Output] = None, _test_remote_sleep_s: Optional[float] = None) -> int:
+        output: Optional[Output] = None, _test_remote_sleep_s: Optional[float] = None) -> int:
     """Validate on ``gpu`` of an inventory host. Returns the exit code; prints progress and table.
 
     ``_test_remote_sleep_s`` (tests only, not reachable from the CLI) makes the box sleep before
@@ -262,7 +264,7 @@ def run(*, gpu: int, host: Optional[str] = None, inventory: Optional[Path] = Non
 
 
 class _Run:
-    def __init__(self, io: _Output, *, gpu, host_name, inventory, timeout, cases, json_path, interpret,
+    def __init__(self, io: Output, *, gpu, host_name, inventory, timeout, cases, json_path, interpret,
                  installed, trust_new_host_key, results_dir, wheel, test_sleep):
         self.io = io
         self.gpu = gpu
@@ -278,11 +280,12 @@ class _Run:
         self.wheel_arg = wheel
         self.test_sleep = test_sleep
         self.started = datetime.now(timezone.utc)
+        self.host = None
         self.session = None
         self.scratch: Optional[str] = None
 
     def say(self, message: str) -> None:
-        self.io.err(f"[{self.host.name if hasattr(self, 'host') else '-'}] {message}")
+        self.io.err(f"[{self.host.name if self.host else '-'}] {message}")
 
     # ---- steps -----------------------------------------------------------------------------
     def execute(self) -> int:
