@@ -1,11 +1,60 @@
-"""``dsv4kit provision``: runs playbooks/site.yml. (Not implemented yet.)"""
+"""``dsv4kit provision``: run playbooks/site.yml against the inventory and summarize per host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
 from dsv4kit import exitcodes
 
 
-def provision() -> None:
-    """Provision the box(es) in the inventory with Ansible (not implemented yet)."""
-    typer.echo("error: provision is not implemented yet", err=True)
-    raise typer.Exit(exitcodes.USAGE)
+def provision(
+    inventory: Optional[Path] = typer.Option(
+        None, "--inventory", "-i",
+        help="Ansible inventory (default: $DSV4KIT_INVENTORY or inventory/hosts.yml).",
+    ),
+    limit: Optional[List[str]] = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated or repeated)."),
+    tags: Optional[List[str]] = typer.Option(
+        None, "--tags", "-t",
+        help="Only these stages: preflight, nvidia_driver, cuda_toolkit, host_tuning, sglang_venv, "
+        "flash_attn, kernel_rollout, sglang_service.",
+    ),
+    skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn)."),
+    check: bool = typer.Option(False, "--check", help="Dry run: report what would change, change nothing."),
+    diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
+) -> None:
+    """Provision the box(es) in the inventory with Ansible, showing every task as it runs.
+
+    Ends with a per-host table (ok / changed / failed / unreachable). Exit codes: 0 ok, 2 bad
+    inventory or option, 3 a host was unreachable, 5 ansible-playbook missing, 6 a task failed,
+    130 interrupted.
+    """
+    from dsv4kit.inventory import InventoryError, default_inventory_path
+    from dsv4kit.provision import ProvisionError, format_summary, run_playbook
+
+    path = inventory if inventory is not None else default_inventory_path()
+    echo_progress = (lambda line: typer.echo(line, err=True)) if json_out else typer.echo
+    try:
+        summary = run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
+                               progress=echo_progress)
+    except InventoryError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exitcodes.USAGE)
+    except ProvisionError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("provision: interrupted; ansible-playbook was stopped", err=True)
+        raise typer.Exit(exitcodes.INTERRUPTED)
+    table = format_summary(summary)
+    if json_out:
+        typer.echo(table, err=True)
+        typer.echo(json.dumps(summary.to_dict(), indent=2))
+    else:
+        typer.echo("")
+        typer.echo(table)
+    raise typer.Exit(summary.exit_code)
