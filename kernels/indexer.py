@@ -67,7 +67,7 @@ SCALE_OFFSET = PAGE_SIZE * HEAD_DIM  # 8192: byte offset of the scales within a 
 
 # Launch configuration. Static on purpose: autotuning would sync the device inside capture.
 # Programs per row R = clamp(ceil(PROGRAMS_PER_SM * num_SMs / B), 1, P).
-PROGRAMS_PER_SM = 8
+PROGRAMS_PER_SM = 4
 NUM_WARPS = 4
 NUM_STAGES = 3
 FILL_BLOCK = 2048  # fp32 elements per -inf store (8 KiB)
@@ -126,6 +126,20 @@ def _indexer_logits_kernel(
         page_next = tl.where(ok_next, page_next, 0)
         s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t,
                          mask=(offs_t * 0 + j) < n_pages, other=0.0)
+    # ---- this program's share of the -inf tail [n_pages*PAGE, max_seq_len) ----
+    # Issued after the first loads (seq_len, page id, q, w, scales) and before they are used:
+    # these fire-and-forget stores drain while the scoring waits on its loads.
+    tail_start = n_pages * PAGE
+    tail = tl.maximum(max_seq_len - tail_start, 0)
+    chunk = tl.cdiv(tl.cdiv(tail, progs_per_row), PAGE) * PAGE  # multiple of 64: aligned stores
+    start = tail_start + j * chunk
+    end = tl.minimum(start + chunk, max_seq_len)
+    neg_inf = tl.full([FILL], float("-inf"), tl.float32)
+    for off in range(start, end, FILL):
+        off = tl.multiple_of(off, PAGE)
+        idx = off + tl.arange(0, FILL)
+        tl.store(out_row + idx, neg_inf, mask=idx < end)
+
     for p in range(j, n_pages, progs_per_row):
         if PREFETCH:
             page = page_next
@@ -151,17 +165,6 @@ def _indexer_logits_kernel(
         logit = tl.where(t < scored_until, logit, float("-inf"))
         tl.store(out_row + t, logit, mask=t < max_seq_len)
 
-    # ---- this program's share of the -inf tail [n_pages*PAGE, max_seq_len) ----
-    tail_start = n_pages * PAGE
-    tail = tl.maximum(max_seq_len - tail_start, 0)
-    chunk = tl.cdiv(tl.cdiv(tail, progs_per_row), PAGE) * PAGE  # multiple of 64: aligned stores
-    start = tail_start + j * chunk
-    end = tl.minimum(start + chunk, max_seq_len)
-    neg_inf = tl.full([FILL], float("-inf"), tl.float32)
-    for off in range(start, end, FILL):
-        off = tl.multiple_of(off, PAGE)
-        idx = off + tl.arange(0, FILL)
-        tl.store(out_row + idx, neg_inf, mask=idx < end)
 
 
 @functools.lru_cache(maxsize=None)
