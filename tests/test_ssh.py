@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-import uuid
 
 import pytest
 

@@ -30,7 +30,6 @@ import secrets
 import shlex
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -404,7 +403,7 @@ class _Run:
 
     def _install_wheel(self, built) -> str:
         remote_wheel = f"{self.scratch}/{built.path.name}"
-        site = f"{self.scratch}/site"
+        site = f"{self.scratch}/target"  # not "site": the cwd is on sys.path
         self.say(f"installing {built.path.name} into {site} (the venv is not modified)")
         self.session.put(built.path, remote_wheel)
         py = shlex.quote(self.python)

@@ -2,12 +2,14 @@
 
 The sources are copied to a temporary directory first, so a build never writes ``build/`` or
 ``*.egg-info`` into the (shared) working tree and never picks up stale build output. The build
-runs without isolation and without network (setuptools and wheel come from this environment).
+runs without isolation and without network when setuptools is installed here (else pip builds in an
+isolated environment, which needs the package index).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -87,8 +89,10 @@ def build_wheel(dest: Path, root: Optional[Path] = None, timeout: float = 600) -
                 shutil.copy2(root / name, src / name)
         for name in _package_dirs(root / "pyproject.toml"):
             shutil.copytree(root / name, src / name, ignore=ignore)
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-               "--disable-pip-version-check", "-q", "-w", str(dest), str(src)]
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check",
+               "-q", "-w", str(dest), str(src)]
+        if importlib.util.find_spec("setuptools") is not None:
+            cmd.insert(5, "--no-build-isolation")  # offline and fast; else pip fetches setuptools
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
