@@ -170,3 +170,79 @@ def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port
         dsv4_prefill_port=port, dsv4_prefill_gpus=[0, 1, 2, 3], dsv4_decode_gpus=[4, 5, 6, 7],
         dsv4_gpu_count=8, dsv4_kernel_flags={"SGLANG_SM120_TRITON_INDEXER": "1"},
     )
+
+
+def client_line(*, n: int = 8, isl: int = 16, osl: int = 8, concurrency: int = 4, tpot_ms: float = 10.0,
+                ttft_ms: float = 12.0, error_chunks: int = 0, cached: int = 0, startup_time: float = 1.0) -> dict:
+    """A synthetic ``sglang.benchmark.serving`` JSONL line with --output-details --cache-report.
+
+    ``error_chunks`` requests look the way the native client records an HTTP-200 error chunk:
+    success, ``output_len`` = the requested length, empty text, ``ttft`` 0.
+    """
+    good = n - error_chunks
+    ttfts = [ttft_ms / 1000] * good + [0.0] * error_chunks
+    texts = [" ".join(["w1"] * osl)] * good + [""] * error_chunks
+    return {
+        "tag": "t", "backend": "sglang", "dataset_name": "random-ids", "request_rate": float("inf"),
+        "max_concurrency": concurrency, "random_input_len": isl, "random_output_len": osl, "random_range_ratio": 1.0,
+        "server_info": {"context_length": 4096, "startup_time": startup_time, "api_key": "sk-dsv4kit-FAKE-SECRET-3f9a"},
+        "duration": 1.0, "completed": n, "total_input_tokens": n * isl, "total_output_tokens": n * osl,
+        "total_output_tokens_retokenized": good * osl, "request_throughput": n, "input_throughput": n * isl,
+        "output_throughput": n * osl * 0.9, "total_throughput": n * (isl + osl),
+        "median_ttft_ms": ttft_ms, "p99_ttft_ms": ttft_ms * 1.5, "median_tpot_ms": tpot_ms, "p99_tpot_ms": tpot_ms * 1.2,
+        "median_itl_ms": tpot_ms, "concurrency": concurrency * 0.95, "max_concurrent_requests": concurrency,
+        "cache_report": {"total_prompt_tokens": n * isl, "total_cached_tokens": n * cached,
+                         "cache_hit_rate_pct": round(100.0 * cached / isl, 2)},
+        "input_lens": [isl] * n, "output_lens": [osl] * n, "ttfts": ttfts, "itls": [[tpot_ms / 1000] * (osl - 1)] * n,
+        "generated_texts": texts, "errors": [""] * n, "cached_tokens": [cached] * n,
+        "cached_tokens_details": [None] * n,
+    }
+
+
+def synthetic_record(run_id: str, decode: dict, *, context_length: int = 4096, isl: int = 16, osl: int = 8,
+                     gpu_model="NVIDIA RTX PRO 6000 Blackwell", invalid: tuple = (), host: str = "lo") -> dict:
+    """A schema-valid record whose decode tok/s per concurrency and repetition is ``decode[C][r]``.
+
+    ``invalid`` lists (C, repetition) points to mark as failing a gate.
+    """
+    from dsv4kit.bench_gates import PointExpectation, evaluate
+    from dsv4kit.records import KIND, SCHEMA_VERSION, comparability_key, derive, split_client_line, summarize_points
+
+    points = []
+    for c, values in sorted(decode.items()):
+        for rep, value in enumerate(values):
+            line = client_line(n=8, isl=isl, osl=osl, concurrency=c, tpot_ms=c * 1000.0 / value,
+                               error_chunks=2 if (c, rep) in invalid else 0)
+            raw, _details, _ = split_client_line(line)
+            validity = evaluate(line, PointExpectation(8, isl, osl, c, 1.0))
+            points.append({"max_concurrency": c, "repetition": rep, "num_prompts": 8, "raw": raw,
+                           "derived": derive(raw, 8), "validity": validity,
+                           "details_file": f"details/c{c}_r{rep}.json.gz"})
+    stamp = run_id.rsplit("-", 1)[-1]
+    record = {
+        "schema_version": SCHEMA_VERSION, "kind": KIND, "run_id": run_id,
+        "tag": f"bench/{host}/{context_length}/{stamp}", "created_at_utc": "2026-01-01T00:00:00+00:00",
+        "duration_wall_s": 1.0, "toolkit": {"version": "0.1.0", "git_commit": "abc", "git_dirty": False},
+        "host": {"name": host}, "gpus": {"model": gpu_model, "count": 8, "serving_count": 8, "driver": "580.1"},
+        "software": {"sglang_version": "0.5.23", "kernel_flags": {"SGLANG_SM120_TRITON_INDEXER": "1"}},
+        "model": {"name": "DeepSeek-V4-Flash", "revision": "r1"},
+        "server": {"context_length": context_length, "launch_args_sha256": "x"},
+        "client": {"tool": "sglang.benchmark.serving", "tool_version": "0.5.23", "backend": "sglang",
+                   "dataset": {"name": "random-ids", "input_len": isl, "output_len": osl, "range_ratio": 1.0},
+                   "seed": 42, "tokenize_prompt": True, "num_prompts": {str(c): 8 for c in decode}},
+        "sweep": {"concurrency": sorted(decode), "repeat": max(len(v) for v in decode.values())},
+        "points": points, "summary": summarize_points(points),
+        "validity_passed": all(p["validity"]["passed"] for p in points),
+        "invalid_points": sum(not p["validity"]["passed"] for p in points), "notes": [],
+    }
+    record["comparability_key"] = comparability_key(record)
+    return record
+
+
+def publish_record(repo: Path, record: dict) -> None:
+    """Put a (synthetic) record into a results repository the way ``dsv4kit bench`` does."""
+    from dsv4kit.records import dumps
+    from dsv4kit.results_repo import publish
+
+    publish(repo, run_id=record["run_id"], tag=record["tag"],
+            files={f"records/{record['run_id']}/record.json": dumps(record).encode()}, message=f"bench {record['run_id']}")

@@ -12,9 +12,10 @@ Verdict per (metric, concurrency), from the valid repetitions of each side:
 - Δ% = (mean_new - mean_old) / mean_old; interval = Welch 95% CI of the difference, in % of old.
 - threshold = max(noise floor, 3 x pooled CV); floors: throughput 3% at C >= 16 and 5% below,
   median TPOT/ITL 5%, median TTFT 10%, any p99 15%.
-- ``no-change``: |Δ| <= threshold. ``improved``/``regressed``: |Δ| > threshold and the interval
-  excludes 0 (direction by metric). ``inconclusive``: |Δ| > threshold but the interval includes 0,
-  or fewer than 2 valid repetitions on a side (no interval) and |Δ| > floor.
+- ``improved``/``regressed``: |Δ| > threshold and the interval excludes 0 (direction by metric).
+- ``no-change``: |Δ| <= threshold and the noise is small enough to have seen a floor-sized change
+  (3 x CV <= floor); with fewer than 2 valid repetitions on a side (no interval): |Δ| <= floor.
+- ``inconclusive``: everything else (a big Δ inside the noise, or noise too large to tell).
   ``invalid``: a side has no valid repetition at that concurrency.
 """
 
@@ -129,7 +130,8 @@ def verdict_for(metric: str, concurrency: int, old: list[float], new: list[float
     if ci is None:
         verdict = "no-change" if abs(delta) <= floor else "inconclusive"
     elif abs(delta) <= threshold:
-        verdict = "no-change"
+        # A "no change" claim needs noise small enough to have seen a floor-sized change.
+        verdict = "no-change" if K_CV * cv <= floor else "inconclusive"
     elif ci[0] > 0 or ci[1] < 0:
         verdict = "improved" if better else "regressed"
     else:

@@ -1,9 +1,8 @@
 """Small statistics for bench records: mean, sample std, t-based 95% intervals, Welch's test.
 
 Stdlib only. The two-sided 95% Student-t quantile comes from scipy when it is importable, else
-from the table below (exact to 3 decimals for integer df; non-integer df, as Welch's
-Satterthwaite df usually is, interpolates linearly in 1/df, which is how printed tables are
-meant to be read and is within 0.002 of the exact value).
+from the table below (exact to 3 decimals at its entries; between entries it interpolates
+linearly in 1/df, within 0.03 of the exact value everywhere and within 0.005 above df 3).
 """
 
 from __future__ import annotations
@@ -11,12 +10,16 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-# t_{0.975, df} for df = 1..30, then 40, 60, 120, infinity.
+# t_{0.975, df} for df = 1..30, 40, 60, 120 (infinity: the normal quantile), plus fractional df below 7.
 _T975 = {
     1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
     10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
     18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060,
     26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980,
+    # Fractional df, where Welch's df for two or three repetitions usually lands.
+    1.025: 11.997, 1.05: 11.362, 1.075: 10.791, 1.15: 9.387,
+    1.1: 10.277, 1.2: 8.649, 1.3: 7.501, 1.4: 6.657, 1.5: 6.017, 1.6: 5.517, 1.7: 5.119, 1.8: 4.795,
+    1.9: 4.527, 2.25: 3.875, 2.5: 3.575, 2.75: 3.353, 3.5: 2.940, 4.5: 2.659, 5.5: 2.502, 6.5: 2.402,
 }
 _Z975 = 1.959964
 
@@ -27,12 +30,17 @@ def t975(df: float) -> float:
         raise ValueError(f"degrees of freedom must be >= 1, got {df!r}")
     try:
         from scipy.stats import t as student_t  # optional, exact
-
-        return float(student_t.ppf(0.975, df))
     except ImportError:
-        pass
-    if df == int(df) and int(df) in _T975:
-        return _T975[int(df)]
+        return t975_table(df)
+    return float(student_t.ppf(0.975, df))
+
+
+def t975_table(df: float) -> float:
+    """``t975`` from the built-in table (used when scipy is absent)."""
+    if not df >= 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df!r}")
+    if df in _T975:
+        return _T975[df]
     keys = sorted(_T975) + [math.inf]
     for lo, hi in zip(keys, keys[1:]):
         if lo <= df <= hi:

@@ -1,0 +1,253 @@
+"""Records: the results git repository (atomic commit + tag), comparison verdicts, the records CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from dsv4kit import results_repo
+from dsv4kit.cli import app
+from dsv4kit.compare import compare, format_comparison
+from dsv4kit.records import RecordError, dumps
+from dsv4kit.results_repo import ResultsRepoError, list_records, publish, read_record
+from tests.bench_support import publish_record, synthetic_record
+
+runner = CliRunner()
+
+
+def git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def commits(repo) -> list[str]:
+    proc = subprocess.run(["git", "-C", str(repo), "rev-list", "--all"], capture_output=True, text=True)
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
+def files_of(record) -> dict:
+    return {f"records/{record['run_id']}/record.json": dumps(record).encode()}
+
+
+BASE = {1: [100.0, 101.0, 99.0], 16: [500.0, 505.0, 495.0]}
+
+
+# ------------------------------------------------------------------------------ results repo
+def test_publish_is_one_commit_and_one_annotated_tag(tmp_path):
+    repo = tmp_path / "results"  # absent: created
+    rec = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    published = publish(repo, run_id=rec["run_id"], tag=rec["tag"], files=files_of(rec), message="bench one")
+    assert commits(repo) == [published.commit]
+    assert git(repo, "cat-file", "-t", rec["tag"]) == "tag"  # annotated
+    assert git(repo, "rev-parse", f"{rec['tag']}^{{commit}}") == published.commit
+    assert git(repo, "status", "--porcelain") == ""
+    assert (repo / "records" / rec["run_id"] / "record.json").is_file()  # work tree follows
+
+    second = synthetic_record("lo-ctx4096-20260101T000100Z", BASE)
+    publish(repo, run_id=second["run_id"], tag=second["tag"], files=files_of(second), message="bench two")
+    assert len(commits(repo)) == 2 and git(repo, "status", "--porcelain") == ""
+    assert [e.run_id for e in list_records(repo)] == [rec["run_id"], second["run_id"]]
+    assert [e.tag for e in list_records(repo)] == [rec["tag"], second["tag"]]
+
+
+def test_published_tags_are_never_moved_and_run_ids_never_reused(tmp_path):
+    repo = tmp_path / "results"
+    rec = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    publish_record(repo, rec)
+    before = (commits(repo), git(repo, "rev-parse", rec["tag"]))
+    other = synthetic_record("lo-ctx4096-20260101T000009Z", BASE)
+    with pytest.raises(ResultsRepoError, match="already exists.*never moved"):
+        publish(repo, run_id=other["run_id"], tag=rec["tag"], files=files_of(other), message="x")
+    with pytest.raises(ResultsRepoError, match="never reused"):
+        publish(repo, run_id=rec["run_id"], tag="bench/lo/4096/other", files=files_of(rec), message="x")
+    assert (commits(repo), git(repo, "rev-parse", rec["tag"])) == before
+    assert git(repo, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("fail_at", ["hash-object", "mktag", "update-ref"])
+def test_an_interrupted_publish_leaves_no_commit_no_tag_no_file(tmp_path, monkeypatch, fail_at):
+    repo = tmp_path / "results"
+    first = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    publish_record(repo, first)
+    before = commits(repo)
+    real = results_repo._git
+
+    def interrupted(repo_, *args, **kw):
+        if args and args[0] == fail_at:
+            raise KeyboardInterrupt
+        return real(repo_, *args, **kw)
+
+    monkeypatch.setattr(results_repo, "_git", interrupted)
+    rec = synthetic_record("lo-ctx4096-20260101T000500Z", BASE)
+    with pytest.raises(KeyboardInterrupt):
+        publish(repo, run_id=rec["run_id"], tag=rec["tag"], files=files_of(rec), message="x")
+    monkeypatch.setattr(results_repo, "_git", real)
+    assert commits(repo) == before
+    assert git(repo, "tag", "-l") == first["tag"]
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    assert not (repo / "records" / rec["run_id"]).exists()
+
+
+def test_a_failing_transaction_changes_nothing(tmp_path):
+    repo = tmp_path / "results"
+    first = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    publish_record(repo, first)
+    # Someone else moved the branch between our read and our update: the transaction must refuse.
+    real = results_repo._git
+
+    def racing(repo_, *args, **kw):
+        if args and args[0] == "update-ref":
+            real(repo_, "commit-tree", "-m", "x", git(repo, "rev-parse", "HEAD^{tree}"))
+            kw["input"] = kw["input"].replace(git(repo, "rev-parse", "HEAD").encode(), b"1" * 40)
+        return real(repo_, *args, **kw)
+
+    rec = synthetic_record("lo-ctx4096-20260101T000500Z", BASE)
+    results_repo._git = racing
+    try:
+        with pytest.raises(ResultsRepoError, match="nothing was changed"):
+            publish(repo, run_id=rec["run_id"], tag=rec["tag"], files=files_of(rec), message="x")
+    finally:
+        results_repo._git = real
+    assert git(repo, "tag", "-l") == first["tag"] and len(commits(repo)) == 1
+
+
+def test_repository_path_checks(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ResultsRepoError, match="is a file"):
+        results_repo.ensure_repo(tmp_path / "file")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(ResultsRepoError, match="not a git repository"):
+        results_repo.ensure_repo(tmp_path / "full")
+
+
+def test_read_record_by_id_tag_prefix_and_path(tmp_path):
+    repo = tmp_path / "results"
+    a = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    b = synthetic_record("lo-ctx131072-20260101T000100Z", BASE, context_length=131072)
+    publish_record(repo, a)
+    publish_record(repo, b)
+    assert read_record(repo, a["run_id"])["run_id"] == a["run_id"]
+    assert read_record(repo, b["tag"])["run_id"] == b["run_id"]
+    assert read_record(repo, "lo-ctx1310")["run_id"] == b["run_id"]
+    assert read_record(repo, str(repo / "records" / a["run_id"] / "record.json"))["run_id"] == a["run_id"]
+    with pytest.raises(RecordError, match="ambiguous"):
+        read_record(repo, "lo-ctx")
+    with pytest.raises(RecordError, match="no record"):
+        read_record(repo, "nope")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kind": "dsv4kit.bench", "schema_version": 99}))
+    with pytest.raises(RecordError, match="schema_version 99"):
+        read_record(repo, str(bad))
+
+
+# ------------------------------------------------------------------------------ comparison
+def verdicts(result, metric="decode_tok_s"):
+    return {r.concurrency: r.verdict for r in result.rows if r.metric == metric}
+
+
+def test_a_regression_is_detected_and_noise_is_not():
+    old = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    slower = synthetic_record("lo-ctx4096-20260101T000100Z", {1: [100.5, 99.5, 100.0], 16: [450.0, 452.0, 448.0]})
+    result = compare(old, slower)
+    assert result.comparable
+    assert verdicts(result) == {1: "no-change", 16: "regressed"}
+    assert verdicts(result, "median_tpot_ms")[16] == "regressed"
+    row = next(r for r in result.rows if r.metric == "decode_tok_s" and r.concurrency == 16)
+    assert row.delta_pct == pytest.approx(-10.0, abs=0.1) and row.ci_pct[1] < 0 and row.threshold_pct >= 3.0
+    assert "regressed" in format_comparison(result) and "1 regression" not in format_comparison(result)[:10]
+
+    faster = synthetic_record("lo-ctx4096-20260101T000200Z", {1: [120.0, 121.0, 119.0], 16: [500.0, 504.0, 497.0]})
+    assert verdicts(compare(old, faster)) == {1: "improved", 16: "no-change"}
+
+
+def test_inconclusive_and_invalid_verdicts():
+    old = synthetic_record("lo-ctx4096-20260101T000000Z", {1: [100.0], 16: [500.0, 505.0, 495.0]})
+    noisy = synthetic_record("lo-ctx4096-20260101T000100Z", {1: [80.0], 16: [300.0, 700.0, 400.0]})
+    v = verdicts(compare(old, noisy))
+    assert v == {1: "inconclusive", 16: "inconclusive"}
+    broken = synthetic_record("lo-ctx4096-20260101T000200Z", {1: [100.0], 16: [500.0, 505.0]},
+                              invalid=((16, 0), (16, 1)))
+    assert verdicts(compare(old, broken))[16] == "invalid"
+
+
+def test_non_comparable_records_get_no_verdict_and_say_why():
+    old = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    other = synthetic_record("lo-ctx131072-20260101T000100Z", {1: [50.0], 64: [400.0]}, context_length=131072,
+                             isl=512, gpu_model="NVIDIA H200")
+    result = compare(old, other)
+    assert not result.comparable and result.rows == []
+    fields = {d["field"] for d in result.differences}
+    assert {"context_length", "input_len", "gpu_model", "concurrency", "num_prompts"} <= fields
+    text = format_comparison(result)
+    assert "NOT COMPARABLE" in text and "context_length: 4096 -> 131072" in text
+    same_but_ctx = synthetic_record("lo-ctx131072-20260101T000200Z", BASE, context_length=131072)
+    assert not compare(old, same_but_ctx).comparable
+    assert compare(old, same_but_ctx, ignore=["context_length"]).comparable
+    with pytest.raises(ValueError, match="unknown comparability field"):
+        compare(old, same_but_ctx, ignore=["colour"])
+
+
+# ------------------------------------------------------------------------------ CLI
+@pytest.fixture
+def repo_with_records(tmp_path):
+    repo = tmp_path / "results"
+    records = {
+        "base": synthetic_record("lo-ctx4096-20260101T000000Z", BASE),
+        "slow": synthetic_record("lo-ctx4096-20260101T000100Z", {1: [100.5, 99.5, 100.0], 16: [450.0, 452.0, 448.0]}),
+        "same": synthetic_record("lo-ctx4096-20260101T000200Z", {1: [100.2, 100.9, 99.1], 16: [501.0, 503.0, 497.0]}),
+        "long": synthetic_record("lo-ctx131072-20260101T000300Z", {1: [60.0, 61.0], 16: [280.0, 279.0]},
+                                 context_length=131072),
+    }
+    for rec in records.values():
+        publish_record(repo, rec)
+    return repo, records
+
+
+def cli(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_records_compare_exit_codes(repo_with_records):
+    repo, recs = repo_with_records
+    result = cli("records", "compare", recs["base"]["run_id"], recs["slow"]["run_id"], "--results-repo", str(repo))
+    assert result.exit_code == 1, result.output
+    assert "regressed" in result.output and "Δ%" in result.output
+    result = cli("records", "compare", recs["base"]["tag"], recs["same"]["tag"], "--results-repo", str(repo))
+    assert result.exit_code == 0, result.output
+    assert "no regression" in result.output
+    result = cli("records", "compare", recs["base"]["run_id"], recs["long"]["run_id"], "--results-repo", str(repo))
+    assert result.exit_code == 2 and "NOT COMPARABLE" in result.output and "context_length" in result.output
+    result = cli("records", "compare", recs["base"]["run_id"], recs["long"]["run_id"], "--results-repo", str(repo),
+                 "--ignore", "context_length", "--json")
+    assert result.exit_code == 1  # 128K is much slower than 8K here: regressions
+    assert json.loads(result.output)["comparable"] is True
+    result = cli("records", "compare", "nope", recs["long"]["run_id"], "--results-repo", str(repo))
+    assert result.exit_code == 2 and "no record 'nope'" in result.output
+
+
+def test_records_list_and_show(repo_with_records):
+    repo, recs = repo_with_records
+    result = cli("records", "list", "--results-repo", str(repo))
+    assert result.exit_code == 0
+    assert all(r["run_id"] in result.output for r in recs.values())
+    rows = json.loads(cli("records", "list", "--results-repo", str(repo), "--json").output)
+    assert [r["context_length"] for r in rows] == [4096, 4096, 4096, 131072]
+    shown = cli("records", "show", recs["long"]["run_id"], "--results-repo", str(repo))
+    assert shown.exit_code == 0 and "decode tok/s" in shown.output and "131072" in shown.output
+    as_json = json.loads(cli("records", "show", recs["base"]["tag"], "--results-repo", str(repo), "--json").output)
+    assert as_json["run_id"] == recs["base"]["run_id"]
+    assert cli("records", "list", "--results-repo", str(repo.parent / "none")).exit_code == 2
+
+
+def test_records_plot_writes_a_png(repo_with_records, tmp_path):
+    pytest.importorskip("matplotlib")
+    repo, recs = repo_with_records
+    out = tmp_path / "plot.png"
+    result = cli("records", "plot", recs["base"]["run_id"], recs["long"]["run_id"], "--out", str(out),
+                 "--results-repo", str(repo))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    assert cli("records", "plot", "--out", str(out), "--metric", "nonsense", "--results-repo", str(repo)).exit_code == 2
