@@ -162,9 +162,8 @@ if [ ! -d {v} ]; then echo venv=missing; exit 0; fi
 echo venv=ok
 if [ ! -e {py} ]; then echo python=missing; exit 0; fi
 if [ ! -x {py} ]; then echo python=not-executable; exit 0; fi
-torch_query=1
 if command -v nvidia-smi >/dev/null 2>&1; then
-  if gpus=$(nvidia-smi -L 2>&1); then
+  if gpus=$(timeout -k 5 30 nvidia-smi -L 2>&1); then
     printf '%s\\n' "$gpus" | sed 's/^/nvidia_smi=/'; echo nvidia_smi_rc=0
   else
     echo "nvidia_smi_rc=$?"; printf '%s\\n' "$gpus" | tail -n 2 | sed 's/^/nvidia_smi_error=/'
@@ -172,7 +171,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 else
   echo nvidia_smi_rc=absent
 fi
-{py} -c {shlex.quote(probe)} torch 2>&1 | tail -n 5
+timeout -k 5 120 {py} -c {shlex.quote(probe)} torch 2>&1 | tail -n 5
 """
 
 
@@ -212,6 +211,8 @@ def parse_preflight(output: str) -> BoxFacts:
             facts.gpu_query_notes.append("nvidia-smi is not installed")
         elif smi_rc == "0":
             facts.gpu_query_notes.append("nvidia-smi -L lists no GPU")
+        elif smi_rc == "124":
+            facts.gpu_query_notes.append("nvidia-smi -L hung and was stopped after 30 s")
         elif smi_rc is not None:
             facts.gpu_query_notes.append(f"nvidia-smi -L failed (exit {smi_rc}): {' '.join(smi_errors)[:300]}")
         names = facts.probe.get("cuda_names") or []

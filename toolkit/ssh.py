@@ -186,9 +186,16 @@ class RemoteSession:
         return f"{self.host.user}@{self.host.address}:{self.host.port}"
 
     def connect(self) -> "RemoteSession":
+        import logging
+
         import fabric
         import paramiko
 
+        # paramiko logs handshake failures with tracebacks from its own thread; the error we raise
+        # says it once. (Handlers configured by the caller still receive the records.)
+        logger = logging.getLogger("paramiko")
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
         host = self.host
         key = host.key_file
         connect_kwargs = {
