@@ -317,3 +317,14 @@ def test_unwritable_state_dir_is_named(tmp_path, loopback_ssh):
     assert code == exitcodes.ENVIRONMENT
     assert f"cannot create the scratch directory {state}/scratch/validate-" in err
     assert f"needs write access to {state}/scratch" in err
+
+
+def test_broken_python_in_the_venv(tmp_path, loopback_ssh):
+    venv = tmp_path / "broken-venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\necho 'error while loading shared libraries: libpython3.12.so' >&2\nexit 127\n")
+    (venv / "bin" / "python").chmod(0o755)
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_venv_dir=str(venv))
+    code, _, err = validate("--gpu", "0", "-i", str(inventory), "--installed", "--interpret")
+    assert code == exitcodes.ENVIRONMENT
+    assert f"no usable python on lo: {venv}/bin/python broken" in err and "libpython3.12.so" in err

@@ -178,3 +178,12 @@ def test_box_side_timeout_ends_the_command_when_the_controller_is_gone(tmp_path,
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_hashed_known_hosts_entries_verify(tmp_path, loopback_ssh):
+    known = tmp_path / "known_hosts"
+    known.write_text(loopback_ssh.host_key_line())
+    subprocess.run(["ssh-keygen", "-H", "-f", str(known)], check=True, capture_output=True)
+    assert known.read_text().startswith("|1|")  # hashed: the host name is not readable
+    with ssh.open_session(_host(tmp_path, loopback_ssh, dsv4_known_hosts=str(known))) as s:
+        assert s.run("echo ok", timeout=20).stdout == "ok\n"
