@@ -328,3 +328,40 @@ def test_broken_python_in_the_venv(tmp_path, loopback_ssh):
     code, _, err = validate("--gpu", "0", "-i", str(inventory), "--installed", "--interpret")
     assert code == exitcodes.ENVIRONMENT
     assert f"no usable python on lo: {venv}/bin/python broken" in err and "libpython3.12.so" in err
+
+
+# --------------------------------------------------------------------------- a failing case: exit 1
+BREAK_KERNEL_ROWS = '''
+
+# --- appended by tests/test_remote_validate.py: every kernel row fails ---
+_tested_run = run
+
+
+def run(specs, options):
+    for row in _tested_run(specs, options):
+        if row.impl == "kernel":
+            row.passed = False
+            row.note = "forced failure (test wheel)"
+        yield row
+'''
+
+
+def test_a_failed_case_exits_1_and_keeps_the_report(box, wheel, tmp_path):
+    """A wheel whose indexer suite fails its kernel rows: the table says FAIL, exit 1, report kept."""
+    broken = tmp_path / wheel.name
+    suite = "dsv4kit/validation/indexer_suite.py"
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(broken, "w", zipfile.ZIP_DEFLATED) as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == suite:
+                data += BREAK_KERNEL_ROWS.encode()
+            dst.writestr(item, data)
+    inventory, results, scratch = box
+    code, out, err = validate("--gpu", "1", "-i", str(inventory), "--interpret", "--cases", CASE,
+                              "--wheel", str(broken), "--results-dir", str(results))
+    assert code == exitcodes.CHECK_FAILED, out + err
+    table = out[out.index("validation table: lo GPU 1"):]
+    assert re.search(r"indexer\s+kernel\s+.*FAIL\s+forced failure", table) and "VERDICT: FAIL" in table
+    report = json.loads(next(results.iterdir()).read_text())
+    assert report["passed"] is False and report["remote"]["wheel"]["sha256"] == wheelbuild.sha256_of(broken)
+    assert not any(scratch.iterdir())
