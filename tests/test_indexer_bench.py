@@ -11,6 +11,7 @@ from dsv4kit.validation import bench_indexer as bench
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "docs" / "results" / "bench_indexer_h200.json"
+VALIDATION = ROOT / "docs" / "results" / "validation_indexer_h200.json"
 
 
 def test_max_seq_len_follows_sglang():
@@ -90,3 +91,30 @@ def test_docs_table_is_generated_from_the_committed_result():
     doc = (ROOT / "docs" / "indexer.md").read_text()
     assert bench.render_table(payload) in doc
     assert bench.render_summary(payload) in doc
+    assert bench.render_tuning(payload) in doc
+    assert payload["environment"]["gpu"] and payload["command"].startswith("python -m dsv4kit")
+
+
+@pytest.mark.skipif(not VALIDATION.exists(), reason="no committed GPU validation yet")
+def test_docs_quote_the_committed_gpu_validation():
+    from dsv4kit.validation import indexer_suite
+
+    payload = json.loads(VALIDATION.read_text())
+    assert payload["passed"] and payload["environment"]["device"] == "cuda"
+    impls = {row["impl"] for row in payload["suites"]["indexer"]["rows"]}
+    assert {"kernel", "fallback", "graph-replay", "determinism"} <= impls
+    doc = (ROOT / "docs" / "indexer.md").read_text()
+    assert indexer_suite.report_lines(payload) in doc
+
+
+def test_update_doc_regenerates_only_the_marked_blocks(tmp_path):
+    doc = tmp_path / "page.md"
+    doc.write_text("intro 1.5\n<!-- generated:table -->\nstale\n<!-- /generated -->\n"
+                   "<!-- generated:other -->\nkept\n<!-- /generated -->\nend\n")
+    payload = _payload([_point(1, 2048, 8192, 2.0, 30.0, 1.0)])
+    bench.update_doc(str(doc), payload, None)
+    text = doc.read_text()
+    assert "stale" not in text and bench.render_table(payload) in text
+    assert text.startswith("intro 1.5\n") and "kept" in text and text.endswith("end\n")
+    bench.update_doc(str(doc), payload, None)
+    assert doc.read_text() == text  # idempotent

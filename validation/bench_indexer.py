@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import time
 from typing import Callable, Optional
@@ -359,6 +360,31 @@ def render_summary(payload: dict) -> str:
     return "\n".join(lines)
 
 
+def render_tuning(payload: dict) -> str:
+    """Markdown table of the launch-configuration sweep: best config per point vs the committed one."""
+    rows = [r for r in payload.get("tuning", []) if r.get("us") is not None]
+    if not rows:
+        return ""
+    chosen = payload["kernel_config"]
+    keys = ("programs_per_sm", "num_warps", "num_stages", "prefetch", "fill_block")
+    lines = ["| sweep | B | length | context | best (us) | best config | committed config (us) |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    seen = []
+    for r in rows:
+        point = (r["sweep"], r["batch"], r["tokens"], r["context"])
+        if point not in seen:
+            seen.append(point)
+    for sweep, batch, tokens, context in seen:
+        sel = [r for r in rows if (r["sweep"], r["batch"], r["tokens"], r["context"])
+               == (sweep, batch, tokens, context)]
+        best = min(sel, key=lambda r: r["us"])
+        mine = next((r for r in sel if all(r[k] == chosen[k] for k in keys)), None)
+        cfg = ", ".join(f"{k}={best[k]}" for k in keys)
+        lines.append(f"| {sweep} | {batch} | {_fmt_tokens(tokens)} | {_fmt_tokens(context)} "
+                     f"| {best['us']:.2f} | {cfg} | {'-' if mine is None else format(mine['us'], '.2f')} |")
+    return "\n".join(lines)
+
+
 def summarise(points: list[dict]) -> dict:
     missed = [f"B={p['batch']} len={_fmt_tokens(p['tokens'])} ctx={_fmt_tokens(p['context'])}"
               for p in points if not p["target_met"]]
@@ -419,6 +445,33 @@ def plot(payload: dict, path: str, log) -> Optional[str]:
     return path
 
 
+_GENERATED = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", re.S)
+
+
+def update_doc(doc_path: str, bench_payload: dict, validation_payload: Optional[dict]) -> None:
+    """Regenerate the ``<!-- generated:NAME -->`` blocks of a markdown page from result JSON."""
+    from dsv4kit.validation import indexer_suite
+
+    blocks = {"summary": render_summary(bench_payload), "table": render_table(bench_payload),
+              "tuning": render_tuning(bench_payload)}
+    if validation_payload is not None:
+        blocks["validation"] = "```\n" + indexer_suite.report_lines(validation_payload) + "\n```"
+    with open(doc_path) as fh:
+        text = fh.read()
+
+    def fill(match):
+        name = match.group(2)
+        if name not in blocks:
+            return match.group(0)
+        return f"{match.group(1)}{blocks[name]}\n{match.group(4)}"
+
+    updated = _GENERATED.sub(fill, text)
+    tmp = f"{doc_path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(updated)
+    os.replace(tmp, doc_path)
+
+
 def _environment(torch, device: str) -> dict:
     import triton
 
@@ -458,7 +511,30 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: smoke-run the code path through the Triton interpreter "
                              "(needs TRITON_INTERPRET=1; timings are meaningless)")
+    parser.add_argument("--update-doc", metavar="MD",
+                        help="regenerate the generated blocks of this page from --bench-json "
+                             "(and --validation-json), then exit")
+    parser.add_argument("--bench-json", help="bench result for --update-doc")
+    parser.add_argument("--validation-json", help="harness report for --update-doc")
     args = parser.parse_args(list(argv) if argv is not None else None)
+
+    if args.update_doc:
+        if not args.bench_json:
+            print("error: --update-doc needs --bench-json", file=sys.stderr)
+            return exitcodes.USAGE
+        try:
+            with open(args.bench_json) as fh:
+                bench_payload = json.load(fh)
+            validation_payload = None
+            if args.validation_json:
+                with open(args.validation_json) as fh:
+                    validation_payload = json.load(fh)
+            update_doc(args.update_doc, bench_payload, validation_payload)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exitcodes.USAGE
+        print(f"updated {args.update_doc}")
+        return exitcodes.OK
 
     if args.render:
         try:
@@ -470,6 +546,9 @@ def main(argv=None) -> int:
         print(render_summary(payload))
         print()
         print(render_table(payload))
+        if payload.get("tuning"):
+            print()
+            print(render_tuning(payload))
         return exitcodes.OK
 
     import torch

@@ -218,3 +218,16 @@ def _determinism_row(case: IndexerCase, fn, ref, progress) -> CheckRow:
                     note=f"{DETERMINISM_CALLS} calls bitwise identical" if identical
                     else f"{DETERMINISM_CALLS} calls NOT bitwise identical",
                     extra={"spec": case.spec, "calls": DETERMINISM_CALLS})
+
+
+def report_lines(payload: dict) -> str:
+    """The indexer rows of a saved harness report, as the harness printed them (docs quote this)."""
+    from dsv4kit.validation.harness import CheckRow
+
+    suite = payload["suites"][NAME]
+    lines = [CheckRow(**row).line() for row in suite["rows"]]
+    worst = suite.get("worst")
+    if worst:
+        lines.append(f"WORST {NAME}: {worst['case']} rel={worst['rel']:.3e} max|d|={worst['max_abs']:.3e}")
+    lines.append(f"{NAME}: {'PASS' if suite['passed'] else 'FAIL'}")
+    return "\n".join(lines)
