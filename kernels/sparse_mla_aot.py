@@ -37,14 +37,13 @@ def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_
                    extra_page_size: int = 64, has_extra: bool = True, split: bool = True,
                    dot_dtype: str = "bf16"):
     """``triton.compile`` the fused decode kernel for ``sm_<capability>``; returns the compiled kernel."""
-    import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from dsv4kit.kernels import sparse_mla_decode as mod
 
-    cfg = config or default_config(64, torch.device("cuda"))
+    cfg = config or default_config(64, (capability // 10, capability % 10))
     sig = _decode_signature()
     for name, val in (("PS", page_size), ("EX_PS", extra_page_size), ("HAS_EXTRA", has_extra),
                       ("SPLIT", split), ("BLOCK_H", cfg.block_h), ("BLOCK_N", cfg.block_n),

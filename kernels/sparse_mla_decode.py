@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 SM120_DECODE_MAX_TOKENS = 64
 MAX_HEADS = 64
+MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 
 _DOT_DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
@@ -86,9 +87,9 @@ def _attend_range(
     PS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """Online softmax (base 2) over entries ``[lo, hi)`` of one scope's index row."""
-    cols = tl.arange(0, 512)
-    is_nope = cols < 448
-    tile = cols // 64
+    tiles = tl.arange(0, 8)  # 7 fp8 tiles of 64 dims, then the bf16 rope as tile 7
+    c64 = tl.arange(0, 64)
+    nope_tile = tiles < 7
     for start in range(lo, hi, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         in_range = j < hi
@@ -100,20 +101,21 @@ def _attend_range(
         base = page * page_stride  # int64 byte offset of the page
         data = base + off * 576  # [BLOCK_N]
         # V4 bytes (spec 4.3): fp8 nope [0,448) + bf16 rope [448,576) per token, then the
-        # ue8m0 scale bytes of the whole page at ps*576 + off*8. Invalid rows load zeros, so a
-        # NaN-encoded fp8 byte in an unused slot can never reach P·V.
-        nope_mask = valid[:, None] & is_nope[None, :]
-        nope_u8 = tl.load(cache_ptr + data[:, None] + cols[None, :], mask=nope_mask, other=0)
-        scale_u8 = tl.load(cache_ptr + (base + PS * 576 + off * 8)[:, None] + tile[None, :],
-                           mask=nope_mask, other=0)
-        # fp8 * 2^(e-127) is exact in bf16 (8 exponent bits), so dequantise in the dot dtype:
-        # half the registers of an fp32 tile.
+        # ue8m0 scale bytes of the whole page at ps*576 + off*8. The three loads are tight
+        # (no masked-off columns), so the pipeliner's shared-memory stages stay small. Invalid
+        # rows load zeros, so a NaN-encoded fp8 byte in an unused slot never reaches P·V.
+        nope_mask = valid[:, None, None] & nope_tile[None, :, None]
+        nope_u8 = tl.load(cache_ptr + data[:, None, None] + (tiles * 64)[None, :, None] + c64[None, None, :],
+                          mask=nope_mask, other=0)  # [BLOCK_N, 8, 64]
+        scale_u8 = tl.load(cache_ptr + (base + PS * 576 + off * 8)[:, None] + tiles[None, :],
+                           mask=valid[:, None] & nope_tile[None, :], other=0)  # [BLOCK_N, 8]
+        rope_ptr = (cache_ptr + data + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        rope = tl.load(rope_ptr[:, None] + c64[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_N, 64]
+        # fp8 * 2^(e-127) is exact in bf16 (8 exponent bits): dequantise in the dot dtype.
         scale = tl.exp2(scale_u8.to(tl.float32) - 127.0).to(DOT_DTYPE)
-        nope = nope_u8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE) * scale
-        rope_ptr = (cache_ptr + data[:, None] + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-        rope = tl.load(rope_ptr + (cols[None, :] - 448), mask=valid[:, None] & (cols[None, :] >= 448),
-                       other=0.0)
-        kv = tl.where(is_nope[None, :], nope, rope.to(DOT_DTYPE))  # [BLOCK_N, 512]
+        nope = nope_u8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE) * scale[:, :, None]
+        kv3 = tl.where(nope_tile[None, :, None], nope, rope.to(DOT_DTYPE)[:, None, :])
+        kv = tl.reshape(kv3, [BLOCK_N, 512])  # dim = tile * 64 + c
 
         s = tl.dot(q, tl.trans(kv)) * qk_scale_log2  # [BLOCK_H, BLOCK_N], log2 domain
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -257,33 +259,44 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[key]
 
 
-def default_config(num_heads: int, device: torch.device) -> DecodeConfig:
-    """Tile sizes, the same on sm_120 and sm_90.
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of the device; the interpreter (CPU) uses sm_120's tile shapes."""
+    if device.type != "cuda":
+        return (12, 0)
+    return torch.cuda.get_device_capability(device)
 
-    ``BLOCK_H = 32`` heads per program (16 when H <= 16; the MMA needs 16 rows), ``BLOCK_N = 32``
-    KV tokens per tile, 8 warps, no software pipelining. Shared memory is q (32x512 bf16, 32 KB)
-    plus the KV tile in the two swizzles the two MMAs want (2 x 32 KB) = 96 KB, inside sm_120's
-    101376 B; 8 warps keep the [32, 512] fp32 accumulator at 64 registers a thread, without
-    spills (ptxas: about 206 registers on sm_120). BLOCK_H = 64 would halve the KV re-reads
-    (served from L2) but spills its 128 KB accumulator at 8 warps and is capped at 128
-    registers a thread at 16.
+
+def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
+    """Tile sizes per architecture (checked by the AOT tests and the benchmark's config sweep).
+
+    sm_120 (about 99 KB of shared memory a block): ``BLOCK_H = 32`` heads (16 when H <= 16; the
+    MMA needs 16 rows), ``BLOCK_N = 16`` KV tokens a tile, 8 warps, 2 pipeline stages: q (32x512
+    bf16, 32 KB) + the KV tile in the two swizzles the two MMAs want + one prefetched stage of
+    the gathered bytes come to about 76 KB.
+
+    sm_90 (227 KB): ``BLOCK_H = 64`` so all 64 heads of a token share one gathered, dequantised
+    KV tile, ``BLOCK_N = 16``, 8 warps, 3 stages (about 131 KB).
     """
     block_h = 16 if num_heads <= 16 else 32
-    return DecodeConfig(block_h=block_h, block_n=32, num_warps=8, num_stages=1)
+    if capability[0] == 12 or capability < (9, 0):
+        return DecodeConfig(block_h=block_h, block_n=16, num_warps=8, num_stages=2)
+    if num_heads > 32:
+        block_h = 64
+    return DecodeConfig(block_h=block_h, block_n=16, num_warps=8, num_stages=3)
 
 
 def choose_num_splits(T: int, head_blocks: int, width_total: int, block_n: int, sm_count: int) -> int:
     """Splits per (token, head block), from shapes only (graph-safe).
 
-    Only when the (token, head block) programs fill less than half the SMs: each split costs a
-    [BLOCK_H, 512] fp32 partial written and read back, which near a full wave costs more than
-    the idle SMs would have given.
+    Only when the (token, head block) programs fill less than a quarter of the SMs: each split
+    costs a [BLOCK_H, 512] fp32 partial written and read back (as much traffic as the KV of a
+    c4 row at T=64), which near a full wave costs more than the idle SMs would have given.
     """
     programs = max(1, T * head_blocks)
-    if 2 * programs > sm_count:
+    if 4 * programs > sm_count:
         return 1
     max_useful = max(1, -(-width_total // block_n))
-    return max(1, min(-(-sm_count // programs), max_useful, 64))
+    return max(1, min(-(-sm_count // programs), max_useful, MAX_SPLITS))
 
 
 def _check_cache(name: str, cache: torch.Tensor, device: torch.device) -> int:
@@ -405,7 +418,7 @@ def flash_mla_with_kvcache_sm120(
     if T == 0:
         return out, lse
 
-    cfg = config or default_config(H, device)
+    cfg = config or default_config(H, device_capability(device))
     if dot_dtype is None:
         dot_dtype = "fp32" if interpreting() else "bf16"
     if dot_dtype not in _DOT_DTYPES:

@@ -14,7 +14,7 @@ import sys
 def _interp() -> dict:
     import torch
 
-    from dsv4kit.kernels.sparse_mla_decode import flash_mla_with_kvcache_sm120
+    from dsv4kit.kernels.sparse_mla_decode import DecodeConfig, flash_mla_with_kvcache_sm120
     from dsv4kit.kernels.sparse_mla_reference import compare, make_inputs, sparse_mla_reference
 
     results = {}
@@ -43,6 +43,9 @@ def _interp() -> dict:
                      seq_lens=[400, 150, 2], seed=1, **base)
     check("c4_ps64_split", c4, num_splits=3)
     check("c4_ps64_nosplit", c4, num_splits=1)
+    # The sm_90 tiles (64 heads a program: 48 of them masked here) and a larger pipelined tile.
+    check("c4_sm90_tiles", c4, config=DecodeConfig(64, 16, 8, 3), num_splits=2)
+    check("c4_bn32_tiles", c4, config=DecodeConfig(32, 32, 8, 1))
     c128 = make_inputs(T=2, heads=24, padded_heads=24, swa_page_size=64, extra="c128", extra_width=128,
                        seq_lens=[9000, 100], seed=2, holes=True)
     check("c128_ps2_H24", c128)
@@ -72,17 +75,15 @@ def _aot() -> dict:
     from dsv4kit.kernels.sparse_mla_aot import compile_decode, summary
     from dsv4kit.kernels.sparse_mla_decode import default_config
 
-    import torch
-
     results = {}
-    cfg64 = default_config(64, torch.device("cpu"))
-    cfg16 = default_config(16, torch.device("cpu"))
+    cfg64 = default_config(64, (12, 0))
+    cfg16 = default_config(16, (12, 0))
     results["sm120_c4_split_H64"] = summary(compile_decode(120, cfg64, page_size=256, extra_page_size=64,
                                                            split=True))
     results["sm120_c128_nosplit_H16"] = summary(compile_decode(120, cfg16, page_size=64, extra_page_size=2,
                                                                split=False))
-    results["sm90_c4_split_H64"] = summary(compile_decode(90, cfg64, page_size=256, extra_page_size=64,
-                                                          split=True))
+    results["sm90_c4_split_H64"] = summary(compile_decode(90, default_config(64, (9, 0)), page_size=256,
+                                                          extra_page_size=64, split=True))
     return results
 
 

@@ -87,9 +87,14 @@ def test_prefill_sized_calls_use_the_reference_and_log_once(caplog):
 def test_module_contract():
     assert dec.SM120_DECODE_MAX_TOKENS == 64
     assert dec.choose_num_splits(64, 2, 640, 32, 132) == 1
+    assert dec.choose_num_splits(64, 1, 640, 16, 132) == 1
     assert dec.choose_num_splits(16, 2, 640, 32, 132) == 5
-    assert dec.choose_num_splits(1, 2, 8384, 32, 132) == 64
+    assert dec.choose_num_splits(1, 2, 8384, 32, 132) == dec.MAX_SPLITS
     assert dec.choose_num_splits(1, 2, 64, 32, 132) == 2
+    sm120 = dec.default_config(64, (12, 0))
+    assert (sm120.block_h, sm120.block_n) == (32, 16)
+    assert dec.default_config(16, (12, 0)).block_h == 16
+    assert dec.default_config(64, (9, 0)).block_h == 64
 
 
 @pytest.mark.parametrize("spec", ["c4-T16-H64", "c128-T1-H16of64-ps64-x8256-L131072-holes-empty",

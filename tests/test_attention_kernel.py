@@ -26,7 +26,8 @@ def interp_results():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-CASES = ["swa_ps256_split", "swa_ps256_nosplit", "c4_ps64_split", "c4_ps64_nosplit", "c128_ps2_H24",
+CASES = ["swa_ps256_split", "swa_ps256_nosplit", "c4_ps64_split", "c4_ps64_nosplit", "c4_sm90_tiles",
+         "c4_bn32_tiles", "c128_ps2_H24",
          "c128_ps2_H24_fp16dot", "sink_extremes", "bad_slots_lengths_strided_indices"]
 
 

@@ -1,0 +1,58 @@
+"""The attention benchmark's bookkeeping on the CPU: inputs, floors, targets, table, JSON, plot.
+
+The GPU timers and rates are replaced by fakes; the numbers themselves come only from a GPU run
+(docs/results/bench_attention_h200.json).
+"""
+
+import json
+
+import pytest
+
+from dsv4kit.validation import bench_attention as bench
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "measure_copy_bandwidth", lambda: 4.0e12)
+    monkeypatch.setattr(bench, "measure_bf16_matmul_rate", lambda: 7.0e14)
+    monkeypatch.setattr(bench, "device_properties",
+                        lambda: {"gpu": "fake", "capability": "sm_90", "sm_count": 132, "l2_bytes": 1 << 20})
+    monkeypatch.setattr(bench, "check_against_reference", lambda fn, kw: 1e-3)
+
+    def fake_time(fn, layers, target_ms=3.0, replays=7):
+        kw = layers[0]
+        valid = int(kw["topk_length"].sum()) + int(kw["extra_topk_length"].sum())
+        simt = getattr(fn, "__name__", "") == "simt_sparse_mla_decode"
+        width = kw["indices"].shape[2] + kw["extra_indices_in_kvcache"].shape[2]
+        return (kw["q"].shape[0] * width * 0.5) if simt else 1.0 + valid * 0.004
+
+    monkeypatch.setattr(bench, "time_under_graph", fake_time)
+
+
+def test_quick_benchmark_bookkeeping(fake_gpu, tmp_path):
+    result = bench.run_benchmark(quick=True)
+    assert {(p["layer"], p["T"]) for p in result["points"]} == {("c4", 1), ("c4", 64), ("c128", 1), ("c128", 64)}
+    c4 = next(p for p in result["points"] if p["layer"] == "c4" and p["T"] == 64)
+    assert c4["kv_bytes"] == 64 * 640 * 584
+    assert c4["mma_flops"] == 4 * 64 * 64 * 640 * 512
+    assert c4["floor_us"] == max(c4["kv_bytes"] / 4.0e12, c4["mma_flops"] / 7.0e14) * 1e6
+    c128 = next(p for p in result["points"] if p["layer"] == "c128" and p["T"] == 64)
+    assert c128["valid_extra"] == 1024 and c128["width"] == 128 + 8256
+    assert [s["valid_extra"] for s in result["c128_length_sweep"]] == [128, 1024, 8192]
+    assert set(result["targets"]) >= {"c4_T64_within_2x_floor", "c4_T64_20x_faster_than_simt",
+                                      "c128_time_follows_valid_length"}
+    text = bench.table(result)
+    assert "| c4 | 64 |" in text and "Targets:" in text
+    json.dumps(result)
+    png = bench.plot(result, str(tmp_path / "b.png"))
+    if png:
+        assert (tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_without_gpu_exits_with_environment_code(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--out", "/nonexistent-never-written"]) == 5
+    assert "needs a GPU" in capsys.readouterr().err

@@ -1,0 +1,450 @@
+"""Benchmark of the sparse-MLA decode kernel under CUDA-graph replay (GPU only).
+
+``python -m dsv4kit.validation.bench_attention [--out DIR] [--quick]``
+
+For T in {1, 16, 64} and H = 64 it times, per layer call:
+
+* c4 layers: SWA 128 + top-512 c4 slots (all valid);
+* c128 layers at 1M context: SWA 128 + an 8256-wide c128 index row of which a 128K-token request
+  fills 1024 slots;
+
+for the fused MMA kernel and the SIMT baseline ("before"), and compares both with the floor
+``max(KV bytes / copy bandwidth, bf16 MMA FLOPs / bf16 matmul rate)``, the two rates measured in
+the same run (``KV bytes = T * valid entries * 584``; ``FLOPs = 4 * T * H * valid * 512`` for
+QKᵀ and PV). Each timed graph calls the kernel on several distinct layers whose KV together
+exceeds the L2 cache, as the model's layers do, so the KV comes from HBM. A sweep over the valid
+c128 length at fixed width shows that the time follows the valid length, not the width. Every
+timed configuration is first checked against the float32 reference.
+
+Writes ``bench_attention.json`` (device, versions, measured rates, per point times in us and
+ratios, targets met / missed), ``bench_attention.md`` (the table) and ``bench_attention.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Optional
+
+H = 64
+C128_WIDTH = 8256
+C128_VALID_128K = 131072 // 128  # 1024
+TARGET_FLOOR_RATIO = 2.0
+TARGET_SPEEDUP = 20.0
+LENGTH_SWEEP = [128, 512, 1024, 2048, 4096, 8192]
+DEVICE = "cuda"  # the tests run the bookkeeping on "cpu" with the timers replaced
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Measured rates
+# --------------------------------------------------------------------------------------------
+
+def _event_time_ms(fn: Callable[[], None], reps: int) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure_copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ms = _event_time_ms(lambda: dst.copy_(src), 10)
+    del src, dst
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def measure_bf16_matmul_rate(n: int = 8192) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        a @ b
+    ms = _event_time_ms(lambda: a @ b, 10)
+    del a, b
+    return 2 * n ** 3 / (ms * 1e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs: distinct layers
+# --------------------------------------------------------------------------------------------
+
+def _clone_cache(cache):
+    from dsv4kit.kernels.sparse_mla_reference import v4_cache_view
+
+    rows = cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
+    return v4_cache_view(rows.clone().reshape(-1), cache.shape[0], cache.shape[1])
+
+
+def build_layers(kind: str, T: int, seq_len: int, extra_width: int, want_bytes: int, max_layers: int = 12):
+    """Layer 0 from the input generator (unique slots per token), the others as copies of its
+    caches in fresh memory, until their KV bytes reach ``want_bytes``."""
+    import torch
+
+    from dsv4kit.kernels.sparse_mla_reference import make_inputs
+
+    base = make_inputs(T=T, heads=H, padded_heads=H, swa_page_size=256, extra=kind, extra_width=extra_width,
+                       seq_lens=[seq_len] * T, nan_padding=False, strided_q=False, unique_slots=True,
+                       seed=T * 7 + extra_width, device=DEVICE)
+    kw = base.kwargs
+    layer_bytes = kw["k_cache"].untyped_storage().nbytes() + kw["extra_k_cache"].untyped_storage().nbytes()
+    count = max(2, min(max_layers, math.ceil(want_bytes / max(1, layer_bytes))))
+    layers = [kw]
+    for _ in range(count - 1):
+        other = dict(kw)
+        other["k_cache"] = _clone_cache(kw["k_cache"])
+        other["extra_k_cache"] = _clone_cache(kw["extra_k_cache"])
+        other["q"] = torch.randn_like(kw["q"].float()).to(torch.bfloat16)
+        layers.append(other)
+    return layers
+
+
+def with_extra_length(layers, valid: int):
+    """The same layers with the c128 rows refilled to ``valid`` ascending slots (width unchanged)."""
+    import torch
+
+    out = []
+    for kw in layers:
+        new = dict(kw)
+        slots_avail = kw["extra_k_cache"].shape[0] * kw["extra_k_cache"].shape[1]
+        T, _, width = kw["extra_indices_in_kvcache"].shape
+        idx = torch.full((T, 1, width), -1, dtype=torch.int32, device=DEVICE)
+        base = torch.arange(valid, device=DEVICE, dtype=torch.int64)
+        for t in range(T):
+            start = (t * valid) % max(1, slots_avail - valid)
+            idx[t, 0, :valid] = (start + base).clamp_max(slots_avail - 1).to(torch.int32)
+        new["extra_indices_in_kvcache"] = idx
+        new["extra_topk_length"] = torch.full((T,), valid, dtype=torch.int32, device=DEVICE)
+        out.append(new)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Timing under graph replay
+# --------------------------------------------------------------------------------------------
+
+def time_under_graph(fn, layers, target_ms: float = 3.0, replays: int = 7) -> float:
+    """Microseconds per layer call: one graph of ``reps`` passes over all layers, replayed."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up (JIT compile) outside capture, as SGLang does
+            for kw in layers:
+                fn(**kw)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    eager_ms = _event_time_ms(lambda: [fn(**kw) for kw in layers], 3)
+    reps = int(max(1, min(50, math.ceil(target_ms / max(eager_ms, 1e-3)))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            for kw in layers:
+                fn(**kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    ms = _event_time_ms(graph.replay, replays)
+    del graph
+    return ms * 1e3 / (reps * len(layers))
+
+
+def check_against_reference(fn, kw) -> float:
+    from dsv4kit.kernels.sparse_mla_reference import compare, sparse_mla_reference
+
+    ref, _ = sparse_mla_reference(**kw)
+    out, _ = fn(**kw)
+    stats = compare(out, ref, kw["q"].shape[2])
+    return stats["rel"] if stats["nan_free"] else math.nan
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmark
+# --------------------------------------------------------------------------------------------
+
+def device_properties() -> dict:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": torch.cuda.get_device_name(), "capability": "sm_%d%d" % torch.cuda.get_device_capability(),
+            "sm_count": props.multi_processor_count, "l2_bytes": getattr(props, "L2_cache_size", 50 << 20)}
+
+
+def _versions(props: dict) -> dict:
+    import torch
+    import triton
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+            "host": platform.node(), **props}
+    try:
+        from dsv4kit import __version__
+
+        info["dsv4kit"] = __version__
+    except ImportError:
+        pass
+    return info
+
+
+def _point(kind: str, T: int, valid_swa: int, valid_extra: int, width_extra: int, rates: dict) -> dict:
+    valid = valid_swa + valid_extra
+    kv_bytes = T * valid * 584
+    flops = 4 * T * H * valid * 512
+    floor_bw = kv_bytes / rates["copy_bytes_per_s"] * 1e6
+    floor_mma = flops / rates["bf16_flops_per_s"] * 1e6
+    return {"layer": kind, "T": T, "H": H, "valid_swa": valid_swa, "valid_extra": valid_extra,
+            "width": 128 + width_extra, "kv_bytes": kv_bytes, "mma_flops": flops,
+            "floor_bandwidth_us": floor_bw, "floor_mma_us": floor_mma, "floor_us": max(floor_bw, floor_mma)}
+
+
+def run_benchmark(quick: bool) -> dict:
+    import torch
+
+    from dsv4kit.kernels import sparse_mla_decode as dec
+    from dsv4kit.kernels.sparse_mla_simt import simt_sparse_mla_decode
+
+    torch.manual_seed(0)
+    started = time.time()
+    _log("measuring copy bandwidth and bf16 matmul rate ...")
+    rates = {"copy_bytes_per_s": measure_copy_bandwidth(), "bf16_flops_per_s": measure_bf16_matmul_rate()}
+    _log(f"  copy {rates['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {rates['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    props = device_properties()
+    l2 = props["l2_bytes"]
+    want_bytes = 3 * l2
+
+    points = []
+    token_counts = [1, 64] if quick else [1, 16, 64]
+    c128_layers_t64 = None
+    for kind, seq_len, width in (("c4", 131072, 512), ("c128", 131072, C128_WIDTH)):
+        for T in token_counts:
+            _log(f"{kind} T={T}: building layers ...")
+            layers = build_layers(kind, T, seq_len, width, want_bytes)
+            valid_extra = 512 if kind == "c4" else C128_VALID_128K
+            p = _point(kind, T, 128, valid_extra, width, rates)
+            p["layers_in_graph"] = len(layers)
+            p["kernel_rel"] = check_against_reference(dec.flash_mla_with_kvcache_sm120, layers[0])
+            p["simt_rel"] = check_against_reference(simt_sparse_mla_decode, layers[0])
+            p["kernel_us"] = time_under_graph(dec.flash_mla_with_kvcache_sm120, layers)
+            p["simt_us"] = time_under_graph(simt_sparse_mla_decode, layers, target_ms=1.0, replays=3)
+            p["speedup_vs_simt"] = p["simt_us"] / p["kernel_us"]
+            p["ratio_to_floor"] = p["kernel_us"] / p["floor_us"]
+            p["simt_ratio_to_floor"] = p["simt_us"] / p["floor_us"]
+            cfg = dec.default_config(H, dec.device_capability(layers[0]["q"].device))
+            p["num_splits"] = dec.choose_num_splits(T, -(-H // cfg.block_h), 128 + width, cfg.block_n,
+                                                    props["sm_count"])
+            _log(f"  kernel {p['kernel_us']:.1f} us (rel {p['kernel_rel']:.2e}), SIMT {p['simt_us']:.1f} us, "
+                 f"floor {p['floor_us']:.1f} us -> {p['ratio_to_floor']:.2f}x floor, "
+                 f"{p['speedup_vs_simt']:.1f}x vs SIMT")
+            points.append(p)
+            if kind == "c128" and T == 64:
+                c128_layers_t64 = layers
+            else:
+                del layers
+            torch.cuda.empty_cache()
+
+    # c128: time follows the valid length at a fixed 8256 width.
+    sweep = []
+    if c128_layers_t64 is not None or quick:
+        layers = c128_layers_t64 or build_layers("c128", 64, 131072, C128_WIDTH, want_bytes)
+        lengths = [128, 1024, 8192] if quick else LENGTH_SWEEP
+        for valid in lengths:
+            lay = with_extra_length(layers, valid)
+            s = _point("c128", 64, 128, valid, C128_WIDTH, rates)
+            s["kernel_rel"] = check_against_reference(dec.flash_mla_with_kvcache_sm120, lay[0])
+            s["kernel_us"] = time_under_graph(dec.flash_mla_with_kvcache_sm120, lay)
+            if valid in (lengths[0], lengths[-1]):
+                s["simt_us"] = time_under_graph(simt_sparse_mla_decode, lay, target_ms=1.0, replays=3)
+            s["ratio_to_floor"] = s["kernel_us"] / s["floor_us"]
+            _log(f"c128 T=64 valid={valid}: kernel {s['kernel_us']:.1f} us, floor {s['floor_us']:.1f} us"
+                 + (f", SIMT {s['simt_us']:.1f} us" if "simt_us" in s else ""))
+            sweep.append(s)
+            del lay
+        del layers
+        torch.cuda.empty_cache()
+
+    # Tile configurations at the target point (each checked against the reference first).
+    configs = []
+    D = dec.DecodeConfig
+    sweep_cfgs = [(D(64, 16, 8, 3), None), (D(64, 16, 8, 3), 2), (D(64, 32, 8, 2), None), (D(32, 16, 8, 2), None),
+                  (D(32, 32, 8, 1), None), (D(16, 16, 4, 2), None)]
+    if not quick:
+        sweep_cfgs += [(D(64, 16, 8, 2), None), (D(32, 32, 8, 3), None)]
+    layers = build_layers("c4", 64, 131072, 512, want_bytes)
+    p64 = _point("c4", 64, 128, 512, 512, rates)
+    for cfg, splits in sweep_cfgs:
+        def fn(cfg=cfg, splits=splits, **kw):
+            return dec.flash_mla_with_kvcache_sm120(config=cfg, num_splits=splits, **kw)
+        entry = {"config": cfg.__dict__.copy(), "num_splits": splits or "auto", "layer": "c4", "T": 64}
+        try:
+            entry["rel"] = check_against_reference(fn, layers[0])
+            entry["kernel_us"] = time_under_graph(fn, layers)
+            entry["ratio_to_floor"] = entry["kernel_us"] / p64["floor_us"]
+        except Exception as exc:  # noqa: BLE001 - a config that does not build is a result too
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        _log(f"config {cfg} splits={splits}: {entry.get('kernel_us', entry.get('error'))}")
+        configs.append(entry)
+    del layers
+    torch.cuda.empty_cache()
+
+    target_point = next((p for p in points if p["layer"] == "c4" and p["T"] == 64), None)
+    targets = {}
+    if target_point:
+        targets["c4_T64_within_2x_floor"] = {
+            "value": target_point["ratio_to_floor"], "target": f"<= {TARGET_FLOOR_RATIO}",
+            "met": target_point["ratio_to_floor"] <= TARGET_FLOOR_RATIO}
+        targets["c4_T64_20x_faster_than_simt"] = {
+            "value": target_point["speedup_vs_simt"], "target": f">= {TARGET_SPEEDUP}",
+            "met": target_point["speedup_vs_simt"] >= TARGET_SPEEDUP}
+    if len(sweep) >= 2:
+        by_len = {s["valid_extra"]: s["kernel_us"] for s in sweep}
+        lo, hi = min(by_len), max(by_len)
+        growth = by_len[hi] / by_len[lo]
+        targets["c128_time_follows_valid_length"] = {
+            "value": growth, "target": f"time({hi} valid) / time({lo} valid) >= 2 at width {C128_WIDTH}",
+            "met": growth >= 2.0}
+    correct = all((p.get("kernel_rel", 1.0) or 1.0) <= 1e-2 for p in points + sweep)
+    targets["kernel_rel_le_1e-2_on_all_points"] = {"value": max(p["kernel_rel"] for p in points + sweep),
+                                                   "target": "<= 1e-2", "met": correct}
+    return {
+        "schema": 1, "kind": "dsv4kit-bench-attention",
+        "command": "python -m dsv4kit.validation.bench_attention" + (" --quick" if quick else ""),
+        "started_unix": started, "seconds": round(time.time() - started, 1),
+        "environment": _versions(props), "rates": rates, "l2_bytes": l2,
+        "default_config": dec.default_config(H, dec.device_capability(torch.device(DEVICE))).__dict__,
+        "points": points, "c128_length_sweep": sweep, "config_sweep": configs, "targets": targets,
+        "all_targets_met": all(t["met"] for t in targets.values()),
+    }
+
+
+def table(result: dict) -> str:
+    env = result["environment"]
+    lines = [f"Device: {env['gpu']} ({env['capability']}), torch {env['torch']}, triton {env['triton']}; "
+             f"copy {result['rates']['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+             f"{result['rates']['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s (measured in the run).",
+             "", "| layer | T | valid (SWA+extra) | width | MMA kernel us | SIMT us | floor us | kernel/floor | SIMT/kernel | rel |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in result["points"]:
+        lines.append(f"| {p['layer']} | {p['T']} | {p['valid_swa']}+{p['valid_extra']} | {p['width']} | "
+                     f"{p['kernel_us']:.1f} | {p['simt_us']:.1f} | {p['floor_us']:.1f} | "
+                     f"{p['ratio_to_floor']:.2f} | {p['speedup_vs_simt']:.1f} | {p['kernel_rel']:.1e} |")
+    if result["c128_length_sweep"]:
+        lines += ["", "c128, T=64, width 128 + 8256, valid c128 length swept:", "",
+                  "| valid c128 | MMA kernel us | floor us | kernel/floor | SIMT us |", "|---|---|---|---|---|"]
+        for s in result["c128_length_sweep"]:
+            simt = f"{s['simt_us']:.1f}" if "simt_us" in s else "-"
+            lines.append(f"| {s['valid_extra']} | {s['kernel_us']:.1f} | {s['floor_us']:.1f} | "
+                         f"{s['ratio_to_floor']:.2f} | {simt} |")
+    if result["config_sweep"]:
+        lines += ["", "Tile configurations, c4 T=64:", "",
+                  "| BLOCK_H | BLOCK_N | warps | stages | splits | us | kernel/floor | rel |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in result["config_sweep"]:
+            cfg = c["config"]
+            head = (f"| {cfg['block_h']} | {cfg['block_n']} | {cfg['num_warps']} | {cfg['num_stages']} | "
+                    f"{c.get('num_splits', 'auto')} | ")
+            if "error" in c:
+                lines.append(head + "error | - | - |")
+            else:
+                lines.append(head + f"{c['kernel_us']:.1f} | {c['ratio_to_floor']:.2f} | {c['rel']:.1e} |")
+    lines += ["", "Targets:", ""]
+    for name, t in result["targets"].items():
+        lines.append(f"- {name}: {t['value']:.3g} (target {t['target']}) -> {'met' if t['met'] else 'MISSED'}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: str) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    pts = result["points"]
+    labels = [f"{p['layer']}\nT={p['T']}" for p in pts]
+    x = range(len(pts))
+    width = 0.27
+    ax1.bar([i - width for i in x], [p["simt_us"] for p in pts], width, label="SIMT baseline")
+    ax1.bar(list(x), [p["kernel_us"] for p in pts], width, label="MMA kernel")
+    ax1.bar([i + width for i in x], [p["floor_us"] for p in pts], width, label="floor")
+    ax1.set_yscale("log")
+    ax1.set_xticks(list(x))
+    ax1.set_xticklabels(labels)
+    ax1.set_ylabel("us per layer call (CUDA-graph replay)")
+    ax1.set_title(f"Sparse-MLA decode, H=64, {result['environment']['gpu']}")
+    ax1.legend()
+    sweep = result["c128_length_sweep"]
+    if sweep:
+        ax2.plot([s["valid_extra"] for s in sweep], [s["kernel_us"] for s in sweep], "o-", label="MMA kernel")
+        ax2.plot([s["valid_extra"] for s in sweep], [s["floor_us"] for s in sweep], "--", label="floor")
+        simt = [s for s in sweep if "simt_us" in s]
+        ax2.plot([s["valid_extra"] for s in simt], [s["simt_us"] for s in simt], "s:", label="SIMT baseline")
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        ax2.set_xlabel(f"valid c128 slots (width {C128_WIDTH})")
+        ax2.set_ylabel("us per layer call")
+        ax2.set_title("c128 layer, T=64: time follows the valid length")
+        ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.bench_attention",
+                                     description="Time the sparse-MLA decode kernel vs the SIMT baseline and the floor.")
+    parser.add_argument("--out", default=".", help="directory for bench_attention.json/.md/.png")
+    parser.add_argument("--quick", action="store_true", help="fewer points and configurations")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("error: torch is not installed", file=sys.stderr)
+        return 5
+    if not torch.cuda.is_available():
+        print("error: no CUDA device is visible; this benchmark needs a GPU", file=sys.stderr)
+        return 5
+    os.makedirs(args.out, exist_ok=True)
+    result = run_benchmark(args.quick)
+    text = table(result)
+    print(text)
+    _write_atomic(os.path.join(args.out, "bench_attention.json"),
+                  json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    _write_atomic(os.path.join(args.out, "bench_attention.md"), text)
+    png = plot(result, os.path.join(args.out, "bench_attention.png"))
+    _log(f"wrote {args.out}/bench_attention.json, .md" + (", .png" if png else ""))
+    return 0 if result["all_targets_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
