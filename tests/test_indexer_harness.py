@@ -79,3 +79,32 @@ def test_validate_local_runs_the_indexer_suite_end_to_end(tmp_path):
             assert row["bar"] == indexer_suite.KERNEL_REL_BAR and row["rel"] <= row["bar"]
         if row["impl"] == "fallback":
             assert row["bar"] is None and row["pattern_ok"]
+
+
+SGLANG_ROW_SCRIPT = r"""
+import json, os, sys, types
+os.environ["TRITON_INTERPRET"] = "1"
+from dsv4kit.kernels import indexer_reference as ref
+# Stand-in for SGLang's module path (the real wheel is not installed in CI): the suite must find
+# fp8_paged_mqa_logits_torch_sm120 there and compare it like any other implementation.
+names = ["sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.attention",
+         "sglang.srt.layers.attention.dsv4", "sglang.srt.layers.attention.dsv4.indexer"]
+for name in names:
+    sys.modules[name] = types.ModuleType(name)
+sys.modules[names[-1]].fp8_paged_mqa_logits_torch_sm120 = ref.fallback_logits
+from dsv4kit.validation import indexer_suite
+from dsv4kit.validation.harness import RunOptions
+rows = list(indexer_suite.run(["3x1x64"], RunOptions(device="cpu", interpret=True)))
+print(json.dumps([[r.impl, r.passed, r.bar, r.note] for r in rows]))
+"""
+
+
+def test_sglang_fallback_gets_its_own_row_when_importable():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", SGLANG_ROW_SCRIPT], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    sglang = [r for r in rows if r[0] == "sglang"]
+    assert len(sglang) == 1 and sglang[0][1] and sglang[0][2] is None
+    assert "installed torch_sm120" in sglang[0][3]
