@@ -218,7 +218,7 @@ def _point(kind: str, T: int, valid_swa: int, valid_extra: int, width_extra: int
             "floor_bandwidth_us": floor_bw, "floor_mma_us": floor_mma, "floor_us": max(floor_bw, floor_mma)}
 
 
-def run_benchmark(quick: bool) -> dict:
+def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda partial: None) -> dict:
     import torch
 
     from dsv4kit.kernels import sparse_mla_decode as dec
@@ -263,6 +263,7 @@ def run_benchmark(quick: bool) -> dict:
                 del layers
             torch.cuda.empty_cache()
 
+    checkpoint({"rates": rates, "points": points})
     # c128: time follows the valid length at a fixed 8256 width.
     sweep = []
     if c128_layers_t64 is not None or quick:
@@ -283,6 +284,7 @@ def run_benchmark(quick: bool) -> dict:
         del layers
         torch.cuda.empty_cache()
 
+    checkpoint({"rates": rates, "points": points, "c128_length_sweep": sweep})
     # Tile configurations at the target point (each checked against the reference first).
     configs = []
     D = dec.DecodeConfig
@@ -435,7 +437,14 @@ def main(argv=None) -> int:
         print("error: no CUDA device is visible; this benchmark needs a GPU", file=sys.stderr)
         return 5
     os.makedirs(args.out, exist_ok=True)
-    result = run_benchmark(args.quick)
+    partial_path = os.path.join(args.out, "bench_attention.partial.json")
+
+    def checkpoint(partial: dict) -> None:  # what is done so far survives a timeout
+        _write_atomic(partial_path, json.dumps(partial, indent=2, default=str) + "\n")
+
+    result = run_benchmark(args.quick, checkpoint)
+    if os.path.exists(partial_path):
+        os.remove(partial_path)
     text = table(result)
     print(text)
     _write_atomic(os.path.join(args.out, "bench_attention.json"),
