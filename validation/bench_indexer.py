@@ -331,7 +331,7 @@ def render_table(payload: dict) -> str:
         speedup = "-" if p.get("speedup") is None else f"{p['speedup']:.0f}x"
         lines.append(
             f"| {p['batch']} | {_fmt_tokens(p['tokens'])} | {_fmt_tokens(p['context'])} "
-            f"| {p['max_seq_len']} | {fallback} | {p['kernel_us']:.1f} | {p['floor_us']:.1f} "
+            f"| {p['max_seq_len']} | {fallback} | {p['kernel_us']:.1f} | {p['floor_us']:.2f} "
             f"| {p['kernel_vs_floor']:.2f} | {speedup} | {p['target_us']:.1f} "
             f"| {'yes' if p['target_met'] else 'NO'} |")
     return "\n".join(lines)
