@@ -100,6 +100,12 @@ def v4_cache_view(flat: torch.Tensor, num_pages: int, page_size: int) -> torch.T
                             (pb, TOKEN_BYTES, TOKEN_BYTES, 1))
 
 
+def cache_to(cache: torch.Tensor, device) -> torch.Tensor:
+    """Move a V4 cache view keeping its page stride (``.to()`` would compact the fake view)."""
+    rows = _page_rows(cache).to(device).contiguous()
+    return torch.as_strided(rows.reshape(-1), cache.shape, cache.stride())
+
+
 def _page_rows(k_cache: torch.Tensor) -> torch.Tensor:
     """``[num_pages, stride(0)]`` byte rows over the cache's storage (the real page extent)."""
     return torch.as_strided(k_cache, (k_cache.shape[0], k_cache.stride(0)), (k_cache.stride(0), 1))
@@ -313,10 +319,12 @@ def make_inputs(
             kwargs["extra_topk_length"][b] = 1
     del short_rows  # lengths below the width come from seq_lens; kept for call-site readability
 
-    for key in ("indices", "topk_length", "attn_sink", "k_cache", "extra_k_cache",
-                "extra_indices_in_kvcache", "extra_topk_length"):
+    for key in ("indices", "topk_length", "attn_sink", "extra_indices_in_kvcache", "extra_topk_length"):
         if key in kwargs:
             kwargs[key] = kwargs[key].to(device)
+    for key in ("k_cache", "extra_k_cache"):
+        if key in kwargs:
+            kwargs[key] = cache_to(kwargs[key], device)
     return AttentionInputs(kwargs=kwargs, real_heads=heads)
 
 
