@@ -208,13 +208,18 @@ class Remote:
             raise BenchAbort(exitcodes.ENVIRONMENT,
                              f"{self.host.name}: no SGLang venv python at {self.python} (dsv4_venv_dir); "
                              f"run `dsv4kit provision` first")
-        made = self.session.run("mktemp -d -t dsv4kit-bench.XXXXXXXX", timeout=SMALL_TIMEOUT_S)
-        self.workdir = made.stdout.strip()
+        # <dsv4_state_dir>/scratch/bench-XXXXXXXX (as validate does), else the box's temp dir.
+        scratch = f"{str(self.host.get('dsv4_state_dir') or '/var/lib/dsv4kit').rstrip('/')}/scratch"
+        made = self.session.run(
+            f"mkdir -p {shlex.quote(scratch)} 2>/dev/null && mktemp -d {shlex.quote(scratch)}/bench-XXXXXXXX "
+            f"|| mktemp -d -t dsv4kit-bench.XXXXXXXX", timeout=SMALL_TIMEOUT_S)
+        self.workdir = made.stdout.strip().splitlines()[-1]
         helper = Path(__file__).with_name("bench_remote.py")
         self.session.put(helper, f"{self.workdir}/bench_remote.py")
 
     def cleanup(self) -> None:
-        if self.workdir and re.fullmatch(r"/[\w./-]*dsv4kit-bench\.\w+", self.workdir):
+        if self.workdir and ".." not in self.workdir and re.fullmatch(
+                r"/[\w./-]*/(bench-|dsv4kit-bench\.)\w+", self.workdir):
             try:
                 self.session.run(f"rm -rf {shlex.quote(self.workdir)}", timeout=SMALL_TIMEOUT_S, check=False)
             except Exception as exc:  # best effort; the directory is in the box's temp dir

@@ -1,0 +1,255 @@
+"""``dsv4kit bench`` end to end: the REAL sglang.benchmark.serving client (sglang 0.5.23 wheel) on the
+"box" (this machine over the loopback sshd), against the loopback SGLang stand-in, into a real git
+results repository.
+
+The client's venv is built once per machine and cached (tests/bench_support.py); building it
+the first time takes about three minutes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.bench_support import FakeServer, bench_inventory, client_venv, make_tokenizer
+from tests.fake_sglang_server import FAKE_ADMIN_KEY, FAKE_API_KEY
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--input-len", "16", "--output-len", "8", "--num-prompts", "8", "--warmup-requests", "2"]
+
+
+@pytest.fixture(scope="session")
+def bench_venv():
+    return client_venv()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(bench_venv, tmp_path_factory):
+    return make_tokenizer(bench_venv / "bin" / "python", tmp_path_factory.mktemp("model") / "DeepSeek-V4-Flash-test")
+
+
+@pytest.fixture
+def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir):
+    """A stand-in server and an inventory whose host is this machine; yields (server, inventory)."""
+    servers = []
+
+    def make(**server_kw):
+        context_length = server_kw.pop("inventory_context_length", None)
+        server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
+        servers.append(server)
+        inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
+                                    model_path=tokenizer_dir, port=server.port,
+                                    context_length=context_length or server_kw.get("context_length", 4096))
+        return server, inventory
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def dsv4kit(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dsv4kit.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO_ROOT)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def repo_is_untouched(repo: Path) -> None:
+    """No commit, no tag, no stray file: the repository is absent or empty."""
+    if not repo.exists():
+        return
+    assert subprocess.run(["git", "-C", str(repo), "rev-parse", "-q", "--verify", "HEAD"],
+                          capture_output=True).returncode != 0
+    assert git(repo, "tag", "-l") == ""
+    assert [p.name for p in repo.iterdir() if p.name != ".git"] == []
+
+
+def scratch_dirs(inventory: Path) -> list[str]:
+    """The bench scratch directories left on the "box" (its dsv4_state_dir/scratch)."""
+    return sorted(p.name for p in (inventory.parent / "state" / "scratch").glob("bench-*"))
+
+
+def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
+    server, inventory = box(context_length=4096)
+    repo = tmp_path / "results"
+    proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1,4", "--repeat", "2", *SMALL,
+                   "-i", str(inventory), "--results-repo", str(repo), "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout)
+    # progress per point, on stderr
+    for label in ("[1/4] C=1 rep 1/2", "[2/4] C=4 rep 1/2", "[3/4] C=1 rep 2/2", "[4/4] C=4 rep 2/2"):
+        assert label in proc.stderr
+    assert "context length 4096 (ok)" in proc.stderr
+
+    # one commit, one annotated tag, a clean work tree
+    assert git(repo, "rev-list", "--count", "HEAD") == "1"
+    assert git(repo, "tag", "-l") == out["tag"] and out["tag"].startswith("bench/lo/4096/")
+    assert git(repo, "cat-file", "-t", out["tag"]) == "tag"
+    assert git(repo, "rev-parse", "HEAD") == out["commit"]
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    record = json.loads((repo / out["record_path"]).read_text())
+
+    assert record["schema_version"] == 1 and record["validity_passed"] and record["invalid_points"] == 0
+    assert len(record["points"]) == 4 and all(p["validity"]["passed"] for p in record["points"])
+    for point in record["points"]:
+        raw = point["raw"]
+        assert raw["completed"] == 8 and raw["random_range_ratio"] == 1.0 and raw["max_concurrency"] in (1, 4)
+        assert point["derived"]["decode_tok_s"] == pytest.approx(raw["max_concurrency"] * 1000 / raw["median_tpot_ms"])
+        assert point["derived"]["decode_tok_s_per_gpu"] == pytest.approx(point["derived"]["decode_tok_s"] / 8)
+        assert "--random-range-ratio" in point["argv"] and "--flush-cache" in point["argv"]
+        details = json.loads(gzip.decompress((repo / "records" / record["run_id"] / point["details_file"]).read_bytes()))
+        assert details["input_lens"] == [16] * 8 and all(t > 0 for t in details["ttfts"])
+    summary = record["summary"]["per_concurrency"]
+    assert summary["1"]["decode_tok_s"]["n"] == 2 and summary["4"]["decode_tok_s"]["ci95"] is not None
+    # the cache was flushed before every measured run
+    assert server.stats()["flush_count"] == 4
+
+    # provenance
+    assert record["toolkit"]["git_commit"] and record["toolkit"]["git_dirty"] in (True, False)
+    sw = record["software"]
+    assert sw["sglang_version"] == "0.5.23" and sw["torch"] and sw["triton"] and sw["sglang_wheel"]
+    assert record["gpus"]["model"] is None and "nvidia-smi" in record["gpus"]["reason"]
+    assert record["gpus"]["serving_count"] == 8
+    assert record["server"]["context_length"] == 4096 and record["server"]["launch_args_sha256"]
+    assert record["server"]["resolved_args"]["tp_size"] == 4 and record["server"]["resolved_args_sha256"]
+    assert record["model"]["revision"] == "test-rev-1" and record["model"]["tokenizer_json_sha256"]
+    assert sw["kernel_flags"] == {"SGLANG_SM120_TRITON_INDEXER": "1"}
+    assert record["client"]["seed"] == 42 and record["client"]["dataset"]["range_ratio"] == 1.0
+    assert record["comparability_key"]["concurrency"] == [1, 4]
+
+    # secrets from /server_info are nowhere in the repository (any file, any object)
+    everything = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch"],
+                                capture_output=True).stdout
+    blobs = [everything]
+    for path in (repo / "records").rglob("*.gz"):
+        blobs.append(gzip.decompress(path.read_bytes()))
+    for blob in blobs:
+        assert FAKE_API_KEY.encode() not in blob and FAKE_ADMIN_KEY.encode() not in blob
+    assert "[SCRUBBED]" in json.dumps(record["server"]["launch_args"])
+
+    # the box's scratch directory is gone
+    assert (inventory.parent / "state" / "scratch").is_dir() and scratch_dirs(inventory) == []
+
+    # the records commands read it back
+    listed = dsv4kit("records", "list", "--results-repo", str(repo))
+    assert listed.returncode == 0 and record["run_id"] in listed.stdout
+    shown = dsv4kit("records", "show", out["tag"], "--results-repo", str(repo))
+    assert shown.returncode == 0 and "decode tok/s" in shown.stdout
+
+
+def test_an_error_chunk_makes_the_point_invalid(box, tmp_path):
+    # Every 5th /generate is rejected the way SGLang rejects an over-long prompt on a stream:
+    # HTTP 200 + data: {"error": ...}. The client itself counts those requests as completed.
+    server, inventory = box(context_length=4096, error_every=5)
+    repo = tmp_path / "results"
+    proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "4", "--repeat", "1", *SMALL,
+                   "-i", str(inventory), "--results-repo", str(repo), "--json")
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "INVALID" in proc.stderr and "error chunk counted as success" in proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["validity_passed"] is False and out["invalid_points"] == 1
+    record = json.loads((repo / out["record_path"]).read_text())
+    point = record["points"][0]
+    assert point["raw"]["completed"] == 8  # the trap: the client says everything succeeded
+    assert {"output_tokens", "ttft_positive"} <= set(point["validity"]["failed"])
+    assert record["summary"]["per_concurrency"]["4"]["decode_tok_s"]["n"] == 0  # not counted as valid
+
+
+def test_an_interrupted_sweep_records_nothing(box, tmp_path):
+    server, inventory = box(context_length=4096, token_delay_ms=40)
+    repo = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,4",
+                             "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    seen = []
+    deadline = time.monotonic() + 300
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("[2/2] C=4") and "prompts" in line:
+                break  # the first point is done and recorded nowhere yet; the second is running
+            assert time.monotonic() < deadline, "".join(seen)
+        time.sleep(3)  # let the client start on the box
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert "nothing was recorded" in rest
+    repo_is_untouched(repo)
+    assert scratch_dirs(inventory) == []
+
+
+def test_a_point_timeout_aborts_the_sweep_and_records_nothing(box, tmp_path):
+    server, inventory = box(context_length=4096, token_delay_ms=2000)
+    repo = tmp_path / "results"
+    proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1", "--repeat", "1", *SMALL, "--point-timeout", "20",
+                   "-i", str(inventory), "--results-repo", str(repo))
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert "timed out" in proc.stderr and "nothing was recorded" in proc.stderr
+    repo_is_untouched(repo)
+    assert scratch_dirs(inventory) == []
+
+
+def test_a_context_length_mismatch_restarts_the_servers(box, tmp_path, loopback_ssh):
+    from dsv4kit.bench import SweepConfig, run_sweep
+    from dsv4kit.inventory import load_inventory
+    from dsv4kit.ssh import open_session
+
+    server, inventory = box(context_length=2048, inventory_context_length=2048)
+    host = load_inventory(inventory).host()
+    restarts = []
+
+    def restart(inventory_path, host_, context_length, progress, timeout):
+        # What the sglang_service tag does to the real units, done to the stand-in.
+        restarts.append(context_length)
+        server.post("/_test/config", {"context_length": context_length})
+
+    cfg = SweepConfig(context_length=4096, concurrency=[2], input_len=16, output_len=8, repeat=1, num_prompts=4,
+                      warmup_requests=1)
+    lines = []
+    with open_session(host) as session:
+        result = run_sweep(cfg, host=host, session=session, inventory_path=inventory, progress=lines.append,
+                           restart=restart)
+    assert restarts == [4096]
+    assert any("context length is 2048; restarting" in l for l in lines)
+    assert result.record["server"]["context_length"] == 4096
+    assert result.record["server"]["restarted_for_context_length"] is True
+    assert result.record["validity_passed"], lines
+
+    # --no-restart refuses instead (exit 5), before any point runs
+    server.post("/_test/config", {"context_length": 2048})
+    proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1", *SMALL, "--no-restart", "-i", str(inventory),
+                   "--results-repo", str(tmp_path / "results"))
+    assert proc.returncode == 5 and "--no-restart" in proc.stderr
+    repo_is_untouched(tmp_path / "results")
+
+
+def test_bad_input_fails_before_connecting(tmp_path, loopback_ssh):
+    from tests.remote_inventory import write_inventory
+
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_port=1)  # nothing listens there
+    proc = dsv4kit("bench", "--ctx", "4096", "--input-len", "4000", "--output-len", "512", "-i", str(inventory),
+                   "--results-repo", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "exceeds --ctx 4096" in proc.stderr
+    proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1,x", "-i", str(inventory))
+    assert proc.returncode == 2 and "comma-separated" in proc.stderr
+    proc = dsv4kit("bench", "--ctx", "4096", "--baseline", "nope", "-i", str(inventory), "--results-repo",
+                   str(tmp_path / "r"))
+    assert proc.returncode == 2 and "baseline" in proc.stderr
+    proc = dsv4kit("bench", "--ctx", "4096", "--input-len", "16", "--output-len", "8", "-i", str(inventory),
+                   "--results-repo", str(tmp_path / "r"))
+    assert proc.returncode == 3  # unreachable, and nothing recorded
+    repo_is_untouched(tmp_path / "r")
