@@ -251,3 +251,18 @@ def test_records_plot_writes_a_png(repo_with_records, tmp_path):
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     assert cli("records", "plot", "--out", str(out), "--metric", "nonsense", "--results-repo", str(repo)).exit_code == 2
+
+
+def test_baseline_ctx_picks_the_newest_record_of_that_host_and_context(repo_with_records, tmp_path):
+    import typer
+
+    from dsv4kit.bench_cmd import _find_baseline
+
+    repo, recs = repo_with_records
+    assert _find_baseline(repo, "lo", 4096)["run_id"] == recs["same"]["run_id"]
+    assert _find_baseline(repo, "lo", 131072)["run_id"] == recs["long"]["run_id"]
+    with pytest.raises(typer.Exit) as info:
+        _find_baseline(repo, "lo", 8192)
+    assert info.value.exit_code == 2
+    with pytest.raises(typer.Exit):
+        _find_baseline(repo, "other-box", 4096)
