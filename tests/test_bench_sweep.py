@@ -75,6 +75,10 @@ def repo_is_untouched(repo: Path) -> None:
     assert [p.name for p in repo.iterdir() if p.name != ".git"] == []
 
 
+def not_strict_json(name: str):
+    raise AssertionError(f"the record is not strict JSON: it contains {name}")
+
+
 def scratch_dirs(inventory: Path) -> list[str]:
     """The bench scratch directories left on the "box" (its dsv4_state_dir/scratch)."""
     return sorted(p.name for p in (inventory.parent / "state" / "scratch").glob("bench-*"))
@@ -98,7 +102,7 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
     assert git(repo, "cat-file", "-t", out["tag"]) == "tag"
     assert git(repo, "rev-parse", "HEAD") == out["commit"]
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
-    record = json.loads((repo / out["record_path"]).read_text())
+    record = json.loads((repo / out["record_path"]).read_text(), parse_constant=not_strict_json)
 
     assert record["schema_version"] == 1 and record["validity_passed"] and record["invalid_points"] == 0
     assert len(record["points"]) == 4 and all(p["validity"]["passed"] for p in record["points"])
@@ -108,7 +112,8 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
         assert point["derived"]["decode_tok_s"] == pytest.approx(raw["max_concurrency"] * 1000 / raw["median_tpot_ms"])
         assert point["derived"]["decode_tok_s_per_gpu"] == pytest.approx(point["derived"]["decode_tok_s"] / 8)
         assert "--random-range-ratio" in point["argv"] and "--flush-cache" in point["argv"]
-        details = json.loads(gzip.decompress((repo / "records" / record["run_id"] / point["details_file"]).read_bytes()))
+        details = json.loads(gzip.decompress((repo / "records" / record["run_id"] / point["details_file"]).read_bytes()),
+                             parse_constant=not_strict_json)
         assert details["input_lens"] == [16] * 8 and all(t > 0 for t in details["ttfts"])
     summary = record["summary"]["per_concurrency"]
     assert summary["1"]["decode_tok_s"]["n"] == 2 and summary["4"]["decode_tok_s"]["ci95"] is not None

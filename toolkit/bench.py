@@ -36,7 +36,7 @@ from typing import Callable, Optional
 from dsv4kit import exitcodes
 from dsv4kit.bench_gates import GateConfig, PointExpectation, evaluate
 from dsv4kit.records import (KIND, SCHEMA_VERSION, comparability_key, derive, dumps, split_client_line,
-                             summarize_points)
+                             strict_json, summarize_points)
 from dsv4kit.scrub import scrub
 
 CLIENT_MODULE = "sglang.benchmark.serving"
@@ -187,7 +187,7 @@ class SweepResult:
         base = f"records/{self.run_id}"
         out = {f"{base}/record.json": dumps(self.record).encode()}
         for name, details in sorted(self.details.items()):
-            data = json.dumps(scrub(details), separators=(",", ":")).encode()
+            data = json.dumps(strict_json(scrub(details)), separators=(",", ":"), allow_nan=False).encode()
             out[f"{base}/{name}"] = gzip.compress(data, mtime=0)
         return out
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Iterable, Optional
 
 from dsv4kit import stats
@@ -164,5 +165,17 @@ def check(record: Any, where: str = "record") -> dict:
     return record
 
 
+def strict_json(value: Any) -> Any:
+    """Non-finite floats (the client writes ``request_rate: Infinity``) as strings: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def dumps(record: dict) -> str:
-    return json.dumps(record, indent=2, sort_keys=False, default=str) + "\n"
+    """The record as strict JSON (no NaN/Infinity literals), indented."""
+    return json.dumps(strict_json(record), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"
