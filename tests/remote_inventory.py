@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import yaml
@@ -53,3 +54,22 @@ def box_venv(venv: Path) -> Path:
 def keygen(path: Path) -> Path:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     return path
+
+
+def venv_without_pip(dest: Path) -> Path:
+    """A real venv made ``--without-pip`` (as uv makes them) that sees this interpreter's packages
+    (torch, triton) but neither pip nor the editable dsv4kit: through a ``.pth`` line to a
+    directory of symlinks."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=120)
+    farm = dest / "system-packages"
+    farm.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name.lower()
+        if name.startswith(("pip", "dsv4kit", "__editable__", "_distutils_hack")) or name.endswith(".pth"):
+            continue
+        (farm / entry.name).symlink_to(entry)
+    purelib = subprocess.run([str(dest / "bin" / "python"), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "system_packages.pth").write_text(f"{farm}\n")
+    return dest

@@ -68,7 +68,7 @@ def test_validate_ships_the_wheel_runs_the_harness_and_keeps_the_report(box, whe
     table = out[out.index("validation table: lo GPU 3"):]
     assert re.search(r"indexer\s+kernel\s+B=1 H=16 pages=2 seqlen<=100 .*PASS", table)
     assert "VERDICT: PASS" in table
-    assert "--interpret: kernels run on the box's CPU" in err and "installing dsv4kit-" in err
+    assert "--interpret: kernels run on the box's CPU" in err and "installed dsv4kit-" in err and "(pip install --target; the venv is not modified)" in err
     kept = list(results.iterdir())
     assert len(kept) == 1 and re.fullmatch(r"lo-gpu3-\d{8}T\d{6}Z\.json", kept[0].name), kept
     assert f"report: {kept[0]}" in out
@@ -92,7 +92,7 @@ def test_installed_uses_the_rolled_out_dsv4kit(box):
     code, out, err = validate("--gpu", "0", "-i", str(inventory), "--interpret", "--cases", CASE,
                               "--installed", "--results-dir", str(results))
     assert code == exitcodes.OK, out + err
-    assert "building" not in err and "installing" not in err
+    assert "building" not in err and "installed dsv4kit" not in err
     report = json.loads(next(results.iterdir()).read_text())
     assert report["remote"]["installed"] is True and report["remote"]["wheel"] is None
     assert not any(scratch.iterdir())
@@ -365,3 +365,21 @@ def test_a_failed_case_exits_1_and_keeps_the_report(box, wheel, tmp_path):
     report = json.loads(next(results.iterdir()).read_text())
     assert report["passed"] is False and report["remote"]["wheel"]["sha256"] == wheelbuild.sha256_of(broken)
     assert not any(scratch.iterdir())
+
+
+def test_a_venv_without_pip_gets_the_wheel_unpacked(tmp_path, loopback_ssh, wheel):
+    """A uv-style venv (no pip) where only the shipped wheel can provide dsv4kit."""
+    from tests.remote_inventory import venv_without_pip
+
+    venv = venv_without_pip(tmp_path / "uv-venv")
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_venv_dir=str(venv))
+    results = tmp_path / "results"
+    code, out, err = validate("--gpu", "0", "-i", str(inventory), "--interpret", "--cases", CASE,
+                              "--wheel", str(wheel), "--results-dir", str(results))
+    assert code == exitcodes.OK, out + err
+    assert "(unpacked: the venv has no pip; the venv is not modified)" in err
+    report = json.loads(next(results.iterdir()).read_text())
+    assert report["remote"]["install_method"] == "unzip" and report["passed"]
+    # --installed on the same venv: there is no dsv4kit to use, and the run says so.
+    code, _, err = validate("--gpu", "0", "-i", str(inventory), "--interpret", "--cases", CASE, "--installed")
+    assert code == exitcodes.ENVIRONMENT and "--installed: dsv4kit is not installed in" in err

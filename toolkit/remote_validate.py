@@ -281,6 +281,7 @@ class _Run:
         self.test_sleep = test_sleep
         self.started = datetime.now(timezone.utc)
         self.host = None
+        self.install_method: Optional[str] = None  # "pip" or "unzip" once the wheel is installed
         self.session = None
         self.scratch: Optional[str] = None
 
@@ -404,31 +405,37 @@ class _Run:
 
     def _install_wheel(self, built) -> str:
         remote_wheel = f"{self.scratch}/{built.path.name}"
-        site = f"{self.scratch}/target"  # not "site": the cwd is on sys.path
-        self.say(f"installing {built.path.name} into {site} (the venv is not modified)")
+        target = f"{self.scratch}/target"  # not "site": the cwd is on sys.path
         self.session.put(built.path, remote_wheel)
-        py = shlex.quote(self.python)
+        py, q_target, q_wheel = shlex.quote(self.python), shlex.quote(target), shlex.quote(remote_wheel)
+        # pip when the venv has it; a venv made without pip (e.g. by uv) gets the pure-Python wheel
+        # unpacked, which is all an import needs. Either way the run says which it was.
+        unpack = "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"
         install = (
+            f"if {py} -c 'import pip' >/dev/null 2>&1; then echo install=pip; "
             f"{py} -m pip install --no-deps --no-index --no-compile --disable-pip-version-check -q "
-            f"--target {shlex.quote(site)} {shlex.quote(remote_wheel)} && "
-            f"PYTHONPATH={shlex.quote(site)} {py} -c 'import dsv4kit; print(\"dsv4kit_file=\" + dsv4kit.__file__)'"
+            f"--target {q_target} {q_wheel}; "
+            f"else echo install=unzip; {py} -c {shlex.quote(unpack)} {q_wheel} {q_target}; fi && "
+            f"PYTHONPATH={q_target} {py} -c 'import dsv4kit; print(\"dsv4kit_file=\" + dsv4kit.__file__)'"
         )
         result = self.session.run(install, timeout=INSTALL_TIMEOUT_S, check=False,
                                   env={"PIP_NO_INPUT": "1", "PIP_ROOT_USER_ACTION": "ignore"})
+        method = "unzip" if "install=unzip" in result.stdout else "pip"
         if result.exit_code != 0:
             text = (result.stderr + result.stdout).strip()
-            if "No module named pip" in text:
-                raise ValidationAbort(exitcodes.ENVIRONMENT,
-                                      f"the venv python {self.python} on {self.host.name} has no pip; cannot install the wheel")
             raise ValidationAbort(exitcodes.TOOL_FAILED,
-                                  f"pip could not install {built.path.name} on {self.host.name} "
-                                  f"(exit {result.exit_code}):\n{text[-2000:]}")
+                                  f"could not install {built.path.name} into {target} on {self.host.name} "
+                                  f"with {method} (exit {result.exit_code}):\n{text[-2000:]}")
+        how = ("pip install --target" if method == "pip"
+               else "unpacked: the venv has no pip")
+        self.say(f"installed {built.path.name} into {target} ({how}; the venv is not modified)")
         loaded = next((l.split("=", 1)[1] for l in result.stdout.splitlines() if l.startswith("dsv4kit_file=")), "")
-        if not loaded.startswith(site + "/"):
+        if not loaded.startswith(target + "/"):
             raise ValidationAbort(exitcodes.ENVIRONMENT,
-                                  f"the shipped dsv4kit in {site} is shadowed on {self.host.name}: "
+                                  f"the shipped dsv4kit in {target} is shadowed on {self.host.name}: "
                                   f"python imports {loaded or 'nothing'}")
-        return site
+        self.install_method = method
+        return target
 
     def _harness(self, env: dict, built, facts: BoxFacts, local_tmp: Path) -> int:
         remote_report = f"{self.scratch}/{REPORT_NAME}"
@@ -478,6 +485,7 @@ class _Run:
             "venv_python": self.python,
             "sglang_on_box": facts.probe.get("sglang"),
             "installed": self.installed,
+            "install_method": self.install_method,
             "wheel": None if built is None else {
                 "name": built.path.name, "sha256": built.sha256,
                 "commit": built.commit, "source": str(built.source) if built.source else None},
