@@ -84,3 +84,20 @@ if __name__ == "__main__":
     if len(sys.argv) > 5:
         cfg = DecodeConfig(*(int(x) for x in sys.argv[2:6]))
     print(summary(compile_decode(cap, cfg)))
+
+
+def compile_combine(capability: int, block_h: int = 16, block_n: int = 16, has_extra: bool = True):
+    """``triton.compile`` the split-combine kernel for ``sm_<capability>``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dsv4kit.kernels import sparse_mla_decode as mod
+
+    sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16",
+           "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32", "len_ptr": "*i32", "width": "i32",
+           "ex_len_ptr": "*i32", "ex_width": "i32", "H": "i32", "num_splits": "i32",
+           "HAS_EXTRA": "constexpr", "BLOCK_H": "constexpr", "BLOCK_N": "constexpr"}
+    constexprs = {"HAS_EXTRA": has_extra, "BLOCK_H": block_h, "BLOCK_N": block_n}
+    src = ASTSource(mod._combine_splits_kernel, sig, constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})

@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 SM120_DECODE_MAX_TOKENS = 64
 MAX_HEADS = 64
 MAX_SPLITS = 32
+COMBINE_BLOCK_H = 16
 LOG2E = 1.4426950408889634
 
 _DOT_DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
@@ -269,19 +270,20 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
     """Tile sizes per architecture (checked by the AOT tests and the benchmark's config sweep).
 
-    sm_120 (about 99 KB of shared memory a block): ``BLOCK_H = 32`` heads (16 when H <= 16; the
-    MMA needs 16 rows), ``BLOCK_N = 16`` KV tokens a tile, 8 warps, 2 pipeline stages: q (32x512
-    bf16, 32 KB) + the KV tile in the two swizzles the two MMAs want + one prefetched stage of
-    the gathered bytes come to about 76 KB.
+    sm_120 (about 99 KB of shared memory a block, no wgmma): ``BLOCK_H = 16`` heads,
+    ``BLOCK_N = 16`` KV tokens a tile, 4 warps, 2 pipeline stages: about 59 KB of shared memory
+    and no register spills (ptxas, sm_120a). Of the tiles that fit sm_120, it was the fastest
+    in the H200 sweep at c4 T=64 (docs/results/bench_attention_h200.json, ``config_sweep``): the
+    loop is latency-bound, and more, smaller programs beat sharing one KV tile among 32 heads.
+    Each KV tile is still gathered and dequantised once per 16 heads.
 
-    sm_90 (227 KB): ``BLOCK_H = 64`` so all 64 heads of a token share one gathered, dequantised
-    KV tile, ``BLOCK_N = 16``, 8 warps, 3 stages (about 131 KB).
+    sm_90 (227 KB, wgmma): ``BLOCK_H = 64`` so all 64 heads of a token share one gathered,
+    dequantised KV tile, ``BLOCK_N = 16``, 8 warps, 3 stages (about 131 KB). This is the tile
+    the committed H200 numbers were measured with.
     """
-    block_h = 16 if num_heads <= 16 else 32
     if capability[0] == 12 or capability < (9, 0):
-        return DecodeConfig(block_h=block_h, block_n=16, num_warps=8, num_stages=2)
-    if num_heads > 32:
-        block_h = 64
+        return DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=2)
+    block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
     return DecodeConfig(block_h=block_h, block_n=16, num_warps=8, num_stages=3)
 
 
@@ -456,9 +458,13 @@ def flash_mla_with_kvcache_sm120(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
-        _combine_splits_kernel[(T, head_blocks)](
+        # 16 heads a combine program: a [16, 512] fp32 accumulator fits 4 warps' registers
+        # (64 heads spilled 5.5 KB a thread on sm_90). BLOCK_N must match the main launch,
+        # which it uses to find the splits that received work.
+        combine_h = min(cfg.block_h, COMBINE_BLOCK_H)
+        _combine_splits_kernel[(T, -(-H // combine_h))](
             part_o, part_lse, attn_sink, out, out.stride(0), out.stride(2), lse,
             topk_length, width, ex_len, ex_width, H, num_splits,
-            HAS_EXTRA=has_extra, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, num_warps=4,
+            HAS_EXTRA=has_extra, BLOCK_H=combine_h, BLOCK_N=cfg.block_n, num_warps=4,
         )
     return out, lse

@@ -46,6 +46,9 @@ def _interp() -> dict:
     # The sm_90 tiles (64 heads a program: 48 of them masked here) and a larger pipelined tile.
     check("c4_sm90_tiles", c4, config=DecodeConfig(64, 16, 8, 3), num_splits=2)
     check("c4_bn32_tiles", c4, config=DecodeConfig(32, 32, 8, 1))
+    h64 = make_inputs(T=2, heads=64, padded_heads=64, swa_page_size=256, extra="c4", extra_width=64,
+                      seq_lens=[400, 90], seed=5, holes=True)
+    check("c4_H64_default_tiles", h64)
     c128 = make_inputs(T=2, heads=24, padded_heads=24, swa_page_size=64, extra="c128", extra_width=128,
                        seq_lens=[9000, 100], seed=2, holes=True)
     check("c128_ps2_H24", c128)
@@ -72,7 +75,7 @@ def _interp() -> dict:
 
 
 def _aot() -> dict:
-    from dsv4kit.kernels.sparse_mla_aot import compile_decode, summary
+    from dsv4kit.kernels.sparse_mla_aot import compile_combine, compile_decode, summary
     from dsv4kit.kernels.sparse_mla_decode import default_config
 
     results = {}
@@ -84,6 +87,8 @@ def _aot() -> dict:
                                                                split=False))
     results["sm90_c4_split_H64"] = summary(compile_decode(90, default_config(64, (9, 0)), page_size=256,
                                                           extra_page_size=64, split=True))
+    combine = compile_combine(120)
+    results["sm120_combine"] = {"shared_bytes": combine.metadata.shared, "ptx": bool(combine.asm["ptx"])}
     return results
 
 

@@ -33,3 +33,8 @@ def test_sm90_build(aot_results):
     r = aot_results["sm90_c4_split_H64"]
     assert r["mma_sync"] or r["wgmma"]
     assert r["shared_bytes"] <= 232448
+
+
+def test_sm120_combine_build(aot_results):
+    r = aot_results["sm120_combine"]
+    assert r["ptx"] and r["shared_bytes"] <= SM120_SHARED_LIMIT

@@ -92,9 +92,9 @@ def test_module_contract():
     assert dec.choose_num_splits(1, 2, 8384, 32, 132) == dec.MAX_SPLITS
     assert dec.choose_num_splits(1, 2, 64, 32, 132) == 2
     sm120 = dec.default_config(64, (12, 0))
-    assert (sm120.block_h, sm120.block_n) == (32, 16)
-    assert dec.default_config(16, (12, 0)).block_h == 16
-    assert dec.default_config(64, (9, 0)).block_h == 64
+    assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.num_stages) == (16, 16, 4, 2)
+    assert dec.default_config(64, (9, 0)) == dec.DecodeConfig(64, 16, 8, 3)  # the benchmarked H200 tile
+    assert dec.default_config(24, (9, 0)).block_h == 32
 
 
 @pytest.mark.parametrize("spec", ["c4-T16-H64", "c128-T1-H16of64-ps64-x8256-L131072-holes-empty",

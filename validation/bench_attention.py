@@ -427,7 +427,17 @@ def main(argv=None) -> int:
                                      description="Time the sparse-MLA decode kernel vs the SIMT baseline and the floor.")
     parser.add_argument("--out", default=".", help="directory for bench_attention.json/.md/.png")
     parser.add_argument("--quick", action="store_true", help="fewer points and configurations")
+    parser.add_argument("--render", metavar="JSON", default=None,
+                        help="print the table of a committed result JSON and exit (no GPU needed)")
     args = parser.parse_args(argv)
+    if args.render:
+        try:
+            with open(args.render) as fh:
+                print(table(json.load(fh)), end="")
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: cannot render {args.render}: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         import torch
     except ImportError:
