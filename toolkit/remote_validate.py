@@ -368,6 +368,9 @@ class _Run:
         self.say(f"venv python {self.python} (Python {facts.python_version}); GPUs: "
                  f"{describe_gpus(facts.gpus)}" + (f" [{facts.gpu_source}]" if facts.gpus else
                                                    f" [{'; '.join(facts.gpu_query_notes)}]"))
+        expected = self.host.get("dsv4_gpu_count")
+        if facts.gpus and expected is not None and len(facts.gpus) != expected:
+            self.say(f"warning: the inventory says dsv4_gpu_count={expected}, the box has {len(facts.gpus)} GPU(s)")
         problem = check_gpu(self.gpu, facts, self.interpret, self.host.name)
         if problem:
             raise ValidationAbort(exitcodes.ENVIRONMENT, problem)
