@@ -8,7 +8,8 @@ Steps, each bounded by a timeout:
 4. Preflight on the box: the venv directory and its python exist, which GPUs exist
    (``nvidia-smi -L``, else torch in the venv), whether SGLang is importable.
 5. Copy the wheel to ``<dsv4_state_dir>/scratch/validate-<stamp>`` and install it there with
-   ``pip install --no-deps --target`` (the venv itself is never modified), unless ``--installed``.
+   ``pip install --no-deps --target`` (unpacked when the venv has no pip; the venv itself is never
+   modified), unless ``--installed``.
 6. Run ``python -m dsv4kit.validation.harness`` with the venv python, ``CUDA_VISIBLE_DEVICES=N``
    and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so N is nvidia-smi's index), streaming its lines, under a
    hard timeout that kills the remote process group.
