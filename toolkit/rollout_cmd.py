@@ -1,11 +1,79 @@
-"""``dsv4kit rollout``: the state of the kernel rollout in an SGLang venv. (Not implemented yet.)"""
+"""``dsv4kit rollout``: the state of the kernel rollout in an SGLang venv.
+
+``dsv4kit rollout status`` reports on this interpreter's environment; with ``--python PATH`` it
+runs ``PATH -m dsv4kit.rollout status --json`` (the SGLang venv's interpreter, where the dsv4kit
+wheel is installed) under a timeout and renders that. The report itself lives in
+:mod:`dsv4kit.rollout`, which needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
 
 import typer
 
-app = typer.Typer(help="Kernel rollout into SGLang: status.", no_args_is_help=True)
+from dsv4kit import exitcodes
+from dsv4kit.rollout import render, status_report
+
+app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status.",
+                  no_args_is_help=True)
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _report_from(python: Path, timeout: float) -> dict:
+    if not python.exists():
+        _fail(f"--python {python}: no such file", exitcodes.USAGE)
+    if python.is_dir() or not os.access(python, os.X_OK):
+        _fail(f"--python {python}: not an executable interpreter", exitcodes.USAGE)
+    cmd = [str(python), "-m", "dsv4kit.rollout", "status", "--json"]
+    try:
+        # cwd "/": "python -m" puts the working directory first on sys.path, and a source
+        # checkout there (its *.egg-info) would shadow the venv's installed dsv4kit metadata.
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, cwd="/")
+    except subprocess.TimeoutExpired:
+        _fail(f"{' '.join(cmd)} did not finish within {timeout:g}s", exitcodes.TIMEOUT)
+    except OSError as exc:
+        _fail(f"cannot run {python}: {exc}", exitcodes.ENVIRONMENT)
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        pass
+    stderr = (done.stderr or "").strip()
+    if "No module named dsv4kit" in stderr or "No module named 'dsv4kit" in stderr:
+        _fail(f"dsv4kit is not installed for {python}; install the wheel there with "
+              "'pip install --no-deps dsv4kit-*.whl'", exitcodes.ENVIRONMENT)
+    _fail(f"{' '.join(cmd)} exited {done.returncode} without a report:\n{stderr[-2000:]}",
+          exitcodes.TOOL_FAILED)
+    raise AssertionError("unreachable")
 
 
 @app.command("status")
-def status() -> None:
-    """Show the SGLang version, plugin, flags and targets (not implemented yet)."""
-    raise typer.Exit(2)
+def status(
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    python: Optional[Path] = typer.Option(
+        None, "--python", help="Interpreter of the SGLang venv to inspect (e.g. "
+        "/opt/sglang/venv/bin/python); it runs 'python -m dsv4kit.rollout status --json'. "
+        "Default: this interpreter.", dir_okay=False),
+    timeout: float = typer.Option(60.0, "--timeout", min=1.0,
+                                  help="Seconds to wait for --python's report."),
+) -> None:
+    """Which SGLang version, whether the dsv4kit plugin is installed, which flags are set, and
+    for each target whether it would be replaced or why not.
+
+    Reads files only (no SGLang, torch or tilelang import), so it also works on a CPU machine.
+    Flags are read from the environment of the command: run it with the server's environment.
+    Exit codes: 0 consistent (flagged targets replaced, or no flag set), 1 a flag is set but a
+    target would stay stock, 2 bad input, 4 timeout, 5 SGLang or dsv4kit missing there.
+    """
+    report = _report_from(python, timeout) if python is not None else status_report()
+    typer.echo(json.dumps(report, indent=2) if json_out else render(report))
+    raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
