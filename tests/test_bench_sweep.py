@@ -42,12 +42,17 @@ def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir):
     """A stand-in server and an inventory whose host is this machine; yields (server, inventory)."""
     servers = []
 
-    def make(**server_kw):
+    def make(separate_prefill: bool = False, **server_kw):
         context_length = server_kw.pop("inventory_context_length", None)
         server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
         servers.append(server)
+        prefill_port = None
+        if separate_prefill:  # a PD layout: the prefill server answers /server_info on its own port
+            prefill = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
+            servers.append(prefill)
+            prefill_port = prefill.port
         inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
-                                    model_path=tokenizer_dir, port=server.port,
+                                    model_path=tokenizer_dir, port=server.port, prefill_port=prefill_port,
                                     context_length=context_length or server_kw.get("context_length", 4096))
         return server, inventory
 
@@ -85,7 +90,7 @@ def scratch_dirs(inventory: Path) -> list[str]:
 
 
 def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
-    server, inventory = box(context_length=4096)
+    server, inventory = box(context_length=4096, separate_prefill=True)
     repo = tmp_path / "results"
     proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1,4", "--repeat", "2", *SMALL,
                    "-i", str(inventory), "--results-repo", str(repo), "--json")
@@ -128,6 +133,7 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
     assert record["gpus"]["serving_count"] == 8
     assert record["server"]["context_length"] == 4096 and record["server"]["launch_args_sha256"]
     assert record["server"]["resolved_args"]["tp_size"] == 4 and record["server"]["resolved_args_sha256"]
+    assert record["server"]["prefill"]["resolved_args_sha256"] and record["server"]["prefill"]["context_length"] == 4096
     assert record["model"]["revision"] == "test-rev-1" and record["model"]["tokenizer_json_sha256"]
     assert sw["kernel_flags"] == {"SGLANG_SM120_TRITON_INDEXER": "1"}
     assert record["client"]["seed"] == 42 and record["client"]["dataset"]["range_ratio"] == 1.0

@@ -348,6 +348,13 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             notes.append(f"serving units restarted for context length {cfg.context_length}")
         progress(f"decode server on {host.name}:{decode_port}: context length {current} (ok)")
         startup_time = _decode_info(info).get("startup_time")
+        prefill_info = None
+        prefill_port = host.get("dsv4_prefill_port")
+        if prefill_port and int(prefill_port) != decode_port:
+            answer = remote.helper("server-info", "--port", str(prefill_port), env=helper_env)
+            prefill_info = answer.get("server_info") if answer.get("ok") else None
+            if prefill_info is None:
+                notes.append(f"prefill server /server_info unavailable: {answer.get('error')}")
         probe = remote.probe()
         if not (probe.get("packages") or {}).get("sglang"):
             raise BenchAbort(exitcodes.ENVIRONMENT, f"{host.name}: sglang is not installed in {remote.python}")
@@ -418,7 +425,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
         "duration_wall_s": round(time.time() - started, 3),
         "toolkit": toolkit_info(argv),
         **sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
-                   restarted=restarted),
+                   restarted=restarted, prefill_server_info=prefill_info),
         "client": {
             "tool": CLIENT_MODULE,
             "tool_version": (probe.get("packages") or {}).get("sglang"),

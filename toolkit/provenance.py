@@ -58,8 +58,23 @@ def _launch_args(server_info: dict, processes: list[dict]) -> list[str]:
     return []
 
 
-def sections(*, host, probe: dict, server_info: dict, context_length: int, restarted: bool) -> dict:
-    """The record sections that describe where and on what the sweep ran (scrubbed)."""
+def _server_args(server_info: dict, processes: list[dict]) -> dict:
+    launch_args = scrub(_launch_args(server_info, processes))
+    resolved = resolved_args(server_info)
+    return {
+        "launch_args": launch_args,
+        "launch_args_sha256": sha256_json(launch_args) if launch_args else None,
+        "resolved_args": resolved,
+        "resolved_args_sha256": sha256_json(resolved) if resolved is not None else None,
+    }
+
+
+def sections(*, host, probe: dict, server_info: dict, context_length: int, restarted: bool,
+             prefill_server_info: Optional[dict] = None) -> dict:
+    """The record sections that describe where and on what the sweep ran (scrubbed).
+
+    ``server_info`` is the decode server's; ``prefill_server_info`` (PD layouts) the prefill's.
+    """
     probe = scrub(probe or {})
     server_info = scrub(server_info or {})
     if isinstance(server_info.get("decode"), list) and server_info["decode"]:
@@ -78,8 +93,6 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
             env_reasons.append(proc["env_reason"])
     model_probe = probe.get("model") or {}
     model_path = host.get("dsv4_model_path") or server_info.get("model_path") or ""
-    launch_args = scrub(_launch_args(server_info, processes))
-    resolved = resolved_args(server_info)
     host_info = {"name": host.name, **(probe.get("host") or {})}
     software = {
         "sglang_version": packages.get("sglang") or server_info.get("version"),
@@ -106,10 +119,8 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
         "router_port": host.get("dsv4_router_port"),
         "decode_port": host.get("dsv4_decode_port"),
         "prefill_port": host.get("dsv4_prefill_port"),
-        "launch_args": launch_args,
-        "launch_args_sha256": sha256_json(launch_args) if launch_args else None,
-        "resolved_args": resolved,
-        "resolved_args_sha256": sha256_json(resolved) if resolved is not None else None,
+        **_server_args(server_info, processes),
+        "prefill": None,
         "startup_time": server_info.get("startup_time"),
         "version": server_info.get("version"),
         "max_total_num_tokens": server_info.get("max_total_num_tokens"),
@@ -117,4 +128,9 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
         "restarted_for_context_length": restarted,
         "processes": [{"pid": p.get("pid"), "argv": p.get("argv")} for p in processes],
     }
+    if prefill_server_info:
+        prefill = scrub(prefill_server_info)
+        server["prefill"] = {"context_length": prefill.get("context_length"),
+                             "startup_time": prefill.get("startup_time"),
+                             **_server_args(prefill, [])}
     return {"host": host_info, "gpus": gpus, "software": software, "model": model, "server": server}
