@@ -1,0 +1,87 @@
+"""Static checks of the provisioning playbook: ansible-lint (production profile), syntax check,
+documented role defaults, pins only in inventory/group_vars/all.yml, and the summary parser."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dsv4kit.inventory_schema import FIELDS
+from dsv4kit.provision import PlaybookSummary, format_summary
+
+REPO = Path(__file__).resolve().parents[1]
+ROLES = REPO / "playbooks" / "roles"
+STAGES = ["preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
+          "kernel_rollout", "sglang_service"]
+PLAY_VARS = {"dsv4_root", "dsv4_etc_dir"}  # derived in playbooks/site.yml
+
+
+def _tool(name):
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+def test_ansible_lint_production_profile_passes():
+    proc = subprocess.run([_tool("ansible-lint"), "--profile", "production", "--nocolor"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "production" in proc.stdout + proc.stderr
+
+
+def test_syntax_check():
+    proc = subprocess.run([_tool("ansible-playbook"), "--syntax-check", "-i", "inventory/fleet.yml",
+                           "playbooks/site.yml"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_stage_is_a_tagged_role():
+    play = yaml.safe_load((REPO / "playbooks/site.yml").read_text())[0]
+    assert [(r["role"], r["tags"]) for r in play["roles"]] == [(s, [s]) for s in STAGES]
+    for stage in STAGES:
+        assert (ROLES / stage / "tasks/main.yml").is_file()
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_role_defaults_are_documented_and_hold_no_pins(stage):
+    text = (ROLES / stage / "defaults/main.yml").read_text()
+    lines = text.splitlines()
+    assert lines[1].startswith("# "), f"{stage}: defaults/main.yml must open with a comment saying what the role does"
+    for number, line in enumerate(lines):
+        if re.match(r"^[a-z_0-9]+:", line):
+            name = line.split(":")[0]
+            assert name.startswith(stage + "_"), f"{stage}: {name} must carry the role prefix"
+            above = lines[number - 1]
+            assert above.startswith("#"), f"{stage}: {name} has no comment above it"
+            value = line.split(":", 1)[1]
+            assert not re.search(r"""["' ]\d+\.\d+(\.\d+)?["']?\s*$""", value), \
+                f"{stage}: {name} looks like a version pin; pins belong in inventory/group_vars/all.yml"
+
+
+def test_every_dsv4_variable_is_in_the_schema_and_pinned_in_group_vars():
+    all_vars = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
+    assert set(all_vars) == set(FIELDS)
+    used = set()
+    for path in list((REPO / "playbooks").rglob("*.yml")) + list((REPO / "playbooks").rglob("*.j2")):
+        used |= set(re.findall(r"\bdsv4_[a-z0-9_]+\b", path.read_text()))
+    used -= {"dsv4_boxes"}  # the inventory group
+    unknown = used - PLAY_VARS - set(FIELDS)
+    assert not unknown, f"dsv4_* variables used by the playbook but not in the schema: {sorted(unknown)}"
+
+
+def test_summary_table_and_exit_codes():
+    counts = dict(ok=3, changed=1, unreachable=0, failed=0, skipped=2, rescued=0, ignored=0)
+    ok = PlaybookSummary(hosts={"box1": counts}, returncode=0, command=[], duration_s=1.0)
+    assert ok.exit_code == 0 and not ok.failed and "ok, 1 changed" in format_summary(ok)
+    down = PlaybookSummary(hosts={"box1": {**counts, "unreachable": 1}}, returncode=4, command=[], duration_s=1.0)
+    assert down.exit_code == 3 and "unreachable" in format_summary(down)
+    failed = PlaybookSummary(hosts={"box1": {**counts, "failed": 1}}, returncode=2, command=[], duration_s=1.0)
+    assert failed.exit_code == 6
+    table = format_summary(failed).splitlines()
+    assert table[0].split() == ["HOST", "OK", "CHANGED", "FAILED", "UNREACHABLE", "SKIPPED"]
+    assert table[1].split() == ["box1", "3", "1", "1", "0", "2"]

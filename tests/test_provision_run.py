@@ -1,0 +1,185 @@
+"""Real `dsv4kit provision` runs against the loopback sshd (this machine as a GPU-less box).
+
+One module-scoped provisioning (every path under a scratch prefix, dsv4_gpu_present: false) is
+shared by the first-run checks, the idempotence run and the context-length re-run; the playbook
+and the package sources are snapshotted first so concurrent edits of the checkout cannot change
+the wheel between runs. Needs root on the box side (apt's package list, file ownership), as CI has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsv4kit.provision import run_playbook
+from tests.provision_inventory import TINY_PACKAGES, write_loopback_inventory
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+SNAPSHOT_ITEMS = ["pyproject.toml", "README.md", "ansible.cfg", "playbooks", "toolkit", "kernels", "validation"]
+
+
+def _snapshot(destination: Path) -> Path:
+    for name in SNAPSHOT_ITEMS:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, destination / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif source.is_file():
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the loopback box is provisioned as root (apt package list, file ownership)")
+    snapshot = _snapshot(tmp_path_factory.mktemp("checkout"))
+    return dict(os.environ,
+                DSV4KIT_PLAYBOOK=str(snapshot / "playbooks/site.yml"),
+                ANSIBLE_CONFIG=str(snapshot / "ansible.cfg"),
+                XDG_CACHE_HOME=str(tmp_path_factory.mktemp("cache")),
+                ANSIBLE_LOCAL_TEMP=str(tmp_path_factory.mktemp("ansible-tmp")))
+
+
+def provision(inventory: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dsv4kit.cli", "provision", "-i", str(inventory), *args],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def box(loopback_ssh, env, tmp_path_factory):
+    """The loopback box provisioned once: (inventory, prefix, first-run result)."""
+    root = tmp_path_factory.mktemp("box")
+    prefix = root / "prefix"
+    inventory = write_loopback_inventory(root / "inventory", loopback_ssh, prefix)
+    first = provision(inventory, env, "--json")
+    return inventory, prefix, first
+
+
+def _summary(result: subprocess.CompletedProcess) -> dict:
+    assert result.stdout.strip(), result.stderr[-4000:]
+    return json.loads(result.stdout)
+
+
+def test_first_run_provisions_the_gpu_less_box(box):
+    inventory, prefix, first = box
+    summary = _summary(first)
+    assert first.returncode == 0, first.stderr[-6000:]
+    assert summary["ok"] and summary["hosts"]["loop"]["failed"] == 0 and summary["hosts"]["loop"]["changed"] > 0
+    log = first.stderr
+    # Progress streamed, GPU stages in check mode, the table at the end.
+    assert "TASK [preflight : Report the box]" in log
+    assert "GPU-less target: nvidia_driver runs in check mode" in log
+    assert "HOST" in log and "provision: ok" in log
+
+    venv = prefix / "opt/dsv4/venv"
+    state = prefix / "var/lib/dsv4kit"
+    freeze = (state / "sglang-venv.freeze.txt").read_text()
+    assert TINY_PACKAGES[0] in freeze.splitlines()
+    assert "torch" not in freeze
+    # The dsv4kit wheel is in the venv and its rollout status was checked on the box.
+    installed = subprocess.run([str(venv / "bin/python"), "-c",
+                                "import importlib.metadata as m; print(m.version('dsv4kit'))"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    assert installed
+    assert (state / "dsv4kit.installed").read_text().strip()
+    assert "plugin installed in" in log
+    flags = (prefix / "etc/dsv4kit/kernel-flags.env").read_text()
+    assert "SGLANG_SM120_TRITON_INDEXER=1" in flags and "SGLANG_SM120_MMA_ATTENTION=1" in flags
+
+    units = prefix / "etc/systemd/system"
+    prefill = (units / "dsv4-prefill.service").read_text()
+    decode = (units / "dsv4-decode.service").read_text()
+    router = (units / "dsv4-router.service").read_text()
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in prefill and "--disaggregation-mode prefill" in prefill
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7" in decode and "--cuda-graph-max-bs-decode 64" in decode
+    assert "--context-length 131072" in decode and "--tp 4" in decode
+    assert f"ExecStart={venv}/bin/python -m sglang.launch_server" in decode
+    assert "ExecStartPre=" in decode and "Restart=on-failure" in decode
+    assert "sglang_router.launch_router --pd-disaggregation" in router
+    for unit in (prefill, decode, router):
+        assert "User=root" in unit and f"EnvironmentFile={prefix}/etc/dsv4kit/service.env" in unit
+    assert "units ok" in log and "not started" in log
+    # Nothing under the prefix points outside it, except system binaries read by the units.
+    assert (prefix / "etc/modprobe.d/dsv4-nvidia-uvm.conf").read_text().strip().endswith("options nvidia_uvm uvm_disable_hmm=1")
+
+
+def test_second_run_changes_nothing(box, env):
+    inventory, _, first = box
+    assert first.returncode == 0, first.stderr[-4000:]
+    second = provision(inventory, env, "--json")
+    summary = _summary(second)
+    assert second.returncode == 0, second.stderr[-6000:]
+    assert summary["hosts"]["loop"]["changed"] == 0, second.stderr[-8000:]
+    assert "provision: ok, 0 changed" in second.stderr
+
+
+def test_serving_tag_rerenders_units_with_another_context_length(box, env):
+    """What `dsv4kit bench --ctx N` does: the sglang_service stage alone, with an extra var."""
+    inventory, prefix, first = box
+    assert first.returncode == 0
+    lines: list[str] = []
+    old = dict(os.environ)
+    os.environ.update({k: env[k] for k in ("DSV4KIT_PLAYBOOK", "ANSIBLE_CONFIG", "XDG_CACHE_HOME")})
+    try:
+        summary = run_playbook(inventory, tags=["sglang_service"], extra_vars={"dsv4_context_length": 8192},
+                               progress=lines.append)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    assert summary.hosts["loop"]["changed"] >= 1
+    assert not any("kernel_rollout :" in line for line in lines)  # only the tagged stage ran
+    assert "--context-length 8192" in (prefix / "etc/systemd/system/dsv4-decode.service").read_text()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_host_gives_summary_and_exit_3(loopback_ssh, env, tmp_path):
+    inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, tmp_path / "prefix", host="downbox")
+    text = inventory.read_text().replace(f"ansible_port: {loopback_ssh.port}", f"ansible_port: {_closed_port()}")
+    inventory.write_text(text)
+    result = provision(inventory, env)
+    assert result.returncode == 3, result.stdout[-3000:]
+    assert "UNREACHABLE!" in result.stdout  # Ansible's own error text is shown
+    assert "Connection refused" in result.stdout
+    assert "downbox: unreachable at task [Gathering Facts]" in result.stdout
+    assert "provision: unreachable host(s)" in result.stdout
+
+
+def test_failing_task_gives_summary_and_exit_6(loopback_ssh, env, tmp_path):
+    # A box that claims 8 GPUs: preflight's GPU count check fails on this GPU-less machine.
+    inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, tmp_path / "prefix",
+                                         overrides={"dsv4_gpu_present": True})
+    result = provision(inventory, env, "--tags", "preflight", "--json")
+    assert result.returncode == 6, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["hosts"]["loop"]["failed"] == 1
+    assert summary["failures"] == [{"host": "loop", "task": "preflight : Check the GPU count", "kind": "FAILED"}]
+    assert "expected dsv4_gpu_count=8" in result.stderr  # the assert's own message, not hidden
+    assert not (tmp_path / "prefix").exists()  # preflight changes nothing
+
+
+def test_bad_inventory_is_exit_2_before_ansible_runs(env, tmp_path):
+    broken = tmp_path / "hosts.yml"
+    broken.write_text("all:\n  children:\n    dsv4_boxes:\n      hosts:\n        box1:\n          dsv4_contxt_length: 1\n")
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars/all.yml").write_text((REPO / "inventory/group_vars/all.yml").read_text())
+    result = provision(broken, env)
+    assert result.returncode == 2
+    assert "dsv4_contxt_length" in result.stderr and "dsv4_context_length" in result.stderr
+    assert "PLAY" not in result.stdout
+    result = provision(REPO / "inventory/fleet.yml", env, "--limit", "box9")
+    assert result.returncode == 2 and "box9" in result.stderr
