@@ -162,7 +162,8 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
 def test_an_error_chunk_makes_the_point_invalid(box, tmp_path):
     # Every 5th /generate is rejected the way SGLang rejects an over-long prompt on a stream:
     # HTTP 200 + data: {"error": ...}. The client itself counts those requests as completed.
-    server, inventory = box(context_length=4096, error_every=5)
+    # It also reports cached prompt tokens: a cache that was not cold.
+    server, inventory = box(context_length=4096, error_every=5, cached_tokens=4)
     repo = tmp_path / "results"
     proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "4", "--repeat", "1", *SMALL,
                    "-i", str(inventory), "--results-repo", str(repo), "--json")
@@ -173,7 +174,7 @@ def test_an_error_chunk_makes_the_point_invalid(box, tmp_path):
     record = json.loads((repo / out["record_path"]).read_text())
     point = record["points"][0]
     assert point["raw"]["completed"] == 8  # the trap: the client says everything succeeded
-    assert {"output_tokens", "ttft_positive"} <= set(point["validity"]["failed"])
+    assert {"output_tokens", "ttft_positive", "cold_cache"} <= set(point["validity"]["failed"])
     assert record["summary"]["per_concurrency"]["4"]["decode_tok_s"]["n"] == 0  # not counted as valid
 
 

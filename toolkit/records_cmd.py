@@ -94,9 +94,9 @@ def show(
     typer.echo(f"{record['run_id']}  (tag {record['tag']}, schema {record['schema_version']})")
     typer.echo(f"created {record['created_at_utc']}, {record['duration_wall_s']:.0f} s; toolkit "
                f"{tk.get('version')} @ {str(tk.get('git_commit'))[:12]}{' (dirty)' if tk.get('git_dirty') else ''}")
-    typer.echo(f"host {record['host'].get('name')}: GPUs {gp.get('model')} x{gp.get('count')} "
-               f"(serving on {gp.get('serving_count')}), driver {gp.get('driver')}"
-               + (f" [{gp.get('reason')}]" if gp.get("reason") else ""))
+    gpu_text = (f"{gp.get('model')} x{gp.get('count')}, driver {gp.get('driver')}" if gp.get("model")
+                else f"unknown ({gp.get('reason') or 'not probed'})")
+    typer.echo(f"host {record['host'].get('name')}: GPUs {gpu_text}; serving on {gp.get('serving_count')}")
     typer.echo(f"SGLang {sw.get('sglang_version')}, torch {sw.get('torch')} (CUDA {sw.get('torch_cuda')}), "
                f"triton {sw.get('triton')}; kernel flags {sw.get('kernel_flags')}")
     typer.echo(f"model {record['model'].get('name')} @ {record['model'].get('revision')}; context length "
