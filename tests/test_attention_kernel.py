@@ -46,3 +46,16 @@ def test_padded_nan_heads_and_empty_rows_are_covered(interp_results):
     assert interp_results["swa_ps256_split"]["empty_rows"] == 1
     assert interp_results["c4_ps64_split"]["empty_rows"] == 1
     assert interp_results["c128_ps2_H24"]["shape"][2] == [2, 24, 1]
+
+
+def test_harness_runs_the_attention_suite_on_the_interpreter(tmp_path):
+    report = tmp_path / "v.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "dsv4kit.validation.harness", "--interpret", "--cases",
+                           "attention:c4-T2-H16of32-ps64-x64-L300-holes-empty", "--json", str(report)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(report.read_text())["suites"]["attention"]["rows"]
+    kernel = [r for r in rows if r["impl"] == "kernel"]
+    assert len(kernel) == 1 and kernel[0]["passed"] and kernel[0]["rel"] <= REL_BAR and kernel[0]["pattern_ok"]
+    assert any(r["impl"] == "simt" for r in rows)
