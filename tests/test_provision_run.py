@@ -141,6 +141,14 @@ def test_serving_tag_rerenders_units_with_another_context_length(box, env):
     assert "--context-length 8192" in (prefix / "etc/systemd/system/dsv4-decode.service").read_text()
 
 
+def test_check_mode_on_a_new_box_changes_nothing(loopback_ssh, env, tmp_path):
+    inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, tmp_path / "prefix")
+    result = provision(inventory, env, "--check", "--json")
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert json.loads(result.stdout)["hosts"]["loop"]["changed"] > 0  # it predicts the changes
+    assert not (tmp_path / "prefix").exists()  # and makes none
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
