@@ -129,7 +129,9 @@ def sglang_variant(dest: Path, edits: dict | None = None, version: str | None = 
         if version and rel.parts and rel.parts[0].endswith(".dist-info"):
             out_dir = dest / f"sglang-{version}.dist-info" / Path(*rel.parts[1:])
         out_dir.mkdir(parents=True, exist_ok=True)
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        # __pycache__ becomes a real directory of symlinks: the stock bytecode stays valid for
+        # the unchanged (symlinked) sources, and Python replaces a link, never the stock file,
+        # when it recompiles an edited one.
         for name in files:
             src = Path(src_dir) / name
             key = str(rel / name)
@@ -153,7 +155,7 @@ def runtime_deps() -> Path:
         if (target / ".complete").is_file():
             return target
         tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".rollout-deps-"))
-        _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+        _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
               "--disable-pip-version-check", "--target", str(tmp), *RUNTIME_DEPS], timeout=900)
         (tmp / ".complete").write_text("\n".join(RUNTIME_DEPS) + "\n")
         if target.exists():
