@@ -179,3 +179,27 @@ def test_client_command_line_has_the_trap_fixes():
 def test_run_names():
     assert run_names("box 1", 131072, "20260101T000000Z") == (
         "box-1-ctx131072-20260101T000000Z", "bench/box-1/131072/20260101T000000Z")
+
+
+def test_the_restart_reruns_the_serving_tag_with_the_new_context_length(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from dsv4kit import provision
+    from dsv4kit.bench import default_restart
+
+    calls = []
+
+    def fake_run_playbook(inventory_path, **kwargs):
+        calls.append((inventory_path, kwargs))
+        return SimpleNamespace(failed=len(calls) > 1, exit_code=2, stdout_tail="fatal: [box1]: FAILED!")
+
+    monkeypatch.setattr(provision, "run_playbook", fake_run_playbook)
+    host = SimpleNamespace(name="box1")
+    default_restart(tmp_path / "hosts.yml", host, 131072, lambda line: None, 900.0)
+    inventory_path, kwargs = calls[0]
+    assert inventory_path == tmp_path / "hosts.yml"
+    assert kwargs["limit"] == "box1" and kwargs["tags"] == ["sglang_service"]
+    assert kwargs["extra_vars"] == {"dsv4_context_length": 131072} and kwargs["timeout"] == 900.0
+    with pytest.raises(BenchAbort) as info:
+        default_restart(tmp_path / "hosts.yml", host, 131072, lambda line: None, 900.0)
+    assert info.value.exit_code == 6 and "FAILED" in str(info.value)
