@@ -22,7 +22,8 @@ Design
 * Grid ``(T, ceil(H / BLOCK_H), NUM_SPLITS)``. The ``BLOCK_H`` heads of one token share every KV
   tile: a tile of ``BLOCK_N`` KV tokens is gathered and dequantised once (fp8 * 2^(e-127) for
   dims [0,448), bf16 rope for [448,512), exact in bf16) and used for ``S = Q Kᵀ`` and
-  ``O += P V`` through ``tl.dot`` (``mma.sync`` on sm_120, with fp32 accumulation).
+  ``O += P V`` through ``tl.dot`` (``mma.sync`` on sm_120, wgmma for 64-row tiles on sm_90;
+  fp32 accumulation).
 * Both scopes form one virtual sequence ``[valid SWA | valid extra]`` whose length is read on the
   device. Split ``s`` takes the ``s``-th BLOCK_N-aligned chunk of it, so work follows the valid
   lengths, not the index widths (a c128 row of width 8256 with 1024 valid slots costs 1024).
@@ -50,9 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4kit.kernels.sparse_mla_reference import (
-    HEAD_DIM, NOPE_DIM, TOKEN_BYTES, TOKEN_DATA_BYTES, sparse_mla_reference,
-)
+from dsv4kit.kernels.sparse_mla_reference import HEAD_DIM, TOKEN_BYTES, sparse_mla_reference
 
 logger = logging.getLogger(__name__)
 

@@ -71,7 +71,6 @@ def measure_copy_bandwidth(nbytes: int = 1 << 30) -> float:
     dst = torch.empty_like(src)
     dst.copy_(src)
     ms = _event_time_ms(lambda: dst.copy_(src), 10)
-    del src, dst
     return 2 * nbytes / (ms * 1e-3)
 
 
@@ -83,7 +82,6 @@ def measure_bf16_matmul_rate(n: int = 8192) -> float:
     for _ in range(3):
         a @ b
     ms = _event_time_ms(lambda: a @ b, 10)
-    del a, b
     return 2 * n ** 3 / (ms * 1e-3)
 
 
