@@ -368,10 +368,12 @@ def check_arguments(q, k_cache, head_dim_v, softmax_scale, indices, topk_length,
     if topk_length is None:
         raise ValueError("topk_length is required (SGLang always passes it)")
     _check_length("topk_length", topk_length, T, device)
-    if not isinstance(attn_sink, torch.Tensor) or attn_sink.dim() != 1 or attn_sink.shape[0] != H:
+    if attn_sink is None:
+        pass  # no sink (SGLang always passes one; its reference also accepts None)
+    elif not isinstance(attn_sink, torch.Tensor) or attn_sink.dim() != 1 or attn_sink.shape[0] != H:
         raise ValueError(f"attn_sink must be a float32 tensor [H={H}], got "
                          f"{getattr(attn_sink, 'shape', type(attn_sink).__name__)}")
-    if attn_sink.dtype != torch.float32 or attn_sink.device != device:
+    if attn_sink is not None and (attn_sink.dtype != torch.float32 or attn_sink.device != device):
         raise ValueError(f"attn_sink must be float32 on {device}, got {attn_sink.dtype} on {attn_sink.device}")
     extras = (extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
     if any(e is not None for e in extras):
@@ -385,7 +387,7 @@ def check_arguments(q, k_cache, head_dim_v, softmax_scale, indices, topk_length,
 
 def flash_mla_with_kvcache_sm120(
     *, q: torch.Tensor, k_cache: torch.Tensor, head_dim_v: int, softmax_scale: float,
-    indices: torch.Tensor, topk_length: torch.Tensor, attn_sink: torch.Tensor,
+    indices: torch.Tensor, topk_length: torch.Tensor, attn_sink: Optional[torch.Tensor],
     extra_k_cache: Optional[torch.Tensor] = None, extra_indices_in_kvcache: Optional[torch.Tensor] = None,
     extra_topk_length: Optional[torch.Tensor] = None, config: Optional[DecodeConfig] = None,
     num_splits: Optional[int] = None, dot_dtype: Optional[str] = None, **unused,
@@ -419,6 +421,8 @@ def flash_mla_with_kvcache_sm120(
     if T == 0:
         return out, lse
 
+    if attn_sink is None:
+        attn_sink = torch.full((H,), float("-inf"), dtype=torch.float32, device=device)  # e^-inf = 0
     cfg = config or default_config(H, device_capability(device))
     if dot_dtype is None:
         dot_dtype = "fp32" if interpreting() else "bf16"

@@ -58,6 +58,8 @@ def _interp() -> dict:
     sink = make_inputs(T=2, heads=16, padded_heads=16, seq_lens=[128, 64], seed=3)
     sink.kwargs["attn_sink"] = torch.tensor([30.0, -30.0] * 8)
     check("sink_extremes", sink)
+    sink.kwargs["attn_sink"] = None
+    check("no_sink", sink)
 
     # Bad slot ids (>= num_pages * page_size), lengths past the width or negative, strided indices.
     odd = make_inputs(T=3, heads=16, padded_heads=16, extra="c4", extra_width=64, seq_lens=[500, 200, 30],
