@@ -202,6 +202,7 @@ def report_json(reports: list[SuiteReport], env: dict, started: float) -> dict:
     return {
         "schema": REPORT_SCHEMA,
         "kind": "dsv4kit-validation",
+        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
         "started_unix": started,
         "seconds": round(time.time() - started, 3),
         "environment": env,
