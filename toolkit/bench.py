@@ -271,6 +271,10 @@ class Remote:
             raise BenchAbort(exitcodes.TOOL_FAILED, f"{label}: the client's result line is not JSON: {exc}") from None
 
 
+def _num(value, digits: int = 1) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
 def _decode_info(server_info: dict) -> dict:
     """A router in front of PD servers answers {"prefill": [...], "decode": [...]}."""
     if isinstance(server_info.get("decode"), list) and server_info["decode"]:
@@ -396,15 +400,14 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                 points.append({
                     "max_concurrency": c, "repetition": rep, "num_prompts": n,
                     "warmup_requests": cfg.warmup_for(c),
-                    "argv": [a if a != remote.workdir else "<workdir>" for a in argv_point],
+                    "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
                     "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
                     "derived": derived, "validity": validity,
                 })
-                decode = derived.get("decode_tok_s")
                 verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
-                progress(f"{label}: decode {decode:.1f} tok/s, output {raw.get('output_throughput', 0):.1f} tok/s, "
-                         f"TTFT p50 {raw.get('median_ttft_ms', 0):.1f} ms, TPOT p50 {raw.get('median_tpot_ms', 0):.2f} ms"
-                         f" [{wall:.0f}s]: {verdict}" if decode is not None else f"{label}: {verdict}")
+                progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s, output "
+                         f"{_num(raw.get('output_throughput'))} tok/s, TTFT p50 {_num(raw.get('median_ttft_ms'))} ms, "
+                         f"TPOT p50 {_num(raw.get('median_tpot_ms'), 2)} ms [{wall:.0f}s]: {verdict}")
                 if not validity["passed"]:
                     for name in validity["failed"]:
                         progress(f"    gate {name}: {validity['gates'][name]['detail']}")
