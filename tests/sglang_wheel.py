@@ -34,8 +34,9 @@ from pathlib import Path
 SGLANG_VERSION = "0.5.23"
 
 # What importing sglang.srt.plugins and the three target modules needs beyond this machine's
-# base image (torch 2.13 CPU, triton, numpy, pydantic, requests, ...), pinned to what SGLang 0.5.23
-# pins or what resolved when this list was made. Installed with --no-deps: nothing here may pull
+# base image (numpy, scipy, pydantic, requests, regex, orjson, ipython, ...) and what .ci/run
+# installs (torch 2.13 CPU with its dependencies, triton, typer with rich), pinned to what SGLang
+# 0.5.23 pins or what resolved when this list was made. Installed with --no-deps: nothing here may pull
 # another torch.
 RUNTIME_DEPS = (
     "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "anyio==4.16.0",
@@ -43,8 +44,8 @@ RUNTIME_DEPS = (
     "einops==0.8.2", "frozenlist==1.8.0", "gguf==0.19.0", "h11==0.16.0", "hf-xet==1.8.0",
     "httpcore==1.0.9", "httpcore2==2.16.2", "httpx==0.28.1", "httpx2==2.16.2",
     "huggingface-hub==2.4.0", "idna==3.20", "loguru==0.7.3", "msgspec==0.23.0",
-    "multidict==7.2.1", "openai==2.8.0", "partial-json-parser==0.2.1.1.post7", "propcache==0.5.4",
-    "psutil==7.2.2", "pybase64==1.5.1", "pyzmq==27.3.0", "safetensors==0.8.0",
+    "multidict==7.2.1", "openai==2.8.0", "partial-json-parser==0.2.1.1.post7", "pillow==13.0.0",
+    "propcache==0.5.4", "psutil==7.2.2", "pybase64==1.5.1", "pyzmq==27.3.0", "safetensors==0.8.0",
     "sentencepiece==0.2.1", "starlette==1.10.0", "tokenizers==0.23.3", "tqdm==4.70.1",
     "transformers==5.19.0", "truststore==0.10.5", "typing-extensions==4.16.0", "yarl==1.25.1",
 )

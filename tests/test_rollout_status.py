@@ -292,3 +292,37 @@ def test_cli_status_in_process(site):
 
     result = CliRunner().invoke(app, ["rollout", "status", "--help"])
     assert result.exit_code == 0 and "--python" in result.output
+
+
+# --- the plugin's early guards, without SGLang ------------------------------------------------
+
+def _register_in_subprocess(env):
+    code = ("import json, logging\n"
+            "logging.basicConfig(format='%(levelname)s %(message)s')\n"
+            "from dsv4kit import sglang_plugin as p\n"
+            "p.register(); p.register()\n"
+            "print(json.dumps(p.rollout_state()))\n")
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "PYTHON"))}
+    full.update(env)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full,
+                          timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), [x for x in done.stderr.splitlines() if x.strip()]
+
+
+def test_plugin_invalid_flag_logs_one_line_and_touches_nothing():
+    state, lines = _register_in_subprocess({"SGLANG_SM120_TRITON_INDEXER": "on"})
+    assert lines == ["WARNING dsv4kit rollout: SGLANG_SM120_TRITON_INDEXER='on' is not a boolean "
+                     "(use 1 to turn it on, 0 or unset for off); "
+                     "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120, "
+                     "sglang.kernels.ops.attention.dsa.tilelang_kernel.tilelang_fp8_paged_mqa_logits "
+                     "stay stock"]
+    assert {k: v["status"] for k, v in state.items()} == {"indexer": "stock", "indexer_tilelang": "stock"}
+
+
+def test_plugin_without_sglang_metadata_stays_stock_with_one_line():
+    state, lines = _register_in_subprocess(FLAGS_ON)
+    assert len(lines) == 1 and lines[0].startswith(
+        "WARNING dsv4kit rollout: SGLang unknown (no sglang distribution metadata) is not a "
+        "supported version (supported: 0.5.23)")
+    assert all(v["status"] == "stock" for v in state.values()) and len(state) == 3

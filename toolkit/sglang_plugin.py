@@ -87,12 +87,18 @@ def register() -> None:
 
 def _register() -> None:
     wanted = []
+    invalid: dict = {}
     for target in TARGETS:
         flag = read_flag(target.flag)
         if flag.error:
-            _stock(target, flag.error)
+            invalid.setdefault(flag.error, []).append(target)
         elif flag.enabled:
             wanted.append(target)
+    for error, targets in invalid.items():
+        for target in targets:
+            _STATE[target.key] = {"status": "stock", "reason": error, "kernel_calls": 0,
+                                  "original_calls": 0}
+        logger.warning("%s %s; %s stay stock", _PREFIX, error, ", ".join(t.dotted for t in targets))
     if not wanted:
         return
 
@@ -128,8 +134,13 @@ def _register() -> None:
         _STATE[target.key] = {"status": "hooked", "reason": None, "kernel_calls": 0,
                               "original_calls": 0}
         guard_class = _AttentionGuard if target.keep_attribute else _IndexerGuard
-        HookRegistry.register(target.dotted, guard_class(target, original, module),
-                              HookType.REPLACE)
+        try:
+            HookRegistry.register(target.dotted, guard_class(target, original, module),
+                                  HookType.REPLACE)
+        except Exception as exc:
+            _stock(target, f"SGLang's HookRegistry.register failed: {type(exc).__name__}: "
+                           f"{_first_line(exc)}")
+            continue
         logger.info("%s %s -> %s (guarded; checked again on the first call)", _PREFIX,
                     target.dotted, target.kernel)
 
