@@ -159,7 +159,7 @@ class FakeServer:
 
 
 def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port: int, context_length: int,
-                    name: str = "lo", prefill_port: int | None = None) -> Path:
+                    name: str = "lo", prefill_port: int | None = None, prefix: Path | None = None) -> Path:
     """A one-host inventory whose box is this machine over the loopback sshd, serving on ``port``
     (router and decode; prefill too unless ``prefill_port`` names another server)."""
     from tests.remote_inventory import write_inventory
@@ -170,6 +170,25 @@ def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port
         dsv4_context_length=context_length, dsv4_router_port=port, dsv4_decode_port=port,
         dsv4_prefill_port=prefill_port or port, dsv4_prefill_gpus=[0, 1, 2, 3], dsv4_decode_gpus=[4, 5, 6, 7],
         dsv4_gpu_count=8, dsv4_kernel_flags={"SGLANG_SM120_TRITON_INDEXER": "1"},
+        dsv4_prefix=str(prefix) if prefix else None,
+    )
+
+
+def write_units(prefix: Path, venv: Path, port: int) -> None:
+    """dsv4-decode.service + environment files under ``prefix``, shaped like the playbook's."""
+    etc = prefix / "etc" / "dsv4kit"
+    units = prefix / "etc" / "systemd" / "system"
+    etc.mkdir(parents=True, exist_ok=True)
+    units.mkdir(parents=True, exist_ok=True)
+    (etc / "kernel-flags.env").write_text("# kernel flags\nSGLANG_SM120_TRITON_INDEXER=1\nSGLANG_SM120_MMA_ATTENTION=0\n")
+    (etc / "nccl.env").write_text("NCCL_P2P_DISABLE=1\nSGLANG_HF_TOKEN=hf_FAKE-SECRET-unit\n")
+    (units / "dsv4-decode.service").write_text(
+        "[Service]\n"
+        f"EnvironmentFile={etc}/nccl.env\n"
+        f"EnvironmentFile={etc}/kernel-flags.env\n"
+        f"EnvironmentFile=-{etc}/missing.env\n"
+        "Environment=CUDA_VISIBLE_DEVICES=4,5,6,7\n"
+        f"ExecStart={venv}/bin/python -m sglang.launch_server --tp 4 --port {port} --context-length 4096\n"
     )
 
 

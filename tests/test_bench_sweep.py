@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_support import FakeServer, bench_inventory, client_venv, make_tokenizer
+from tests.bench_support import FakeServer, bench_inventory, client_venv, make_tokenizer, write_units
 from tests.fake_sglang_server import FAKE_ADMIN_KEY, FAKE_API_KEY
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir):
     """A stand-in server and an inventory whose host is this machine; yields (server, inventory)."""
     servers = []
 
-    def make(separate_prefill: bool = False, **server_kw):
+    def make(separate_prefill: bool = False, units: bool = False, **server_kw):
         context_length = server_kw.pop("inventory_context_length", None)
         server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
         servers.append(server)
@@ -51,9 +51,14 @@ def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir):
             prefill = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
             servers.append(prefill)
             prefill_port = prefill.port
+        prefix = None
+        if units:  # the serving units the playbook would have written, under a scratch prefix
+            prefix = tmp_path / "prefix"
+            write_units(prefix, bench_venv, server.port)
         inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
                                     model_path=tokenizer_dir, port=server.port, prefill_port=prefill_port,
-                                    context_length=context_length or server_kw.get("context_length", 4096))
+                                    context_length=context_length or server_kw.get("context_length", 4096),
+                                    prefix=prefix)
         return server, inventory
 
     yield make
@@ -90,7 +95,7 @@ def scratch_dirs(inventory: Path) -> list[str]:
 
 
 def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
-    server, inventory = box(context_length=4096, separate_prefill=True)
+    server, inventory = box(context_length=4096, separate_prefill=True, units=True)
     repo = tmp_path / "results"
     proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1,4", "--repeat", "2", *SMALL,
                    "-i", str(inventory), "--results-repo", str(repo), "--json")
@@ -136,6 +141,12 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
     assert record["server"]["prefill"]["resolved_args_sha256"] and record["server"]["prefill"]["context_length"] == 4096
     assert record["model"]["revision"] == "test-rev-1" and record["model"]["tokenizer_json_sha256"]
     assert sw["kernel_flags"] == {"SGLANG_SM120_TRITON_INDEXER": "1"}
+    # the serving environment, from the units and their environment files (the stand-in is no
+    # sglang.launch_server process, so /proc has nothing to say)
+    assert sw["server_env"]["SGLANG_SM120_TRITON_INDEXER"] == "1" and sw["server_env"]["NCCL_P2P_DISABLE"] == "1"
+    assert sw["server_env"]["SGLANG_HF_TOKEN"] == "[SCRUBBED]" and "dsv4-decode.service" in sw["server_env_source"]
+    assert record["server"]["units"]["dsv4-decode"]["exec_start"][1:3] == ["-m", "sglang.launch_server"]
+    assert record["server"]["units"]["dsv4-decode"]["missing_env_files"][0].endswith("missing.env")
     assert record["client"]["seed"] == 42 and record["client"]["dataset"]["range_ratio"] == 1.0
     assert record["comparability_key"]["concurrency"] == [1, 4]
 
@@ -147,6 +158,7 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
         blobs.append(gzip.decompress(path.read_bytes()))
     for blob in blobs:
         assert FAKE_API_KEY.encode() not in blob and FAKE_ADMIN_KEY.encode() not in blob
+        assert b"hf_FAKE-SECRET-unit" not in blob
     assert "[SCRUBBED]" in json.dumps(record["server"]["launch_args"])
 
     # the box's scratch directory is gone

@@ -254,8 +254,10 @@ class Remote:
                              f"{timeout:g}s: {answer.get('last_error')}")
 
     def probe(self) -> dict:
+        prefix = str(self.host.get("dsv4_prefix") or "/").rstrip("/")
         return self.helper("probe", "--model-path", str(self.host.get("dsv4_model_path") or ""),
-                           "--state-dir", str(self.host.get("dsv4_state_dir") or ""), timeout=PROBE_TIMEOUT_S)
+                           "--state-dir", str(self.host.get("dsv4_state_dir") or ""),
+                           "--unit-dir", f"{prefix}/etc/systemd/system", timeout=PROBE_TIMEOUT_S)
 
     def fetch_line(self, remote_file: str, label: str) -> dict:
         with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:

@@ -5,10 +5,11 @@ JSON object on stdout:
 
 ``server-info --port P``        ``GET /server_info`` of the server on 127.0.0.1:P.
 ``wait-health --ports P,Q --timeout S``  poll ``GET /health`` until every port answers 200.
-``probe --model-path M --state-dir D``   provenance: package versions, CUDA, GPUs
+``probe --model-path M --state-dir D --unit-dir U``   provenance: package versions, CUDA, GPUs
                                 (``nvidia-smi``; null with a reason when it is absent), OS, the
-                                serving processes' argv and SGLANG_*/CUDA_*/NCCL_* environment,
-                                model files' hashes, the SGLang wheel hash.
+                                serving processes' argv and SGLANG_*/CUDA_*/NCCL_* environment
+                                (``/proc``, when readable), the same from the dsv4-*.service units
+                                and their environment files, model files' hashes, the wheel hash.
 
 Ports are not exposed off the box, so everything HTTP goes through here over SSH. An API key,
 when the server needs one, comes from the environment (``OPENAI_API_KEY``), never from argv.
@@ -218,6 +219,59 @@ def _serving_processes() -> list:
     return found
 
 
+def _read_env_file(path: str) -> dict:
+    values = {}
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if not line or line.startswith("#") or "=" not in line:
+                continue
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip().strip('"').strip("'")
+    return values
+
+
+def _units(unit_dir: str) -> dict:
+    """The dsv4 serving units as written by the playbook: environment (files + Environment=) and ExecStart."""
+    import shlex
+
+    units = {}
+    if not unit_dir:
+        return units
+    for path in sorted(glob.glob(os.path.join(unit_dir, "dsv4-*.service"))):
+        name = os.path.basename(path)[: -len(".service")]
+        unit = {"path": path, "env": {}, "env_files": [], "missing_env_files": [], "exec_start": None}
+        try:
+            lines = open(path).read().splitlines()
+        except OSError as exc:
+            unit["error"] = str(exc)
+            units[name] = unit
+            continue
+        for line in lines:
+            key, _, value = line.partition("=")
+            key = key.strip()
+            if key == "EnvironmentFile":
+                env_path = value.strip().lstrip("-")
+                try:
+                    unit["env"].update(_read_env_file(env_path))
+                    unit["env_files"].append(env_path)
+                except OSError:
+                    unit["missing_env_files"].append(env_path)
+            elif key == "Environment":
+                for item in shlex.split(value):
+                    if "=" in item:
+                        k, v = item.split("=", 1)
+                        unit["env"][k] = v
+            elif key == "ExecStart":
+                try:
+                    unit["exec_start"] = shlex.split(value.strip().lstrip("-@+!"))
+                except ValueError:
+                    unit["exec_start"] = value.strip()
+        unit["env"] = {k: v for k, v in unit["env"].items() if k.startswith(ENV_PREFIXES)}
+        units[name] = unit
+    return units
+
+
 def _model(model_path: str) -> dict:
     info = {"local_path": model_path, "exists": os.path.isdir(model_path)}
     match = re.search(r"snapshots/([0-9a-f]{40})", os.path.realpath(model_path))
@@ -270,6 +324,7 @@ def cmd_probe(args) -> dict:
         "sglang_wheel": _sglang_wheel(args.state_dir),
         "gpus": _gpus(),
         "processes": _serving_processes(),
+        "units": _units(args.unit_dir),
         "model": _model(args.model_path),
         "client_env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
     }
@@ -288,6 +343,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("probe")
     p.add_argument("--model-path", required=True)
     p.add_argument("--state-dir", default="")
+    p.add_argument("--unit-dir", default="", help="where the dsv4-*.service units are (<dsv4_prefix>/etc/systemd/system)")
     args = parser.parse_args(argv)
     handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe}[args.command]
     result = handler(args)

@@ -84,6 +84,7 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
     gpus["serving_count"] = serving_gpu_count(host)
     gpus["expected_count"] = host.get("dsv4_gpu_count")
     processes = probe.get("processes") or []
+    units = probe.get("units") or {}
     server_env: dict = {}
     env_reasons = []
     for proc in processes:
@@ -91,6 +92,15 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
             server_env.update(proc["env"])
         elif proc.get("env_reason"):
             env_reasons.append(proc["env_reason"])
+    env_source = "process environment (/proc/<pid>/environ)" if server_env else None
+    if not server_env and units:
+        # The running processes' environment is not readable as the SSH user: take what the
+        # units (and their environment files) give the decode server.
+        unit = units.get("dsv4-decode") or next(iter(units.values()))
+        server_env = dict(unit.get("env") or {})
+        env_source = f"unit {unit.get('path')} and its environment files"
+    if not server_env and not env_reasons and not processes and not units:
+        env_reasons.append("no serving process or dsv4-*.service unit found on the box")
     model_probe = probe.get("model") or {}
     model_path = host.get("dsv4_model_path") or server_info.get("model_path") or ""
     host_info = {"name": host.name, **(probe.get("host") or {})}
@@ -104,7 +114,8 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
         "transformers": packages.get("transformers"),
         "packages": packages,
         "server_env": server_env if (server_env or not env_reasons) else None,
-        "server_env_reason": "; ".join(sorted(set(env_reasons))) or None,
+        "server_env_source": env_source,
+        "server_env_reason": None if server_env else ("; ".join(sorted(set(env_reasons))) or None),
         "client_env": probe.get("client_env"),
         "kernel_flags": host.get("dsv4_kernel_flags"),
     }
@@ -127,6 +138,9 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
         "max_running_requests": server_info.get("max_running_requests"),
         "restarted_for_context_length": restarted,
         "processes": [{"pid": p.get("pid"), "argv": p.get("argv")} for p in processes],
+        "units": {name: {"path": u.get("path"), "exec_start": u.get("exec_start"), "env": u.get("env"),
+                         "env_files": u.get("env_files"), "missing_env_files": u.get("missing_env_files")}
+                  for name, u in units.items()},
     }
     if prefill_server_info:
         prefill = scrub(prefill_server_info)
