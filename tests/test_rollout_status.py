@@ -165,8 +165,10 @@ def test_status_flags_on_in_the_sglang_venv(sglang_venv, site):
 
 
 def test_status_flags_unset_is_stock_and_ok(sglang_venv, site):
-    rc, report = _status(sglang_venv, site)
+    rc, report = _status(sglang_venv, site, {"SGLANG_OPT_USE_TILELANG_INDEXER": "0"})
     assert rc == exitcodes.OK
+    assert report["sglang_env"]["SGLANG_OPT_USE_TILELANG_INDEXER"] == "0"
+    assert report["sglang_env"]["SGLANG_SM120_FLASHMLA_BACKEND"] is None
     for entry in report["targets"]:
         assert not entry["replaced"]
         assert f"{entry['flag']} is not set" in entry["reasons"]

@@ -37,6 +37,10 @@ from dsv4kit.rollout_targets import (
 )
 
 
+SGLANG_CONTEXT_ENV = ("SGLANG_OPT_USE_TILELANG_INDEXER", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH",
+                      "SGLANG_SM120_FLASHMLA_BACKEND", "SGLANG_PLUGINS")
+
+
 def _sglang_dir() -> Optional[str]:
     """Directory of the ``sglang`` package, found without executing its ``__init__``."""
     try:
@@ -165,6 +169,9 @@ def status_report(environ=None) -> dict:
                    "supported": version_supported(version),
                    "supported_versions": list(SUPPORTED_SGLANG_VERSIONS), "location": sglang_dir},
     }
+    # SGLang's own switches that decide which indexer target it dispatches to (spec 3.1) and the
+    # plugin whitelist; shown as seen, unset meaning SGLang's sm_120 defaults.
+    report["sglang_env"] = {name: environ.get(name) for name in SGLANG_CONTEXT_ENV}
     flags = {name: read_flag(name, environ) for name in FLAGS}
     report["flags"] = {name: {"value": f.raw, "enabled": f.enabled, "error": f.error}
                        for name, f in flags.items()}
@@ -240,6 +247,8 @@ def render(report: dict) -> str:
         value = "unset" if f["value"] is None else repr(f["value"])
         state = "on" if f["enabled"] else ("INVALID" if f["error"] else "off")
         lines.append(f"Flag {name}: {state} ({value})")
+    context = ", ".join(f"{k}={v}" for k, v in report.get("sglang_env", {}).items() if v is not None)
+    lines.append(f"SGLang switches: {context or 'none set (SGLang sm_120 defaults: TileLang indexer)'}")
     for entry in report["targets"]:
         if entry["replaced"]:
             verdict = f"REPLACED by {entry['kernel']} (first call checked against the contract)"
