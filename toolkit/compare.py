@@ -178,7 +178,7 @@ def format_comparison(result: Comparison) -> str:
     for d in result.info:
         lines.append(f"note: {d['field']} differs: {str(d['old'])[:60]} -> {str(d['new'])[:60]}")
     if result.rows:
-        header = f"{'metric':<18} {'C':>4} {'old':>11} {'new':>11} {'Δ%':>8} {'95% CI of Δ%':>19} {'floor%':>7}  verdict"
+        header = f"{'metric':<18} {'C':>4} {'old':>11} {'new':>11} {'Δ%':>8} {'95% CI of Δ%':>19} {'thresh%':>7}  verdict"
         lines += ["", header, "-" * len(header)]
         for r in result.rows:
             ci = f"[{_fmt(r.ci_pct[0], 1)}, {_fmt(r.ci_pct[1], 1)}]" if r.ci_pct else "n<2"
