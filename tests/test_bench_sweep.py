@@ -75,6 +75,24 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
+def clients_running(inventory: Path) -> list[str]:
+    """Command lines of bench clients still running for this inventory's box scratch directory."""
+    scratch = str(inventory.parent / "state" / "scratch")
+    deadline = time.monotonic() + 15
+    while True:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "sglang.benchmark.serving" in text and scratch in text:
+                found.append(text)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
 def repo_is_untouched(repo: Path) -> None:
     """No commit, no tag, no stray file: the repository is absent or empty."""
     if not repo.exists():
@@ -214,6 +232,7 @@ def test_an_interrupted_sweep_records_nothing(box, tmp_path):
     assert "nothing was recorded" in rest
     repo_is_untouched(repo)
     assert scratch_dirs(inventory) == []
+    assert clients_running(inventory) == []  # the remote client's process group was killed
 
 
 def test_a_point_timeout_aborts_the_sweep_and_records_nothing(box, tmp_path):
