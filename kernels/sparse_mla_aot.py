@@ -21,7 +21,7 @@ def _decode_signature():
         ("q_ptr", "*bf16"), ("stride_qt", "i32"), ("stride_qh", "i32"), ("stride_qd", "i32"),
         ("kv_ptr", "*u8"), ("kv_page_stride", "i64"), ("kv_num_slots", "i64"),
         ("idx_ptr", "*i32"), ("stride_it", "i32"), ("stride_ij", "i32"), ("len_ptr", "*i32"), ("width", "i32"),
-        ("ex_kv_ptr", "*u8"), ("ex_page_stride", "i64"), ("ex_num_slots", "i64"),
+        ("ex_delta", "i64"), ("ex_page_stride", "i64"), ("ex_num_slots", "i64"),
         ("ex_idx_ptr", "*i32"), ("stride_et", "i32"), ("stride_ej", "i32"), ("ex_len_ptr", "*i32"),
         ("ex_width", "i32"),
         ("sink_ptr", "*fp32"), ("out_ptr", "*bf16"), ("stride_ot", "i32"), ("stride_oh", "i32"),
@@ -47,22 +47,23 @@ def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_
     sig = _decode_signature()
     for name, val in (("PS", page_size), ("EX_PS", extra_page_size), ("HAS_EXTRA", has_extra),
                       ("SPLIT", split), ("BLOCK_H", cfg.block_h), ("BLOCK_N", cfg.block_n),
-                      ("DOT_DTYPE", mod._DOT_DTYPES[dot_dtype])):
+                      ("DOT_DTYPE", mod._DOT_DTYPES[dot_dtype]), ("PREFETCH", bool(cfg.prefetch))):
         sig[name] = "constexpr"
     constexprs = {"PS": page_size, "EX_PS": extra_page_size, "HAS_EXTRA": has_extra, "SPLIT": split,
                   "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n,
-                  "DOT_DTYPE": mod._DOT_DTYPES[dot_dtype]}
+                  "DOT_DTYPE": mod._DOT_DTYPES[dot_dtype], "PREFETCH": bool(cfg.prefetch)}
     # Mirror what the JIT specialises in a real call: unit strides become constants, pointers and
     # the page / row strides (multiples of 16 bytes in the V4 layout) carry divisibility 16.
     for name in ("stride_qd", "stride_ij", "stride_ej"):
         sig[name] = "constexpr"
         constexprs[name] = 1
-    div16 = {"stride_qt", "stride_qh", "kv_page_stride", "stride_it", "width", "ex_page_stride",
+    div16 = {"stride_qt", "stride_qh", "kv_page_stride", "stride_it", "width", "ex_delta", "ex_page_stride",
              "stride_et", "ex_width", "stride_ot", "stride_oh"}
     names = list(sig)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
              if n in div16 or (sig[n].startswith("*"))}
-    src = ASTSource(mod._sparse_mla_decode_kernel, sig, constexprs, attrs)
+    fn = mod._sparse_mla_decode_wide_kernel if cfg.wide else mod._sparse_mla_decode_kernel
+    src = ASTSource(fn, sig, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
@@ -86,7 +87,8 @@ if __name__ == "__main__":
     print(summary(compile_decode(cap, cfg)))
 
 
-def compile_combine(capability: int, block_h: int = 16, block_n: int = 16, has_extra: bool = True):
+def compile_combine(capability: int, block_h: int = 16, block_n: int = 16, has_extra: bool = True,
+                    block_d: int = 128):
     """``triton.compile`` the split-combine kernel for ``sm_<capability>``."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -97,7 +99,7 @@ def compile_combine(capability: int, block_h: int = 16, block_n: int = 16, has_e
     sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16",
            "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32", "len_ptr": "*i32", "width": "i32",
            "ex_len_ptr": "*i32", "ex_width": "i32", "H": "i32", "num_splits": "i32",
-           "HAS_EXTRA": "constexpr", "BLOCK_H": "constexpr", "BLOCK_N": "constexpr"}
-    constexprs = {"HAS_EXTRA": has_extra, "BLOCK_H": block_h, "BLOCK_N": block_n}
+           "HAS_EXTRA": "constexpr", "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"}
+    constexprs = {"HAS_EXTRA": has_extra, "BLOCK_H": block_h, "BLOCK_N": block_n, "BLOCK_D": block_d}
     src = ASTSource(mod._combine_splits_kernel, sig, constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})

@@ -59,6 +59,7 @@ SM120_DECODE_MAX_TOKENS = 64
 MAX_HEADS = 64
 MAX_SPLITS = 32
 COMBINE_BLOCK_H = 16
+COMBINE_BLOCK_D = 128
 LOG2E = 1.4426950408889634
 
 _DOT_DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
@@ -70,6 +71,8 @@ class DecodeConfig:
     block_n: int = 32
     num_warps: int = 8
     num_stages: int = 1
+    prefetch: bool = True  # issue tile i+1's loads before computing tile i (see the kernel)
+    wide: bool = False  # one [BLOCK_N, 512] KV tile and two dots a step instead of 8 + 8 tiles
 
 
 def interpreting() -> bool:
@@ -81,53 +84,94 @@ def interpreting() -> bool:
 # --------------------------------------------------------------------------------------------
 
 @triton.jit
-def _attend_range(
-    acc, m_i, l_i, q, row_idx_ptr, stride_idx, lo, hi, cache_ptr, page_stride, num_slots,
-    qk_scale_log2,
-    PS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
-):
-    """Online softmax (base 2) over entries ``[lo, hi)`` of one scope's index row."""
-    tiles = tl.arange(0, 8)  # 7 fp8 tiles of 64 dims, then the bf16 rope as tile 7
-    c64 = tl.arange(0, 64)
-    nope_tile = tiles < 7
-    for start in range(lo, hi, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N)
-        in_range = j < hi
-        idx = tl.load(row_idx_ptr + j * stride_idx, mask=in_range, other=-1)
-        valid = in_range & (idx >= 0) & (idx < num_slots)
-        slot = tl.where(valid, idx, 0).to(tl.int64)
-        page = slot // PS
-        off = slot - page * PS
-        base = page * page_stride  # int64 byte offset of the page
-        data = base + off * 576  # [BLOCK_N]
-        # V4 bytes (spec 4.3): fp8 nope [0,448) + bf16 rope [448,576) per token, then the
-        # ue8m0 scale bytes of the whole page at ps*576 + off*8. The three loads are tight
-        # (no masked-off columns), so the pipeliner's shared-memory stages stay small. Invalid
-        # rows load zeros, so a NaN-encoded fp8 byte in an unused slot never reaches P·V.
-        nope_mask = valid[:, None, None] & nope_tile[None, :, None]
-        nope_u8 = tl.load(cache_ptr + data[:, None, None] + (tiles * 64)[None, :, None] + c64[None, None, :],
-                          mask=nope_mask, other=0)  # [BLOCK_N, 8, 64]
-        scale_u8 = tl.load(cache_ptr + (base + PS * 576 + off * 8)[:, None] + tiles[None, :],
-                           mask=valid[:, None] & nope_tile[None, :], other=0)  # [BLOCK_N, 8]
-        rope_ptr = (cache_ptr + data + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-        rope = tl.load(rope_ptr[:, None] + c64[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_N, 64]
-        # fp8 * 2^(e-127) is exact in bf16 (8 exponent bits): dequantise in the dot dtype.
-        scale = tl.exp2(scale_u8.to(tl.float32) - 127.0).to(DOT_DTYPE)
-        nope = nope_u8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE) * scale[:, :, None]
-        kv3 = tl.where(nope_tile[None, :, None], nope, rope.to(DOT_DTYPE)[:, None, :])
-        kv = tl.reshape(kv3, [BLOCK_N, 512])  # dim = tile * 64 + c
+def _load_idx(idx_row, stride_ij, ex_row, stride_ej, j, hi, n_swa, HAS_EXTRA: tl.constexpr):
+    """Slot ids of virtual entries ``j`` (``[valid SWA | valid extra]``); -1 past ``hi``."""
+    in_range = j < hi
+    if HAS_EXTRA:
+        is_swa = j < n_swa
+        idx_s = tl.load(idx_row + j * stride_ij, mask=in_range & is_swa, other=-1)
+        idx_e = tl.load(ex_row + (j - n_swa) * stride_ej, mask=in_range & (j >= n_swa), other=-1)
+        idx = tl.where(is_swa, idx_s, idx_e)
+    else:
+        idx = tl.load(idx_row + j * stride_ij, mask=in_range, other=-1)
+    return idx
 
-        s = tl.dot(q, tl.trans(kv)) * qk_scale_log2  # [BLOCK_H, BLOCK_N], log2 domain
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(DOT_DTYPE), kv, acc)
-        m_i = m_new
-    return acc, m_i, l_i
+
+@triton.jit
+def _row_offsets(idx, j, n_swa, kv_num_slots, kv_page_stride, ex_delta, ex_num_slots, ex_page_stride,
+                 PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """(valid, byte offset of the row data, byte offset of its scale word), both from ``kv_ptr``.
+
+    V4 bytes (spec 4.3): the row at ``page*stride + off*576``, its 8 ue8m0 scale bytes at
+    ``page*stride + ps*576 + off*8``. The extra cache is addressed from ``kv_ptr`` too, through
+    ``ex_delta`` (its base minus ``kv_ptr``, a multiple of 16): a select between two int64
+    offsets keeps the 16-byte alignment the vectorised loads need (a pointer select loses it).
+    """
+    if HAS_EXTRA:
+        is_swa = j < n_swa
+        valid = (idx >= 0) & (idx < tl.where(is_swa, kv_num_slots, ex_num_slots))
+        slot = tl.where(valid, idx, 0).to(tl.int64)
+        page_s = slot // PS
+        off_s = slot - page_s * PS
+        page_e = slot // EX_PS
+        off_e = slot - page_e * EX_PS
+        base = tl.where(is_swa, page_s * kv_page_stride, ex_delta + page_e * ex_page_stride)
+        data = base + tl.where(is_swa, off_s * 576, off_e * 576)
+        scale = base + tl.where(is_swa, PS * 576 + off_s * 8, EX_PS * 576 + off_e * 8)
+    else:
+        valid = (idx >= 0) & (idx < kv_num_slots)
+        slot = tl.where(valid, idx, 0).to(tl.int64)
+        page_s = slot // PS
+        off_s = slot - page_s * PS
+        base = page_s * kv_page_stride
+        data = base + off_s * 576
+        scale = base + PS * 576 + off_s * 8
+    return valid, tl.multiple_of(data, 16), tl.multiple_of(scale, 8)
+
+
+@triton.jit
+def _load_rows(kv_ptr, valid, data, scale):
+    """Raw bytes of the gathered rows: the scale word and the 7 fp8 tiles + the bf16 rope tile.
+
+    Each tile is one contiguous 64-byte (nope) or 128-byte (rope) run per row: vectorised loads.
+    Invalid rows load zeros, so a NaN fp8 byte in an unused slot never reaches P V.
+    """
+    c = tl.arange(0, 64)
+    row = kv_ptr + data
+    m = valid[:, None]
+    sw = tl.load((kv_ptr + scale).to(tl.pointer_type(tl.int64), bitcast=True), mask=valid, other=0)
+    r0 = tl.load(row[:, None] + c[None, :], mask=m, other=0)
+    r1 = tl.load(row[:, None] + (64 + c)[None, :], mask=m, other=0)
+    r2 = tl.load(row[:, None] + (128 + c)[None, :], mask=m, other=0)
+    r3 = tl.load(row[:, None] + (192 + c)[None, :], mask=m, other=0)
+    r4 = tl.load(row[:, None] + (256 + c)[None, :], mask=m, other=0)
+    r5 = tl.load(row[:, None] + (320 + c)[None, :], mask=m, other=0)
+    r6 = tl.load(row[:, None] + (384 + c)[None, :], mask=m, other=0)
+    rope_ptr = (row + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+    rp = tl.load(rope_ptr[:, None] + c[None, :], mask=m, other=0.0)
+    return sw, r0, r1, r2, r3, r4, r5, r6, rp
+
+
+@triton.jit
+def _dequant(raw, scale_word, TILE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """fp8 tile * 2^(e-127), exact in bf16 (8 exponent bits)."""
+    e = ((scale_word >> (8 * TILE)) & 0xFF).to(tl.float32)
+    scale = tl.exp2(e - 127.0).to(DOT_DTYPE)
+    return raw.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE) * scale[:, None]
+
+
+@triton.jit
+def _q_tile(q_row_ptr, stride_qd, head_ok, TILE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    c = tl.arange(0, 64)
+    return tl.load(q_row_ptr[:, None] + (TILE * 64 + c)[None, :] * stride_qd, mask=head_ok[:, None],
+                   other=0.0).to(DOT_DTYPE)
+
+
+@triton.jit
+def _store_tile(out_row_ptr, head_ok, val, TILE: tl.constexpr):
+    c = tl.arange(0, 64)
+    tl.store(out_row_ptr[:, None] + (TILE * 64 + c)[None, :], val.to(out_row_ptr.dtype.element_ty),
+             mask=head_ok[:, None])
 
 
 @triton.jit
@@ -135,23 +179,31 @@ def _sparse_mla_decode_kernel(
     q_ptr, stride_qt, stride_qh, stride_qd,
     kv_ptr, kv_page_stride, kv_num_slots,
     idx_ptr, stride_it, stride_ij, len_ptr, width,
-    ex_kv_ptr, ex_page_stride, ex_num_slots,
+    ex_delta, ex_page_stride, ex_num_slots,
     ex_idx_ptr, stride_et, stride_ej, ex_len_ptr, ex_width,
     sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
     part_o_ptr, part_lse_ptr,
     H, num_splits, qk_scale_log2,
     PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     t = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
-    cols = tl.arange(0, 512)
 
-    q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + cols[None, :] * stride_qd,
-                mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+    # q as 8 tiles of 64 dims (7 nope + rope): S = sum_k Q_k K_k^T, O_k += P V_k, so no
+    # [BLOCK_N, 512] tensor is ever reshaped or re-laid out.
+    q_row = q_ptr + t.to(tl.int64) * stride_qt + heads * stride_qh
+    q0 = _q_tile(q_row, stride_qd, head_ok, 0, DOT_DTYPE)
+    q1 = _q_tile(q_row, stride_qd, head_ok, 1, DOT_DTYPE)
+    q2 = _q_tile(q_row, stride_qd, head_ok, 2, DOT_DTYPE)
+    q3 = _q_tile(q_row, stride_qd, head_ok, 3, DOT_DTYPE)
+    q4 = _q_tile(q_row, stride_qd, head_ok, 4, DOT_DTYPE)
+    q5 = _q_tile(q_row, stride_qd, head_ok, 5, DOT_DTYPE)
+    q6 = _q_tile(q_row, stride_qd, head_ok, 6, DOT_DTYPE)
+    q7 = _q_tile(q_row, stride_qd, head_ok, 7, DOT_DTYPE)
 
     # Lengths are device values (graph-safe); clamp them to the index widths.
     n_swa = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), width)
@@ -163,34 +215,230 @@ def _sparse_mla_decode_kernel(
     v_lo = tl.minimum(sp * chunk, total)
     v_hi = tl.minimum(v_lo + chunk, total)
 
-    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    ex_row = ex_idx_ptr + t.to(tl.int64) * stride_et
+    a0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    a1 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    a2 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    a3 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    a4 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    a5 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    a6 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    a7 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc, m_i, l_i = _attend_range(
-        acc, m_i, l_i, q, idx_ptr + t.to(tl.int64) * stride_it, stride_ij,
-        tl.minimum(v_lo, n_swa), tl.minimum(v_hi, n_swa), kv_ptr, kv_page_stride, kv_num_slots,
-        qk_scale_log2, PS, BLOCK_N, DOT_DTYPE)
-    if HAS_EXTRA:
-        acc, m_i, l_i = _attend_range(
-            acc, m_i, l_i, q, ex_idx_ptr + t.to(tl.int64) * stride_et, stride_ej,
-            tl.maximum(v_lo, n_swa) - n_swa, tl.maximum(v_hi, n_swa) - n_swa,
-            ex_kv_ptr, ex_page_stride, ex_num_slots, qk_scale_log2, EX_PS, BLOCK_N, DOT_DTYPE)
+    # One loop over this split's part of the virtual sequence [valid SWA | valid extra]; a tile
+    # may straddle the two scopes (each row picks its cache, page size and index row).
+    # PREFETCH: the loads of tile i+1 and the indices of tile i+2 are issued before tile i is
+    # computed (register double-buffering), so the idx -> address -> gather chain overlaps
+    # the MMAs instead of stalling every step.
+    ar = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
+        valid_c, data_c, scale_c = _row_offsets(idx_c, v_lo + ar, n_swa, kv_num_slots, kv_page_stride,
+                                                ex_delta, ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
+        sw_c, r0, r1, r2, r3, r4, r5, r6, rp = _load_rows(kv_ptr, valid_c, data_c, scale_c)
+        idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + BLOCK_N + ar, v_hi, n_swa, HAS_EXTRA)
+    for start in range(v_lo, v_hi, BLOCK_N):
+        if PREFETCH:
+            jn = start + BLOCK_N + ar
+            valid_n, data_n, scale_n = _row_offsets(idx_n, jn, n_swa, kv_num_slots, kv_page_stride, ex_delta,
+                                                    ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
+            sw_n, n0, n1, n2, n3, n4, n5, n6, np_ = _load_rows(kv_ptr, valid_n, data_n, scale_n)
+            idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, jn + BLOCK_N, v_hi, n_swa, HAS_EXTRA)
+        else:
+            j = start + ar
+            idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, j, v_hi, n_swa, HAS_EXTRA)
+            valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
+                                                    ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
+            sw_c, r0, r1, r2, r3, r4, r5, r6, rp = _load_rows(kv_ptr, valid_c, data_c, scale_c)
+
+        k0 = _dequant(r0, sw_c, 0, DOT_DTYPE)
+        k1 = _dequant(r1, sw_c, 1, DOT_DTYPE)
+        k2 = _dequant(r2, sw_c, 2, DOT_DTYPE)
+        k3 = _dequant(r3, sw_c, 3, DOT_DTYPE)
+        k4 = _dequant(r4, sw_c, 4, DOT_DTYPE)
+        k5 = _dequant(r5, sw_c, 5, DOT_DTYPE)
+        k6 = _dequant(r6, sw_c, 6, DOT_DTYPE)
+        k7 = rp.to(DOT_DTYPE)
+
+        s = tl.dot(q0, tl.trans(k0))
+        s = tl.dot(q1, tl.trans(k1), s)
+        s = tl.dot(q2, tl.trans(k2), s)
+        s = tl.dot(q3, tl.trans(k3), s)
+        s = tl.dot(q4, tl.trans(k4), s)
+        s = tl.dot(q5, tl.trans(k5), s)
+        s = tl.dot(q6, tl.trans(k6), s)
+        s = tl.dot(q7, tl.trans(k7), s)
+        s = tl.where(valid_c[None, :], s * qk_scale_log2, float("-inf"))  # log2 domain
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        pd = p.to(DOT_DTYPE)
+        a0 = tl.dot(pd, k0, a0 * alpha[:, None])
+        a1 = tl.dot(pd, k1, a1 * alpha[:, None])
+        a2 = tl.dot(pd, k2, a2 * alpha[:, None])
+        a3 = tl.dot(pd, k3, a3 * alpha[:, None])
+        a4 = tl.dot(pd, k4, a4 * alpha[:, None])
+        a5 = tl.dot(pd, k5, a5 * alpha[:, None])
+        a6 = tl.dot(pd, k6, a6 * alpha[:, None])
+        a7 = tl.dot(pd, k7, a7 * alpha[:, None])
+        if PREFETCH:
+            valid_c = valid_n
+            sw_c = sw_n
+            r0 = n0
+            r1 = n1
+            r2 = n2
+            r3 = n3
+            r4 = n4
+            r5 = n5
+            r6 = n6
+            rp = np_
 
     has_any = l_i > 0.0
     if SPLIT:
-        # Partial state of this split: normalised o and its base-2 log-sum-exp.
-        o = tl.where(has_any[:, None], acc / tl.where(has_any, l_i, 1.0)[:, None], 0.0)
+        # Partial state of this split: normalised o (fp32) and its base-2 log-sum-exp.
+        inv = tl.where(has_any, 1.0 / tl.where(has_any, l_i, 1.0), 0.0)
         lse2 = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
         row = (t * num_splits + sp).to(tl.int64) * H + heads
-        tl.store(part_o_ptr + row[:, None] * 512 + cols[None, :], o, mask=head_ok[:, None])
+        o_row = part_o_ptr + row * 512
         tl.store(part_lse_ptr + row, lse2, mask=head_ok)
     else:
         sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
         m_safe = tl.where(has_any, m_i, 0.0)
         denom = l_i + tl.exp2(sink2 - m_safe)
-        o = tl.where(has_any[:, None], acc / tl.where(has_any, denom, 1.0)[:, None], 0.0)
+        inv = tl.where(has_any, 1.0 / tl.where(has_any, denom, 1.0), 0.0)
+        o_row = out_ptr + t.to(tl.int64) * stride_ot + heads * stride_oh
+        lse = tl.where(has_any, (m_i + tl.log2(tl.where(has_any, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
+    _store_tile(o_row, head_ok, a0 * inv[:, None], 0)
+    _store_tile(o_row, head_ok, a1 * inv[:, None], 1)
+    _store_tile(o_row, head_ok, a2 * inv[:, None], 2)
+    _store_tile(o_row, head_ok, a3 * inv[:, None], 3)
+    _store_tile(o_row, head_ok, a4 * inv[:, None], 4)
+    _store_tile(o_row, head_ok, a5 * inv[:, None], 5)
+    _store_tile(o_row, head_ok, a6 * inv[:, None], 6)
+    _store_tile(o_row, head_ok, a7 * inv[:, None], 7)
+
+
+@triton.jit
+def _load_rows_wide(kv_ptr, valid, data, scale):
+    """Raw bytes of the gathered rows as ``[BLOCK_N, 8, 64]`` fp8 (tile 7 not loaded), the bf16
+    rope ``[BLOCK_N, 64]`` and the scale word ``[BLOCK_N]``."""
+    tiles = tl.arange(0, 8)
+    c = tl.arange(0, 64)
+    row = kv_ptr + data
+    sw = tl.load((kv_ptr + scale).to(tl.pointer_type(tl.int64), bitcast=True), mask=valid, other=0)
+    nope = tl.load(row[:, None, None] + (tiles * 64)[None, :, None] + c[None, None, :],
+                   mask=valid[:, None, None] & (tiles < 7)[None, :, None], other=0)
+    rope_ptr = (row + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+    rp = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
+    return sw, nope, rp
+
+
+@triton.jit
+def _dequant_wide(sw, nope, rp, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """``[BLOCK_N, 512]`` KV (dim = tile * 64 + c): fp8 * 2^(e-127) for tiles 0..6, rope as tile 7."""
+    tiles = tl.arange(0, 8)
+    e = ((sw[:, None] >> (8 * tiles)[None, :].to(tl.int64)) & 0xFF).to(tl.float32)
+    scale = tl.exp2(e - 127.0).to(DOT_DTYPE)  # [BLOCK_N, 8]
+    deq = nope.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE) * scale[:, :, None]
+    kv3 = tl.where((tiles < 7)[None, :, None], deq, rp.to(DOT_DTYPE)[:, None, :])
+    return tl.reshape(kv3, [BLOCK_N, 512])
+
+
+@triton.jit
+def _sparse_mla_decode_wide_kernel(
+    q_ptr, stride_qt, stride_qh, stride_qd,
+    kv_ptr, kv_page_stride, kv_num_slots,
+    idx_ptr, stride_it, stride_ij, len_ptr, width,
+    ex_delta, ex_page_stride, ex_num_slots,
+    ex_idx_ptr, stride_et, stride_ej, ex_len_ptr, ex_width,
+    sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
+    part_o_ptr, part_lse_ptr,
+    H, num_splits, qk_scale_log2,
+    PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """The same maths with one ``[BLOCK_N, 512]`` KV tile: one QK^T and one PV dot a step (for
+    sm_90's wgmma, where eight chained 64-wide dots serialise on their waits)."""
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < H
+    cols = tl.arange(0, 512)
+    q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + cols[None, :] * stride_qd,
+                mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+
+    n_swa = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), width)
+    n_ex = 0
+    if HAS_EXTRA:
+        n_ex = tl.minimum(tl.maximum(tl.load(ex_len_ptr + t), 0), ex_width)
+    total = n_swa + n_ex
+    chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
+    v_lo = tl.minimum(sp * chunk, total)
+    v_hi = tl.minimum(v_lo + chunk, total)
+
+    idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    ex_row = ex_idx_ptr + t.to(tl.int64) * stride_et
+    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    ar = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
+        valid_c, data_c, scale_c = _row_offsets(idx_c, v_lo + ar, n_swa, kv_num_slots, kv_page_stride,
+                                                ex_delta, ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
+        sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
+        idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + BLOCK_N + ar, v_hi, n_swa, HAS_EXTRA)
+    for start in range(v_lo, v_hi, BLOCK_N):
+        if PREFETCH:
+            jn = start + BLOCK_N + ar
+            valid_n, data_n, scale_n = _row_offsets(idx_n, jn, n_swa, kv_num_slots, kv_page_stride, ex_delta,
+                                                    ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
+            sw_n, nope_n, rp_n = _load_rows_wide(kv_ptr, valid_n, data_n, scale_n)
+            idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, jn + BLOCK_N, v_hi, n_swa, HAS_EXTRA)
+        else:
+            j = start + ar
+            idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, j, v_hi, n_swa, HAS_EXTRA)
+            valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
+                                                    ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
+            sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
+        kv = _dequant_wide(sw_c, nope_c, rp_c, BLOCK_N, DOT_DTYPE)
+        s = tl.dot(q, tl.trans(kv))
+        s = tl.where(valid_c[None, :], s * qk_scale_log2, float("-inf"))  # log2 domain
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        acc = tl.dot(p.to(DOT_DTYPE), kv, acc * alpha[:, None])
+        if PREFETCH:
+            valid_c = valid_n
+            sw_c = sw_n
+            nope_c = nope_n
+            rp_c = rp_n
+
+    has_any = l_i > 0.0
+    if SPLIT:
+        inv = tl.where(has_any, 1.0 / tl.where(has_any, l_i, 1.0), 0.0)
+        lse2 = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
+        row = (t * num_splits + sp).to(tl.int64) * H + heads
+        tl.store(part_o_ptr + row[:, None] * 512 + cols[None, :], acc * inv[:, None], mask=head_ok[:, None])
+        tl.store(part_lse_ptr + row, lse2, mask=head_ok)
+    else:
+        sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
+        m_safe = tl.where(has_any, m_i, 0.0)
+        denom = l_i + tl.exp2(sink2 - m_safe)
+        inv = tl.where(has_any, 1.0 / tl.where(has_any, denom, 1.0), 0.0)
         tl.store(out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + cols[None, :],
-                 o.to(tl.bfloat16), mask=head_ok[:, None])
+                 (acc * inv[:, None]).to(tl.bfloat16), mask=head_ok[:, None])
         lse = tl.where(has_any, (m_i + tl.log2(tl.where(has_any, l_i, 1.0))) * 0.6931471805599453,
                        float("-inf"))
         tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
@@ -200,14 +448,15 @@ def _sparse_mla_decode_kernel(
 def _combine_splits_kernel(
     part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
     len_ptr, width, ex_len_ptr, ex_width, H, num_splits,
-    HAS_EXTRA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_EXTRA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Merge the split partials of one (token, head block) and apply the sink."""
+    """Merge the split partials of one (token, head block, BLOCK_D dims) and apply the sink."""
     t = tl.program_id(0)
     hb = tl.program_id(1)
+    db = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
-    cols = tl.arange(0, 512)
+    cols = db * BLOCK_D + tl.arange(0, BLOCK_D)
     # Only the splits that received work (same chunking as the main kernel) are read.
     n_swa = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), width)
     n_ex = 0
@@ -223,7 +472,7 @@ def _combine_splits_kernel(
         big = tl.maximum(big, tl.load(part_lse_ptr + row, mask=head_ok, other=float("-inf")))
     has_any = big > float("-inf")
     big_safe = tl.where(has_any, big, 0.0)
-    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     wsum = tl.zeros([BLOCK_H], dtype=tl.float32)
     for s in range(0, active):
         row = (t * num_splits + s).to(tl.int64) * H + heads
@@ -237,9 +486,10 @@ def _combine_splits_kernel(
     o = tl.where(has_any[:, None], acc / tl.where(has_any, denom, 1.0)[:, None], 0.0)
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + cols[None, :],
              o.to(tl.bfloat16), mask=head_ok[:, None])
-    lse = tl.where(has_any, (big_safe + tl.log2(tl.where(has_any, wsum, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
-    tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
+    if db == 0:
+        lse = tl.where(has_any, (big_safe + tl.log2(tl.where(has_any, wsum, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,23 +517,22 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 
 
 def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
-    """Tile sizes per architecture (checked by the AOT tests and the benchmark's config sweep).
+    """Tile sizes per architecture (AOT-checked by the tests; timed by ``bench_attention --sweep``).
 
-    sm_120 (about 99 KB of shared memory a block, no wgmma): ``BLOCK_H = 16`` heads,
-    ``BLOCK_N = 16`` KV tokens a tile, 4 warps, 2 pipeline stages: about 59 KB of shared memory
-    and no register spills (ptxas, sm_120a). Of the tiles that fit sm_120, it was the fastest
-    in the H200 sweep at c4 T=64 (docs/results/bench_attention_h200.json, ``config_sweep``): the
-    loop is latency-bound, and more, smaller programs beat sharing one KV tile among 32 heads.
-    Each KV tile is still gathered and dequantised once per 16 heads.
+    sm_120 (about 99 KB of shared memory a block, mma.sync only): ``BLOCK_H = 32`` heads,
+    ``BLOCK_N = 32`` KV tokens a tile, 8 warps, register prefetch of the next tile: 192
+    registers a thread, no spills, about 67 KB of shared memory (ptxas, sm_120a).
 
     sm_90 (227 KB, wgmma): ``BLOCK_H = 64`` so all 64 heads of a token share one gathered,
-    dequantised KV tile, ``BLOCK_N = 16``, 8 warps, 3 stages (about 131 KB). This is the tile
-    the committed H200 numbers were measured with.
+    dequantised KV tile and the MMAs are 64-row wgmma; ``BLOCK_N = 32``, 8 warps, Triton's
+    2-stage cp.async pipeline (no spills at 255 registers; q and the KV tiles in shared memory).
     """
     if capability[0] == 12 or capability < (9, 0):
-        return DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=2)
+        block_h = 16 if num_heads <= 16 else 32
+        return DecodeConfig(block_h=block_h, block_n=32, num_warps=8 if block_h == 32 else 4, num_stages=1,
+                            prefetch=True)
     block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
-    return DecodeConfig(block_h=block_h, block_n=16, num_warps=8, num_stages=3)
+    return DecodeConfig(block_h=block_h, block_n=32, num_warps=8, num_stages=2, prefetch=False)
 
 
 def choose_num_splits(T: int, head_blocks: int, width_total: int, block_n: int, sm_count: int) -> int:
@@ -316,6 +565,11 @@ def _check_cache(name: str, cache: torch.Tensor, device: torch.device) -> int:
     if cache.stride(0) < ps * TOKEN_BYTES:
         raise ValueError(f"{name}.stride(0) = {cache.stride(0)} is smaller than a V4 page of "
                          f"{ps} tokens ({ps * TOKEN_BYTES} bytes)")
+    # The kernel reads each token's 8 scale bytes as one int64 word and its rows as 16-byte
+    # vectors: pages must start 16-byte aligned (SGLang's page sizes are multiples of 576).
+    if cache.stride(0) % 16 or cache.data_ptr() % 16:
+        raise ValueError(f"{name} pages must be 16-byte aligned: stride(0) = {cache.stride(0)}, "
+                         f"data_ptr % 16 = {cache.data_ptr() % 16}")
     needed = cache.storage_offset() + (cache.shape[0] - 1) * cache.stride(0) + ps * TOKEN_BYTES
     have = cache.untyped_storage().nbytes()
     if cache.shape[0] > 0 and needed > have:
@@ -447,27 +701,28 @@ def flash_mla_with_kvcache_sm120(
     ex_idx = extra_indices_in_kvcache if has_extra else indices
     ex_len = extra_topk_length if has_extra else topk_length
     grid = (T, head_blocks, num_splits)
-    _sparse_mla_decode_kernel[grid](
+    kernel = _sparse_mla_decode_wide_kernel if cfg.wide else _sparse_mla_decode_kernel
+    kernel[grid](
         q, q.stride(0), q.stride(2), q.stride(3),
         k_cache, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1],
         indices, indices.stride(0), indices.stride(2), topk_length, width,
-        ex_cache, ex_cache.stride(0), ex_cache.shape[0] * ex_cache.shape[1],
+        ex_cache.data_ptr() - k_cache.data_ptr(), ex_cache.stride(0), ex_cache.shape[0] * ex_cache.shape[1],
         ex_idx, ex_idx.stride(0), ex_idx.stride(2), ex_len, ex_width,
         attn_sink, out, out.stride(0), out.stride(2), lse,
         part_o, part_lse,
         H, num_splits, float(softmax_scale) * LOG2E,
         PS=k_cache.shape[1], EX_PS=ex_cache.shape[1], HAS_EXTRA=has_extra, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DOT_DTYPE=_DOT_DTYPES[dot_dtype],
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=bool(cfg.prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
-        # 16 heads a combine program: a [16, 512] fp32 accumulator fits 4 warps' registers
-        # (64 heads spilled 5.5 KB a thread on sm_90). BLOCK_N must match the main launch,
-        # which it uses to find the splits that received work.
+        # 16 heads x 128 dims a combine program: small fp32 accumulators (no spills) and 4x16
+        # programs per token, so the partials are read by many SMs at once. BLOCK_N must match
+        # the main launch, which it uses to find the splits that received work.
         combine_h = min(cfg.block_h, COMBINE_BLOCK_H)
-        _combine_splits_kernel[(T, -(-H // combine_h))](
+        _combine_splits_kernel[(T, -(-H // combine_h), HEAD_DIM // COMBINE_BLOCK_D)](
             part_o, part_lse, attn_sink, out, out.stride(0), out.stride(2), lse,
             topk_length, width, ex_len, ex_width, H, num_splits,
-            HAS_EXTRA=has_extra, BLOCK_H=combine_h, BLOCK_N=cfg.block_n, num_warps=4,
+            HAS_EXTRA=has_extra, BLOCK_H=combine_h, BLOCK_N=cfg.block_n, BLOCK_D=COMBINE_BLOCK_D, num_warps=4,
         )
     return out, lse

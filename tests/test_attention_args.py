@@ -92,8 +92,8 @@ def test_module_contract():
     assert dec.choose_num_splits(1, 2, 8384, 32, 132) == dec.MAX_SPLITS
     assert dec.choose_num_splits(1, 2, 64, 32, 132) == 2
     sm120 = dec.default_config(64, (12, 0))
-    assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.num_stages) == (16, 16, 4, 2)
-    assert dec.default_config(64, (9, 0)) == dec.DecodeConfig(64, 16, 8, 3)  # the benchmarked H200 tile
+    assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.prefetch) == (32, 32, 8, True)
+    assert dec.default_config(64, (9, 0)).block_h == 64  # all heads of a token share one KV tile
     assert dec.default_config(24, (9, 0)).block_h == 32
 
 

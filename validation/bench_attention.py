@@ -283,30 +283,8 @@ def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda parti
         torch.cuda.empty_cache()
 
     checkpoint({"rates": rates, "points": points, "c128_length_sweep": sweep})
-    # Tile configurations at the target point (each checked against the reference first).
+    # Tile / pipelining variants are timed by ``--sweep`` (bench_attention_sweep.json).
     configs = []
-    D = dec.DecodeConfig
-    sweep_cfgs = [(D(64, 16, 8, 3), None), (D(64, 16, 8, 3), 2), (D(64, 32, 8, 2), None), (D(32, 16, 8, 2), None),
-                  (D(32, 32, 8, 1), None), (D(16, 16, 4, 2), None)]
-    if not quick:
-        sweep_cfgs += [(D(64, 16, 8, 2), None), (D(32, 32, 8, 3), None)]
-    layers = build_layers("c4", 64, 131072, 512, want_bytes)
-    p64 = _point("c4", 64, 128, 512, 512, rates)
-    for cfg, splits in sweep_cfgs:
-        def fn(cfg=cfg, splits=splits, **kw):
-            return dec.flash_mla_with_kvcache_sm120(config=cfg, num_splits=splits, **kw)
-        entry = {"config": cfg.__dict__.copy(), "num_splits": splits or "auto", "layer": "c4", "T": 64}
-        try:
-            entry["rel"] = check_against_reference(fn, layers[0])
-            entry["kernel_us"] = time_under_graph(fn, layers)
-            entry["ratio_to_floor"] = entry["kernel_us"] / p64["floor_us"]
-        except Exception as exc:  # noqa: BLE001 - a config that does not build is a result too
-            entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        _log(f"config {cfg} splits={splits}: {entry.get('kernel_us', entry.get('error'))}")
-        configs.append(entry)
-    del layers
-    torch.cuda.empty_cache()
-
     target_point = next((p for p in points if p["layer"] == "c4" and p["T"] == 64), None)
     targets = {}
     if target_point:
@@ -335,6 +313,134 @@ def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda parti
         "points": points, "c128_length_sweep": sweep, "config_sweep": configs, "targets": targets,
         "all_targets_met": all(t["met"] for t in targets.values()),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Variant sweep (diagnostics): several tile / pipelining variants timed in one run
+# --------------------------------------------------------------------------------------------
+
+def sweep_variants(capability: tuple) -> list:
+    """(name, DecodeConfig, num_splits for T=64 or None) tried by ``--sweep``."""
+    from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
+
+    variants = [("default", default_config(H, capability), None),
+                ("h64_n32_w8_s2", D(64, 32, 8, 2, False), None),
+                ("h64_n32_w8_s2_split2", D(64, 32, 8, 2, False), 2),
+                ("h64_wide_n32_w8_s2", D(64, 32, 8, 2, False, True), None),
+                ("h64_wide_n32_w8_s2_split2", D(64, 32, 8, 2, False, True), 2),
+                ("h32_n32_w8_pf", D(32, 32, 8, 1, True), None),
+                ("h32_n32_w8_s2", D(32, 32, 8, 2, False), None),
+                ("h64_n32_w8_pf", D(64, 32, 8, 1, True), None),
+                ("h64_n32_w8_s3", D(64, 32, 8, 3, False), None),
+                ("h64_wide_n16_w8_pf", D(64, 16, 8, 1, True, True), None),
+                ("h16_n32_w4_pf", D(16, 32, 4, 1, True), None)]
+    seen, out = set(), []
+    for name, cfg, splits in variants:
+        if (cfg, splits) not in seen:
+            seen.add((cfg, splits))
+            out.append((name, cfg, splits))
+    return out
+
+
+def _zero_length(layers):
+    """The same layers with every length 0: the launch + prologue/epilogue cost of a call."""
+    import torch
+
+    out = []
+    for kw in layers:
+        new = dict(kw)
+        new["topk_length"] = torch.zeros_like(kw["topk_length"])
+        new["extra_topk_length"] = torch.zeros_like(kw["extra_topk_length"])
+        out.append(new)
+    return out
+
+
+def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda partial: None) -> dict:
+    """Each variant is checked against the float32 reference (c4 T=64 and T=1) before it is timed.
+
+    Times per layer call under graph replay: c4 at T = 64 / 16 / 1 over layers spread across
+    3x L2 (as the benchmark), c4 T=64 on a single layer (KV resident in L2: separates DRAM /
+    TLB latency from the rest), c4 T=64 with all lengths 0 (launch + fixed cost), and c128 T=64
+    for the two fastest variants.
+    """
+    import torch
+
+    from dsv4kit.kernels import sparse_mla_decode as dec
+
+    started = time.time()
+    props = device_properties()
+    want_bytes = 3 * props["l2_bytes"]
+    cap = dec.device_capability(torch.device(DEVICE))
+    layers = {T: build_layers("c4", T, 131072, 512, want_bytes) for T in (1, 16, 64)}
+    small = layers[64][:1]
+    zero = _zero_length(layers[64][:1])
+    results = []
+    for name, cfg, splits in sweep_variants(cap)[: 4 if quick else None]:
+        def fn(cfg=cfg, splits=splits, **kw):
+            return dec.flash_mla_with_kvcache_sm120(config=cfg, num_splits=splits, **kw)
+
+        def fn_auto(cfg=cfg, **kw):
+            return dec.flash_mla_with_kvcache_sm120(config=cfg, **kw)
+
+        entry = {"name": name, "config": cfg.__dict__.copy(), "num_splits_T64": splits or "auto"}
+        t0 = time.time()
+        try:
+            entry["rel_T64"] = check_against_reference(fn, layers[64][0])
+            entry["rel_T1"] = check_against_reference(fn_auto, layers[1][0])
+            ok = all(v == v and v <= 1e-2 for v in (entry["rel_T64"], entry["rel_T1"]))
+            entry["correct"] = ok
+            if ok:
+                entry["c4_T64_us"] = time_under_graph(fn, layers[64])
+                entry["c4_T64_l2_resident_us"] = time_under_graph(fn, small)
+                entry["c4_T64_zero_length_us"] = time_under_graph(fn, zero)
+                entry["c4_T16_us"] = time_under_graph(fn_auto, layers[16])
+                entry["c4_T1_us"] = time_under_graph(fn_auto, layers[1])
+        except Exception as exc:  # noqa: BLE001 - a variant that does not build is a result too
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        entry["seconds"] = round(time.time() - t0, 1)
+        _log(f"sweep {name}: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                           for k, v in entry.items() if k not in ("name", "config")))
+        results.append(entry)
+        checkpoint({"variants": results})
+    del layers, small, zero
+    torch.cuda.empty_cache()
+    timed = sorted((e for e in results if "c4_T64_us" in e), key=lambda e: e["c4_T64_us"])
+    if timed:
+        c128 = build_layers("c128", 64, 131072, C128_WIDTH, want_bytes)
+        for entry in timed[:2]:
+            cfg = dec.DecodeConfig(**entry["config"])
+            splits = None if entry["num_splits_T64"] == "auto" else entry["num_splits_T64"]
+
+            def fn(cfg=cfg, splits=splits, **kw):
+                return dec.flash_mla_with_kvcache_sm120(config=cfg, num_splits=splits, **kw)
+            try:
+                entry["rel_c128_T64"] = check_against_reference(fn, c128[0])
+                entry["c128_T64_us"] = time_under_graph(fn, c128)
+            except Exception as exc:  # noqa: BLE001
+                entry["c128_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            _log(f"sweep {entry['name']}: c128 T=64 {entry.get('c128_T64_us', entry.get('c128_error'))}")
+        del c128
+        torch.cuda.empty_cache()
+    return {"schema": 1, "kind": "dsv4kit-bench-attention-sweep",
+            "command": "python -m dsv4kit.validation.bench_attention --sweep" + (" --quick" if quick else ""),
+            "started_unix": started, "seconds": round(time.time() - started, 1),
+            "environment": _versions(props), "variants": results,
+            "fastest_c4_T64": timed[0]["name"] if timed else None}
+
+
+def sweep_table(result: dict) -> str:
+    cols = ["c4_T64_us", "c4_T64_l2_resident_us", "c4_T64_zero_length_us", "c4_T16_us", "c4_T1_us", "c128_T64_us"]
+    lines = ["| variant | BLOCK_H | BLOCK_N | warps | stages | prefetch | wide | splits T=64 | "
+             + " | ".join(c.replace("_us", " us").replace("_", " ") for c in cols) + " | rel T=64 |",
+             "|---" * (9 + len(cols)) + "|"]
+    for e in result["variants"]:
+        cfg = e["config"]
+        cells = [f"{e[c]:.1f}" if c in e else "-" for c in cols]
+        rel = f"{e['rel_T64']:.1e}" if "rel_T64" in e else e.get("error", "-")[:60]
+        lines.append(f"| {e['name']} | {cfg['block_h']} | {cfg['block_n']} | {cfg['num_warps']} | "
+                     f"{cfg['num_stages']} | {cfg.get('prefetch', False)} | {cfg.get('wide', False)} | {e['num_splits_T64']} | "
+                     + " | ".join(cells) + f" | {rel} |")
+    return "\n".join(lines) + "\n"
 
 
 def table(result: dict) -> str:
@@ -425,6 +531,9 @@ def main(argv=None) -> int:
                                      description="Time the sparse-MLA decode kernel vs the SIMT baseline and the floor.")
     parser.add_argument("--out", default=".", help="directory for bench_attention.json/.md/.png")
     parser.add_argument("--quick", action="store_true", help="fewer points and configurations")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time the kernel variants (tiles, pipelining, splits) instead of the benchmark; "
+                             "writes bench_attention_sweep.json/.md")
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="print the table of a committed result JSON and exit (no GPU needed)")
     args = parser.parse_args(argv)
@@ -445,11 +554,22 @@ def main(argv=None) -> int:
         print("error: no CUDA device is visible; this benchmark needs a GPU", file=sys.stderr)
         return 5
     os.makedirs(args.out, exist_ok=True)
-    partial_path = os.path.join(args.out, "bench_attention.partial.json")
+    partial_path = os.path.join(args.out, "bench_attention_sweep.partial.json" if args.sweep
+                                else "bench_attention.partial.json")
 
     def checkpoint(partial: dict) -> None:  # what is done so far survives a timeout
         _write_atomic(partial_path, json.dumps(partial, indent=2, default=str) + "\n")
 
+    if args.sweep:
+        result = run_sweep(args.quick, checkpoint)
+        if os.path.exists(partial_path):
+            os.remove(partial_path)
+        text = sweep_table(result)
+        print(text)
+        _write_atomic(os.path.join(args.out, "bench_attention_sweep.json"),
+                      json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+        _write_atomic(os.path.join(args.out, "bench_attention_sweep.md"), text)
+        return 0
     result = run_benchmark(args.quick, checkpoint)
     if os.path.exists(partial_path):
         os.remove(partial_path)
