@@ -108,6 +108,11 @@ def test_first_run_provisions_the_gpu_less_box(box):
     for unit in (prefill, decode, router):
         assert "User=root" in unit and f"EnvironmentFile={prefix}/etc/dsv4kit/service.env" in unit
     assert "units ok" in log and "not started" in log
+    # The rendered ExecStartPre refuses a decode server without its model, with one clear line.
+    preflight = state / "bin/dsv4-serve-preflight"
+    refused = subprocess.run([str(preflight), "decode", "30002", "4"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "dsv4 preflight (decode): model directory /models/DeepSeek-V4-Flash does not exist"
     # Nothing under the prefix points outside it, except system binaries read by the units.
     assert (prefix / "etc/modprobe.d/dsv4-nvidia-uvm.conf").read_text().strip().endswith("options nvidia_uvm uvm_disable_hmm=1")
 
