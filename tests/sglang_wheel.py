@@ -162,6 +162,9 @@ def runtime_deps() -> Path:
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
+        for stale in cache_dir().glob("rollout-deps-*"):  # built for an older pin set
+            if stale != target:
+                shutil.rmtree(stale, ignore_errors=True)
         return target
 
 
