@@ -430,7 +430,8 @@ def _sparse_mla_decode_wide_kernel(
         inv = tl.where(has_any, 1.0 / tl.where(has_any, l_i, 1.0), 0.0)
         lse2 = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
         row = (t * num_splits + sp).to(tl.int64) * H + heads
-        tl.store(part_o_ptr + row[:, None] * 512 + cols[None, :], acc * inv[:, None], mask=head_ok[:, None])
+        tl.store(part_o_ptr + row[:, None] * 512 + cols[None, :], (acc * inv[:, None]).to(part_o_ptr.dtype.element_ty),
+                 mask=head_ok[:, None])
         tl.store(part_lse_ptr + row, lse2, mask=head_ok)
     else:
         sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
@@ -478,7 +479,7 @@ def _combine_splits_kernel(
         row = (t * num_splits + s).to(tl.int64) * H + heads
         lse2 = tl.load(part_lse_ptr + row, mask=head_ok, other=float("-inf"))
         w = tl.exp2(lse2 - big_safe)
-        o = tl.load(part_o_ptr + row[:, None] * 512 + cols[None, :], mask=head_ok[:, None], other=0.0)
+        o = tl.load(part_o_ptr + row[:, None] * 512 + cols[None, :], mask=head_ok[:, None], other=0.0).to(tl.float32)
         acc += w[:, None] * o
         wsum += w
     sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
@@ -516,37 +517,64 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+TILES_ENV = "DSV4KIT_SPARSE_MLA_TILES"
+
+
+def _config_from_env(num_heads: int) -> Optional[DecodeConfig]:
+    """``DSV4KIT_SPARSE_MLA_TILES="BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE"`` (e.g. ``64,64,8,2,0,1``)
+    overrides the per-architecture tiles, for tuning on a box without code edits."""
+    text = os.environ.get(TILES_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        bh, bn, warps, stages, prefetch, wide = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{TILES_ENV}={text!r}: expected six integers "
+                         "BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE") from None
+    if bh not in (16, 32, 64) or bn not in (16, 32, 64) or warps not in (4, 8, 16) or not 1 <= stages <= 4:
+        raise ValueError(f"{TILES_ENV}={text!r}: BLOCK_H and BLOCK_N must be 16/32/64, WARPS 4/8/16, "
+                         "STAGES 1..4")
+    return DecodeConfig(bh, bn, warps, stages, bool(prefetch), bool(wide))
+
+
 def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
     """Tile sizes per architecture (AOT-checked by the tests; timed by ``bench_attention --sweep``).
 
-    sm_120 (about 99 KB of shared memory a block, mma.sync only): ``BLOCK_H = 32`` heads,
-    ``BLOCK_N = 32`` KV tokens a tile, 8 warps, register prefetch of the next tile: 192
-    registers a thread, no spills, about 67 KB of shared memory (ptxas, sm_120a).
+    sm_120 (about 99 KB of shared memory a block, mma.sync only) and sm_90 with H <= 32:
+    ``BLOCK_H = 32`` heads (16 for H <= 16), ``BLOCK_N = 32`` KV tokens a step as eight
+    ``[32, 64]`` tiles, 8 warps, register prefetch of the next step's bytes and indices: about
+    200 registers a thread, no spills, about 67 KB of shared memory (ptxas, sm_120a).
 
-    sm_90 (227 KB, wgmma): ``BLOCK_H = 64`` so all 64 heads of a token share one gathered,
-    dequantised KV tile and the MMAs are 64-row wgmma; ``BLOCK_N = 32``, 8 warps, Triton's
-    2-stage cp.async pipeline (no spills at 255 registers; q and the KV tiles in shared memory).
+    sm_90 with H > 32 (227 KB, wgmma): ``BLOCK_H = 64`` so all heads of a token share one
+    gathered, dequantised KV tile, one ``[BLOCK_N, 512]`` tile a step ("wide": two 64-row wgmma
+    a step; eight chained 64-wide ones serialise on their waits), ``BLOCK_N = 32``, 8 warps and
+    Triton's 2-stage cp.async pipeline (255 registers, no spills with Triton 3.6).
+    ``DSV4KIT_SPARSE_MLA_TILES`` overrides both (see :func:`_config_from_env`).
     """
-    if capability[0] == 12 or capability < (9, 0):
-        block_h = 16 if num_heads <= 16 else 32
+    env = _config_from_env(num_heads)
+    if env is not None:
+        return env
+    block_h = 16 if num_heads <= 16 else 32
+    if capability[0] == 12 or capability < (9, 0) or num_heads <= 32:
         return DecodeConfig(block_h=block_h, block_n=32, num_warps=8 if block_h == 32 else 4, num_stages=1,
                             prefetch=True)
-    block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
-    return DecodeConfig(block_h=block_h, block_n=32, num_warps=8, num_stages=2, prefetch=False)
+    return DecodeConfig(block_h=64, block_n=32, num_warps=8, num_stages=2, prefetch=False, wide=True)
 
 
 def choose_num_splits(T: int, head_blocks: int, width_total: int, block_n: int, sm_count: int) -> int:
     """Splits per (token, head block), from shapes only (graph-safe).
 
-    Only when the (token, head block) programs fill less than a quarter of the SMs: each split
-    costs a [BLOCK_H, 512] fp32 partial written and read back (as much traffic as the KV of a
-    c4 row at T=64), which near a full wave costs more than the idle SMs would have given.
+    As many splits as fit whole in one wave (``sm_count // programs``): the measured kernel is
+    latency-bound per program, so an idle SM costs more than the partials' traffic (a bf16
+    ``[BLOCK_H, 512]`` partial per split, written once and read once by the combine launch).
+    No split once the (token, head block) programs alone fill the SMs, and never more splits
+    than ``BLOCK_N`` tiles in the index width.
     """
     programs = max(1, T * head_blocks)
-    if 4 * programs > sm_count:
+    if programs >= sm_count:
         return 1
     max_useful = max(1, -(-width_total // block_n))
-    return max(1, min(-(-sm_count // programs), max_useful, MAX_SPLITS))
+    return max(1, min(sm_count // programs, max_useful, MAX_SPLITS))
 
 
 def _check_cache(name: str, cache: torch.Tensor, device: torch.device) -> int:
@@ -692,7 +720,9 @@ def flash_mla_with_kvcache_sm120(
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     split = num_splits > 1
     if split:
-        part_o = torch.empty(T * num_splits * H * HEAD_DIM, dtype=torch.float32, device=device)
+        # bf16 partials (normalised o of each split): half the traffic of fp32, error at the
+        # level of the bf16 output rounding.
+        part_o = torch.empty(T * num_splits * H * HEAD_DIM, dtype=torch.bfloat16, device=device)
         part_lse = torch.empty(T * num_splits * H, dtype=torch.float32, device=device)
     else:
         part_o = part_lse = lse  # unused placeholders

@@ -92,6 +92,8 @@ def _aot() -> dict:
                                                                split=False))
     results["sm90_c4_split_H64"] = summary(compile_decode(90, default_config(64, (9, 0)), page_size=256,
                                                           extra_page_size=64, split=True))
+    results["sm90_c4_nosplit_H32"] = summary(compile_decode(90, default_config(32, (9, 0)), page_size=64,
+                                                            extra_page_size=64, split=False))
     combine = compile_combine(120)
     results["sm120_combine"] = {"shared_bytes": combine.metadata.shared, "ptx": bool(combine.asm["ptx"])}
     return results

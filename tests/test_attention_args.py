@@ -87,14 +87,25 @@ def test_prefill_sized_calls_use_the_reference_and_log_once(caplog):
 def test_module_contract():
     assert dec.SM120_DECODE_MAX_TOKENS == 64
     assert dec.choose_num_splits(64, 2, 640, 32, 132) == 1
-    assert dec.choose_num_splits(64, 1, 640, 16, 132) == 1
-    assert dec.choose_num_splits(16, 2, 640, 32, 132) == 5
+    assert dec.choose_num_splits(64, 1, 640, 32, 132) == 2  # 64 programs: two splits fill the wave
+    assert dec.choose_num_splits(16, 2, 640, 32, 132) == 4
     assert dec.choose_num_splits(1, 2, 8384, 32, 132) == dec.MAX_SPLITS
     assert dec.choose_num_splits(1, 2, 64, 32, 132) == 2
     sm120 = dec.default_config(64, (12, 0))
-    assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.prefetch) == (32, 32, 8, True)
-    assert dec.default_config(64, (9, 0)).block_h == 64  # all heads of a token share one KV tile
-    assert dec.default_config(24, (9, 0)).block_h == 32
+    assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.prefetch, sm120.wide) == (32, 32, 8, True, False)
+    sm90 = dec.default_config(64, (9, 0))
+    assert sm90.block_h == 64 and sm90.wide  # all heads of a token share one KV tile    assert dec.default_config(24, (9, 0)).block_h == 32
+
+
+def test_tiles_env_override(monkeypatch):
+    monkeypatch.setenv(dec.TILES_ENV, "64,64,8,2,0,1")
+    assert dec.default_config(64, (12, 0)) == dec.DecodeConfig(64, 64, 8, 2, False, True)
+    monkeypatch.setenv(dec.TILES_ENV, "64,64")
+    with pytest.raises(ValueError, match=dec.TILES_ENV):
+        dec.default_config(64, (9, 0))
+    monkeypatch.setenv(dec.TILES_ENV, "48,64,8,2,0,1")
+    with pytest.raises(ValueError, match="BLOCK_H"):
+        dec.default_config(64, (9, 0))
 
 
 @pytest.mark.parametrize("spec", ["c4-T16-H64", "c128-T1-H16of64-ps64-x8256-L131072-holes-empty",

@@ -194,8 +194,10 @@ def _versions(props: dict) -> dict:
     import torch
     import triton
 
+    from dsv4kit.kernels.sparse_mla_decode import TILES_ENV
+
     info = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-            "host": platform.node(), **props}
+            "host": platform.node(), TILES_ENV: os.environ.get(TILES_ENV), **props}
     try:
         from dsv4kit import __version__
 
@@ -324,16 +326,14 @@ def sweep_variants(capability: tuple) -> list:
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
 
     variants = [("default", default_config(H, capability), None),
-                ("h64_n32_w8_s2", D(64, 32, 8, 2, False), None),
-                ("h64_n32_w8_s2_split2", D(64, 32, 8, 2, False), 2),
+                ("h64_wide_n64_w8_s2", D(64, 64, 8, 2, False, True), None),
+                ("h64_wide_n64_w8_s2_nosplit", D(64, 64, 8, 2, False, True), 1),
                 ("h64_wide_n32_w8_s2", D(64, 32, 8, 2, False, True), None),
-                ("h64_wide_n32_w8_s2_split2", D(64, 32, 8, 2, False, True), 2),
+                ("h64_wide_n32_w8_s3", D(64, 32, 8, 3, False, True), None),
+                ("h64_wide_n64_w8_s2_split3", D(64, 64, 8, 2, False, True), 3),
                 ("h32_n32_w8_pf", D(32, 32, 8, 1, True), None),
-                ("h32_n32_w8_s2", D(32, 32, 8, 2, False), None),
-                ("h64_n32_w8_pf", D(64, 32, 8, 1, True), None),
-                ("h64_n32_w8_s3", D(64, 32, 8, 3, False), None),
-                ("h64_wide_n16_w8_pf", D(64, 16, 8, 1, True, True), None),
-                ("h16_n32_w4_pf", D(16, 32, 4, 1, True), None)]
+                ("h16_n32_w4_pf", D(16, 32, 4, 1, True), None),
+                ("h32_n16_w8_pf", D(32, 16, 8, 1, True), None)]
     seen, out = set(), []
     for name, cfg, splits in variants:
         if (cfg, splits) not in seen:
