@@ -47,11 +47,11 @@ def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_
     sig = _decode_signature()
     for name, val in (("PS", page_size), ("EX_PS", extra_page_size), ("HAS_EXTRA", has_extra),
                       ("SPLIT", split), ("BLOCK_H", cfg.block_h), ("BLOCK_N", cfg.block_n),
-                      ("DOT_DTYPE", mod._DOT_DTYPES[dot_dtype]), ("PREFETCH", bool(cfg.prefetch))):
+                      ("DOT_DTYPE", mod._DOT_DTYPES[dot_dtype]), ("PREFETCH", int(cfg.prefetch))):
         sig[name] = "constexpr"
     constexprs = {"PS": page_size, "EX_PS": extra_page_size, "HAS_EXTRA": has_extra, "SPLIT": split,
                   "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n,
-                  "DOT_DTYPE": mod._DOT_DTYPES[dot_dtype], "PREFETCH": bool(cfg.prefetch)}
+                  "DOT_DTYPE": mod._DOT_DTYPES[dot_dtype], "PREFETCH": int(cfg.prefetch)}
     # Mirror what the JIT specialises in a real call: unit strides become constants, pointers and
     # the page / row strides (multiples of 16 bytes in the V4 layout) carry divisibility 16.
     for name in ("stride_qd", "stride_ij", "stride_ej"):

@@ -71,7 +71,9 @@ class DecodeConfig:
     block_n: int = 32
     num_warps: int = 8
     num_stages: int = 1
-    prefetch: bool = True  # issue tile i+1's loads before computing tile i (see the kernel)
+    # 1: issue step i+1's loads (registers) before computing step i; 2 (wide kernel): only the
+    # indices one step ahead, gathers pipelined by Triton; 0: neither.
+    prefetch: int = 1
     wide: bool = False  # one [BLOCK_N, 512] KV tile and two dots a step instead of 8 + 8 tiles
 
 
@@ -390,14 +392,25 @@ def _sparse_mla_decode_wide_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     ar = tl.arange(0, BLOCK_N)
-    if PREFETCH:
+    if PREFETCH == 1:
         idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
         valid_c, data_c, scale_c = _row_offsets(idx_c, v_lo + ar, n_swa, kv_num_slots, kv_page_stride,
                                                 ex_delta, ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
         sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
         idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + BLOCK_N + ar, v_hi, n_swa, HAS_EXTRA)
+    elif PREFETCH == 2:
+        idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
     for start in range(v_lo, v_hi, BLOCK_N):
-        if PREFETCH:
+        if PREFETCH == 2:
+            # Indices one step ahead; the gathers of this step are left to Triton's cp.async
+            # pipeline, which can then issue them a whole step early.
+            j = start + ar
+            idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, j + BLOCK_N, v_hi, n_swa, HAS_EXTRA)
+            valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
+                                                    ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
+            sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
+            idx_c = idx_n
+        elif PREFETCH == 1:
             jn = start + BLOCK_N + ar
             valid_n, data_n, scale_n = _row_offsets(idx_n, jn, n_swa, kv_num_slots, kv_page_stride, ex_delta,
                                                     ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
@@ -419,7 +432,7 @@ def _sparse_mla_decode_wide_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
         acc = tl.dot(p.to(DOT_DTYPE), kv, acc * alpha[:, None])
-        if PREFETCH:
+        if PREFETCH == 1:
             valid_c = valid_n
             sw_c = sw_n
             nope_c = nope_n
@@ -531,10 +544,11 @@ def _config_from_env(num_heads: int) -> Optional[DecodeConfig]:
     except ValueError:
         raise ValueError(f"{TILES_ENV}={text!r}: expected six integers "
                          "BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE") from None
-    if bh not in (16, 32, 64) or bn not in (16, 32, 64) or warps not in (4, 8, 16) or not 1 <= stages <= 4:
+    if (bh not in (16, 32, 64) or bn not in (16, 32, 64) or warps not in (4, 8, 16) or not 1 <= stages <= 4
+            or prefetch not in (0, 1, 2)):
         raise ValueError(f"{TILES_ENV}={text!r}: BLOCK_H and BLOCK_N must be 16/32/64, WARPS 4/8/16, "
-                         "STAGES 1..4")
-    return DecodeConfig(bh, bn, warps, stages, bool(prefetch), bool(wide))
+                         "STAGES 1..4, PREFETCH 0/1/2")
+    return DecodeConfig(bh, bn, warps, stages, prefetch, bool(wide))
 
 
 def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
@@ -743,7 +757,7 @@ def flash_mla_with_kvcache_sm120(
         H, num_splits, float(softmax_scale) * LOG2E,
         PS=k_cache.shape[1], EX_PS=ex_cache.shape[1], HAS_EXTRA=has_extra, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DOT_DTYPE=_DOT_DTYPES[dot_dtype],
-        PREFETCH=bool(cfg.prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=int(cfg.prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
         # 16 heads x 128 dims a combine program: small fp32 accumulators (no spills) and 4x16

@@ -326,14 +326,16 @@ def sweep_variants(capability: tuple) -> list:
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
 
     variants = [("default", default_config(H, capability), None),
-                ("h64_wide_n64_w8_s2", D(64, 64, 8, 2, False, True), None),
-                ("h64_wide_n64_w8_s2_nosplit", D(64, 64, 8, 2, False, True), 1),
-                ("h64_wide_n32_w8_s2", D(64, 32, 8, 2, False, True), None),
-                ("h64_wide_n32_w8_s3", D(64, 32, 8, 3, False, True), None),
-                ("h64_wide_n64_w8_s2_split3", D(64, 64, 8, 2, False, True), 3),
-                ("h32_n32_w8_pf", D(32, 32, 8, 1, True), None),
-                ("h16_n32_w4_pf", D(16, 32, 4, 1, True), None),
-                ("h32_n16_w8_pf", D(32, 16, 8, 1, True), None)]
+                ("h64_wide_n64_w8_s3", D(64, 64, 8, 3, 0, True), None),
+                ("h64_wide_n64_w8_s2", D(64, 64, 8, 2, 0, True), None),
+                ("h64_wide_n32_w8_s3", D(64, 32, 8, 3, 0, True), None),
+                ("h64_wide_n32_w8_s2", D(64, 32, 8, 2, 0, True), None),
+                ("h64_wide_n64_w8_s2_idx_ahead", D(64, 64, 8, 2, 2, True), None),
+                ("h64_wide_n64_w8_s3_nosplit", D(64, 64, 8, 3, 0, True), 1),
+                ("h64_wide_n64_w8_s3_split3", D(64, 64, 8, 3, 0, True), 3),
+                ("h32_n32_w8_pf", D(32, 32, 8, 1, 1), None),
+                ("h16_n32_w4_pf", D(16, 32, 4, 1, 1), None),
+                ("h32_n16_w8_pf", D(32, 16, 8, 1, 1), None)]
     seen, out = set(), []
     for name, cfg, splits in variants:
         if (cfg, splits) not in seen:
@@ -426,6 +428,16 @@ def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda p
             "started_unix": started, "seconds": round(time.time() - started, 1),
             "environment": _versions(props), "variants": results,
             "fastest_c4_T64": timed[0]["name"] if timed else None}
+
+
+def fastest_tiles(result: dict) -> Optional[str]:
+    """``DSV4KIT_SPARSE_MLA_TILES`` value of the fastest correct variant at c4 T=64 among those
+    with the automatic split count (the only kind the tiles variable can select)."""
+    auto = [e for e in result["variants"] if e.get("num_splits_T64") == "auto" and "c4_T64_us" in e]
+    if not auto:
+        return None
+    c = min(auto, key=lambda e: e["c4_T64_us"])["config"]
+    return ",".join(str(int(c[k])) for k in ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "wide"))
 
 
 def sweep_table(result: dict) -> str:
@@ -534,9 +546,23 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true",
                         help="time the kernel variants (tiles, pipelining, splits) instead of the benchmark; "
                              "writes bench_attention_sweep.json/.md")
+    parser.add_argument("--fastest-tiles", metavar="SWEEP_JSON", default=None,
+                        help="print the DSV4KIT_SPARSE_MLA_TILES value of a sweep's fastest variant and exit")
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="print the table of a committed result JSON and exit (no GPU needed)")
     args = parser.parse_args(argv)
+    if args.fastest_tiles:
+        try:
+            with open(args.fastest_tiles) as fh:
+                tiles = fastest_tiles(json.load(fh))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: cannot read {args.fastest_tiles}: {exc}", file=sys.stderr)
+            return 2
+        if tiles is None:
+            print("error: no timed variant in the sweep", file=sys.stderr)
+            return 1
+        print(tiles)
+        return 0
     if args.render:
         try:
             with open(args.render) as fh:
