@@ -64,6 +64,17 @@ def box(loopback_ssh, env, tmp_path_factory):
     return inventory, prefix, first
 
 
+def run_in_process(inventory: Path, env: dict, lines: list, **kwargs):
+    """run_playbook as `dsv4kit bench` calls it, with the snapshot's playbook and config."""
+    old = dict(os.environ)
+    os.environ.update({k: env[k] for k in ("DSV4KIT_PLAYBOOK", "ANSIBLE_CONFIG", "XDG_CACHE_HOME")})
+    try:
+        return run_playbook(inventory, progress=lines.append, **kwargs)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
 def _summary(result: subprocess.CompletedProcess) -> dict:
     assert result.stdout.strip(), result.stderr[-4000:]
     return json.loads(result.stdout)
@@ -132,18 +143,27 @@ def test_serving_tag_rerenders_units_with_another_context_length(box, env):
     inventory, prefix, first = box
     assert first.returncode == 0
     lines: list[str] = []
-    old = dict(os.environ)
-    os.environ.update({k: env[k] for k in ("DSV4KIT_PLAYBOOK", "ANSIBLE_CONFIG", "XDG_CACHE_HOME")})
-    try:
-        summary = run_playbook(inventory, tags=["sglang_service"], extra_vars={"dsv4_context_length": 8192},
-                               progress=lines.append)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    summary = run_in_process(inventory, env, lines, tags=["sglang_service"], extra_vars={"dsv4_context_length": 8192})
     assert summary.exit_code == 0, "\n".join(lines[-80:])
     assert summary.hosts["loop"]["changed"] >= 1
     assert not any("kernel_rollout :" in line for line in lines)  # only the tagged stage ran
     assert "--context-length 8192" in (prefix / "etc/systemd/system/dsv4-decode.service").read_text()
+
+
+def test_rollout_check_catches_a_misspelt_kernel_flag(box, env):
+    """Turning one kernel off and misspelling the other: the flags file follows the inventory and
+    the on-box `dsv4kit.rollout status` check names the flag it does not know."""
+    inventory, prefix, first = box
+    assert first.returncode == 0
+    lines: list[str] = []
+    flags = {"SGLANG_SM120_TRITON_INDEXER": "0", "SGLANG_SM120_MMA_ATTENTON": "1"}
+    summary = run_in_process(inventory, env, lines, tags=["kernel_rollout"], extra_vars={"dsv4_kernel_flags": flags})
+    assert summary.exit_code == 6
+    assert [f.task for f in summary.failures] == ["kernel_rollout : Check the plugin is installed and the flags are read as written"]
+    log = "\n".join(lines)
+    assert "flags read differently: ['SGLANG_SM120_MMA_ATTENTON=1']" in log
+    written = (prefix / "etc/dsv4kit/kernel-flags.env").read_text()
+    assert "SGLANG_SM120_TRITON_INDEXER=0" in written
 
 
 def test_check_mode_on_a_new_box_changes_nothing(loopback_ssh, env, tmp_path):
