@@ -20,16 +20,26 @@ natural-log sum-exp *without* the sink (``-inf`` for empty rows); SGLang does no
 Design
 ------
 * Grid ``(T, ceil(H / BLOCK_H), NUM_SPLITS)``. The ``BLOCK_H`` heads of one token share every KV
-  tile: a tile of ``BLOCK_N`` KV tokens is gathered and dequantised once (fp8 * 2^(e-127) for
-  dims [0,448), bf16 rope for [448,512), exact in bf16) and used for ``S = Q Kᵀ`` and
-  ``O += P V`` through ``tl.dot`` (``mma.sync`` on sm_120, wgmma for 64-row tiles on sm_90;
-  fp32 accumulation).
+  step: ``BLOCK_N`` KV rows are gathered and dequantised once (fp8 * 2^(e-127) for dims
+  [0,448), bf16 rope for [448,512), exact in bf16) and used for ``S = Q Kᵀ`` and ``O += P V``
+  through ``tl.dot`` (fp32 accumulation). Two kernels share the addressing helpers:
+
+  - *tiled* (sm_120, H <= 32): the row is eight ``[BLOCK_N, 64]`` tiles (7 fp8 + rope), each a
+    16-byte-vector gather; ``S = Σ_k Q_k K_kᵀ`` and eight ``[BLOCK_H, 64]`` accumulators, so
+    nothing is reshaped. mma.sync. The next step's bytes and the step after's indices are
+    loaded before the current step is computed (register double-buffering).
+  - *wide* (sm_90, H > 32): one ``[BLOCK_N, 512]`` tile, so each step is two 64-row wgmma
+    (eight chained 64-wide ones serialise on their waits). Indices one step ahead; the
+    gathers go through Triton's cp.async pipeline.
 * Both scopes form one virtual sequence ``[valid SWA | valid extra]`` whose length is read on the
-  device. Split ``s`` takes the ``s``-th BLOCK_N-aligned chunk of it, so work follows the valid
+  device; one loop walks it (a step may straddle the scopes: each row picks its cache through
+  an int64 byte offset from ``kv_ptr``, so the 16-byte alignment the vector loads need is
+  kept). Split ``s`` takes the ``s``-th BLOCK_N-aligned chunk, so work follows the valid
   lengths, not the index widths (a c128 row of width 8256 with 1024 valid slots costs 1024).
-* ``NUM_SPLITS`` and the grid depend only on (T, H, widths, SM count): graph-safe. With one
-  split the sink is applied in the epilogue; otherwise each split writes ``(o/l, log2 l + m)``
-  to scratch and a combine launch merges the splits and applies the sink.
+* ``NUM_SPLITS`` and the grid depend only on (T, H, widths, SM count): graph-safe. Splits fill
+  one wave of programs; with one split the sink is applied in the epilogue, otherwise each
+  split writes ``(o/l in bf16, log2 l + m)`` to scratch and a combine launch (16 heads x 128
+  dims a program) merges the splits and applies the sink.
 * Heads ``h >= H`` are masked (q loads 0, nothing stored); NaN garbage in a padded head stays in
   its own row of the MMAs and never reaches another head.
 * ``T > SM120_DECODE_MAX_TOKENS`` (prefill-sized calls) is delegated to the float32 torch
@@ -560,9 +570,11 @@ def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
     200 registers a thread, no spills, about 67 KB of shared memory (ptxas, sm_120a).
 
     sm_90 with H > 32 (227 KB, wgmma): ``BLOCK_H = 64`` so all heads of a token share one
-    gathered, dequantised KV tile, one ``[BLOCK_N, 512]`` tile a step ("wide": two 64-row wgmma
-    a step; eight chained 64-wide ones serialise on their waits), ``BLOCK_N = 32``, 8 warps and
-    Triton's 2-stage cp.async pipeline (255 registers, no spills with Triton 3.6).
+    gathered, dequantised KV tile, one ``[64, 512]`` KV tile a step ("wide": two 64-row wgmma a
+    step; eight chained 64-wide ones serialise on their waits), 8 warps, indices one step ahead
+    and the gathers in Triton's 2-stage cp.async pipeline: 255 registers, no spills, about
+    173 KB of shared memory (Triton 3.6). Fastest of the H200 sweep at T = 1, 16 and 64
+    (docs/results/bench_attention_sweep_h200.json).
     ``DSV4KIT_SPARSE_MLA_TILES`` overrides both (see :func:`_config_from_env`).
     """
     env = _config_from_env(num_heads)
@@ -571,8 +583,8 @@ def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
     block_h = 16 if num_heads <= 16 else 32
     if capability[0] == 12 or capability < (9, 0) or num_heads <= 32:
         return DecodeConfig(block_h=block_h, block_n=32, num_warps=8 if block_h == 32 else 4, num_stages=1,
-                            prefetch=True)
-    return DecodeConfig(block_h=64, block_n=32, num_warps=8, num_stages=2, prefetch=False, wide=True)
+                            prefetch=1)
+    return DecodeConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, prefetch=2, wide=True)
 
 
 def choose_num_splits(T: int, head_blocks: int, width_total: int, block_n: int, sm_count: int) -> int:

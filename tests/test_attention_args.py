@@ -93,8 +93,9 @@ def test_module_contract():
     assert dec.choose_num_splits(1, 2, 64, 32, 132) == 2
     sm120 = dec.default_config(64, (12, 0))
     assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.prefetch, sm120.wide) == (32, 32, 8, True, False)
-    sm90 = dec.default_config(64, (9, 0))
-    assert sm90.block_h == 64 and sm90.wide  # all heads of a token share one KV tile    assert dec.default_config(24, (9, 0)).block_h == 32
+    sm90 = dec.default_config(64, (9, 0))  # the H200 sweep's fastest tile
+    assert sm90 == dec.DecodeConfig(64, 64, 8, 2, 2, True)
+    assert dec.default_config(24, (9, 0)).block_h == 32
 
 
 def test_tiles_env_override(monkeypatch):

@@ -1,24 +1,52 @@
-"""docs/attention.md quotes the committed benchmark JSON; its table must be the generated one."""
+"""docs/attention.md quotes the committed benchmark JSON; its tables must be the generated ones."""
 
 import json
 from pathlib import Path
 
-from dsv4kit.validation.bench_attention import table
+import pytest
+
+from dsv4kit.validation.bench_attention import comparison_table, render
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
 
 
-def test_doc_table_is_generated_from_the_committed_json():
+def _block(doc: str, name: str) -> str:
+    start_tag = f"<!-- generated: {name} -->\n"
+    start = doc.index(start_tag) + len(start_tag)
+    return doc[start:doc.index("<!-- end generated -->", start)]
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+@pytest.mark.parametrize("block, source", [
+    ("bench_attention_h200", "bench_attention_h200.json"),
+    ("bench_attention_sweep_h200", "bench_attention_sweep_h200.json"),
+    ("bench_attention_sweep_h200_run1", "bench_attention_sweep_h200_run1.json"),
+])
+def test_doc_tables_are_generated_from_the_committed_json(block, source):
     doc = (ROOT / "docs" / "attention.md").read_text()
-    start = doc.index("<!-- generated: bench_attention_h200 -->\n") + len("<!-- generated: bench_attention_h200 -->\n")
-    end = doc.index("<!-- end generated -->")
-    result = json.loads((ROOT / "docs" / "results" / "bench_attention_h200.json").read_text())
-    assert doc[start:end] == table(result)
+    assert _block(doc, block) == render(_load(source))
+
+
+def test_doc_comparison_is_generated_from_the_committed_json():
+    doc = (ROOT / "docs" / "attention.md").read_text()
+    expected = comparison_table(_load("bench_attention_h200_before.json"), _load("bench_attention_h200.json"))
+    assert _block(doc, "bench_attention_h200_compare") == expected
+
+
+def test_benchmark_ran_with_what_is_now_the_sm90_default():
+    from dsv4kit.kernels.sparse_mla_decode import default_config
+
+    result = _load("bench_attention_h200.json")
+    assert result["default_config"] == default_config(64, (9, 0)).__dict__
 
 
 def test_quoted_validation_row_is_in_the_committed_json():
     doc = (ROOT / "docs" / "attention.md").read_text()
-    report = json.loads((ROOT / "docs" / "results" / "validation_attention_h200.json").read_text())
+    report = _load("validation_attention_h200.json")
     worst = report["suites"]["attention"]["worst"]
     assert report["passed"] and len(report["suites"]["attention"]["rows"]) == 28
     assert f"{worst['case']} rel={worst['rel']:.3e}" in doc

@@ -450,7 +450,8 @@ def sweep_table(result: dict) -> str:
         cells = [f"{e[c]:.1f}" if c in e else "-" for c in cols]
         rel = f"{e['rel_T64']:.1e}" if "rel_T64" in e else e.get("error", "-")[:60]
         lines.append(f"| {e['name']} | {cfg['block_h']} | {cfg['block_n']} | {cfg['num_warps']} | "
-                     f"{cfg['num_stages']} | {cfg.get('prefetch', False)} | {cfg.get('wide', False)} | {e['num_splits_T64']} | "
+                     f"{cfg['num_stages']} | {int(cfg.get('prefetch', 0))} | {'yes' if cfg.get('wide') else 'no'} | "
+                     f"{e['num_splits_T64']} | "
                      + " | ".join(cells) + f" | {rel} |")
     return "\n".join(lines) + "\n"
 
@@ -489,6 +490,27 @@ def table(result: dict) -> str:
     for name, t in result["targets"].items():
         lines.append(f"- {name}: {t['value']:.3g} (target {t['target']}) -> {'met' if t['met'] else 'MISSED'}")
     return "\n".join(lines) + "\n"
+
+
+def comparison_table(before: dict, after: dict) -> str:
+    """Per (layer, T): the kernel time of an earlier benchmark JSON next to a later one's."""
+    old = {(p["layer"], p["T"]): p for p in before["points"]}
+    lines = ["| layer | T | before us | now us | speed-up | SIMT us | now vs SIMT | floor us | now/floor |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for p in after["points"]:
+        b = old.get((p["layer"], p["T"]))
+        before_us = f"{b['kernel_us']:.1f}" if b else "-"
+        gain = f"{b['kernel_us'] / p['kernel_us']:.1f}x" if b else "-"
+        lines.append(f"| {p['layer']} | {p['T']} | {before_us} | {p['kernel_us']:.1f} | {gain} | {p['simt_us']:.1f} | "
+                     f"{p['speedup_vs_simt']:.1f}x | {p['floor_us']:.1f} | {p['ratio_to_floor']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(result: dict) -> str:
+    """The table of a committed JSON: a benchmark or a ``--sweep``."""
+    if result.get("kind") == "dsv4kit-bench-attention-sweep":
+        return sweep_table(result)
+    return table(result)
 
 
 def plot(result: dict, path: str) -> Optional[str]:
@@ -548,6 +570,8 @@ def main(argv=None) -> int:
                              "writes bench_attention_sweep.json/.md")
     parser.add_argument("--fastest-tiles", metavar="SWEEP_JSON", default=None,
                         help="print the DSV4KIT_SPARSE_MLA_TILES value of a sweep's fastest variant and exit")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"), default=None,
+                        help="print the before/after table of two benchmark JSONs and exit")
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="print the table of a committed result JSON and exit (no GPU needed)")
     args = parser.parse_args(argv)
@@ -563,10 +587,21 @@ def main(argv=None) -> int:
             return 1
         print(tiles)
         return 0
+    if args.compare:
+        try:
+            docs = []
+            for path in args.compare:
+                with open(path) as fh:
+                    docs.append(json.load(fh))
+            print(comparison_table(*docs), end="")
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: cannot compare {args.compare}: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.render:
         try:
             with open(args.render) as fh:
-                print(table(json.load(fh)), end="")
+                print(render(json.load(fh)), end="")
         except (OSError, ValueError, KeyError) as exc:
             print(f"error: cannot render {args.render}: {exc}", file=sys.stderr)
             return 2
