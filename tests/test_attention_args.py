@@ -131,3 +131,11 @@ def test_suite_profiles():
             attention_suite.parse_case(spec)
     with pytest.raises(ValueError):
         attention_suite.default_cases("tpu")
+
+
+def test_unaligned_pages_are_rejected(good):
+    cache = good["k_cache"]
+    buf = torch.zeros(cache.shape[0] * cache.stride(0) + 16, dtype=torch.uint8)
+    shifted = torch.as_strided(buf, cache.shape, cache.stride(), 8)  # pages start 8 bytes off
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        _call(good, k_cache=shifted)

@@ -56,3 +56,25 @@ def test_without_gpu_exits_with_environment_code(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.main(["--out", "/nonexistent-never-written"]) == 5
     assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_sweep_bookkeeping_and_fastest_tiles(fake_gpu, tmp_path, capsys):
+    result = bench.run_sweep(quick=True)
+    names = [e["name"] for e in result["variants"]]
+    assert names[0] == "default" and len(names) == 4
+    assert all(e["correct"] and "c4_T64_zero_length_us" in e for e in result["variants"])
+    assert "| variant |" in bench.render(result)
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(result))
+    assert bench.main(["--fastest-tiles", str(path)]) == 0
+    tiles = capsys.readouterr().out.strip().split(",")
+    assert len(tiles) == 6 and all(t.isdigit() for t in tiles)
+
+
+def test_compare_renders_before_and_after(fake_gpu, tmp_path, capsys):
+    result = bench.run_benchmark(quick=True)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(result))
+    assert bench.main(["--compare", str(path), str(path)]) == 0
+    assert "| c4 | 64 |" in capsys.readouterr().out and "1.0x" in bench.comparison_table(result, result)
+    assert bench.main(["--compare", str(path), str(tmp_path / "missing.json")]) == 2
