@@ -30,7 +30,8 @@ scale in fp32. For ``t >= L``: exactly ``-inf``.
 
 Work and grid
 -------------
-The grid is ``(B, R)`` with ``R = clamp(ceil(target_programs / B), 1, P)``: it depends only on
+The grid is ``(B, R)`` with ``R = clamp(max(ceil(target_programs / B), ceil(P*64 / 4096)), 1, P)``
+(enough programs to fill the GPU, and at most 4096 tail floats each): it depends only on
 ``B`` and ``P`` (and the device's SM count), never on ``seq_lens`` values. Program ``(b, j)``
 loads ``L`` on the device and
 
@@ -66,8 +67,11 @@ PAGE_BYTES = PAGE_SIZE * (HEAD_DIM + 4)  # 8448: 64*128 fp8 values then 64 fp32 
 SCALE_OFFSET = PAGE_SIZE * HEAD_DIM  # 8192: byte offset of the scales within a page
 
 # Launch configuration. Static on purpose: autotuning would sync the device inside capture.
-# Programs per row R = clamp(ceil(PROGRAMS_PER_SM * num_SMs / B), 1, P).
+# Programs per row R = clamp(max(ceil(PROGRAMS_PER_SM * num_SMs / B), ceil(P*64 / TAIL_PER_PROGRAM)), 1, P).
 PROGRAMS_PER_SM = 4
+# At most this many -inf floats of a row's tail per program: at 1M context (262,208 columns) a
+# large batch otherwise leaves each program a 100+ KiB serial fill (H200 sweep, B=64 at 1M).
+TAIL_PER_PROGRAM = 4096
 NUM_WARPS = 4
 NUM_STAGES = 3
 FILL_BLOCK = 2048  # fp32 elements per -inf store (8 KiB)
@@ -180,7 +184,9 @@ def programs_per_row(batch: int, num_table_pages: int, device: torch.device,
     index = device.index if device.index is not None else (
         torch.cuda.current_device() if device.type == "cuda" else 0)
     target = programs_per_sm * _sm_count(index)
-    return max(1, min(num_table_pages, -(-target // max(batch, 1))))
+    for_sms = -(-target // max(batch, 1))
+    for_tail = -(-num_table_pages * PAGE_SIZE // TAIL_PER_PROGRAM)
+    return max(1, min(num_table_pages, max(for_sms, for_tail)))
 
 
 def _fail(message: str) -> None:

@@ -448,12 +448,17 @@ def plot(payload: dict, path: str, log) -> Optional[str]:
 _GENERATED = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", re.S)
 
 
-def update_doc(doc_path: str, bench_payload: dict, validation_payload: Optional[dict]) -> None:
-    """Regenerate the ``<!-- generated:NAME -->`` blocks of a markdown page from result JSON."""
+def update_doc(doc_path: str, bench_payload: dict, validation_payload: Optional[dict],
+               tuning_payload: Optional[dict] = None) -> None:
+    """Regenerate the ``<!-- generated:NAME -->`` blocks of a markdown page from result JSON.
+
+    The tuning block comes from ``tuning_payload`` (a ``--tune`` run) when given, else from the
+    benchmark result itself.
+    """
     from dsv4kit.validation import indexer_suite
 
     blocks = {"summary": render_summary(bench_payload), "table": render_table(bench_payload),
-              "tuning": render_tuning(bench_payload)}
+              "tuning": render_tuning(tuning_payload or bench_payload)}
     if validation_payload is not None:
         blocks["validation"] = "```\n" + indexer_suite.report_lines(validation_payload) + "\n```"
     with open(doc_path) as fh:
@@ -516,6 +521,7 @@ def main(argv=None) -> int:
                              "(and --validation-json), then exit")
     parser.add_argument("--bench-json", help="bench result for --update-doc")
     parser.add_argument("--validation-json", help="harness report for --update-doc")
+    parser.add_argument("--tuning-json", help="a --tune result whose sweep --update-doc shows")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     if args.update_doc:
@@ -529,7 +535,11 @@ def main(argv=None) -> int:
             if args.validation_json:
                 with open(args.validation_json) as fh:
                     validation_payload = json.load(fh)
-            update_doc(args.update_doc, bench_payload, validation_payload)
+            tuning_payload = None
+            if args.tuning_json:
+                with open(args.tuning_json) as fh:
+                    tuning_payload = json.load(fh)
+            update_doc(args.update_doc, bench_payload, validation_payload, tuning_payload)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exitcodes.USAGE
