@@ -277,7 +277,7 @@ def _graph_replay_row(case: AttentionCase, fn, reference, progress) -> CheckRow:
             fn(**kw)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):  # capture on the warm-up stream, as SGLang does
         captured_out, _ = fn(**kw)
 
     gen = torch.Generator().manual_seed(1234)
