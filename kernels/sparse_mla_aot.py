@@ -52,13 +52,6 @@ def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_
     constexprs = {"PS": page_size, "EX_PS": extra_page_size, "HAS_EXTRA": has_extra, "SPLIT": split,
                   "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n,
                   "DOT_DTYPE": mod._DOT_DTYPES[dot_dtype], "PREFETCH": int(cfg.prefetch)}
-    if cfg.wide:
-        sig = dict(list(sig.items())[:list(sig).index("qk_scale_log2") + 1] + [("counter_ptr", "*i32")]
-                   + list(sig.items())[list(sig).index("qk_scale_log2") + 1:])
-        sig["DSPLIT"] = "constexpr"
-        sig["FUSED"] = "constexpr"
-        constexprs["DSPLIT"] = cfg.dim_split
-        constexprs["FUSED"] = bool(cfg.fused_combine and split)
     # Mirror what the JIT specialises in a real call: unit strides become constants, pointers and
     # the page / row strides (multiples of 16 bytes in the V4 layout) carry divisibility 16.
     for name in ("stride_qd", "stride_ij", "stride_ej"):
@@ -72,8 +65,7 @@ def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_
     fn = mod._sparse_mla_decode_wide_kernel if cfg.wide else mod._sparse_mla_decode_kernel
     src = ASTSource(fn, sig, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
-                                   **mod.register_cap(cfg)})
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
 def summary(compiled) -> dict:

@@ -85,23 +85,6 @@ class DecodeConfig:
     # indices one step ahead, gathers pipelined by Triton; 0: neither.
     prefetch: int = 1
     wide: bool = False  # one [BLOCK_N, 512] KV tile and two dots a step instead of 8 + 8 tiles
-    # Wide kernel only: DIM_SPLIT programs share a (token, head block, split), each owning
-    # 512 / DIM_SPLIT output dims (its PV and accumulator); each recomputes the full QK^T.
-    dim_split: int = 1
-    # Programs an SM is assumed to hold at once, for the split count (a smaller accumulator and
-    # shared-memory footprint can fit two).
-    ctas_per_sm: int = 1
-    # Wide kernel only: the last program of a (token, head block) to finish merges the split
-    # partials itself (an atomic arrival counter), so no combine launch follows.
-    fused_combine: bool = False
-
-
-def register_cap(cfg: DecodeConfig) -> dict:
-    """``maxnreg`` so that ``ctas_per_sm`` programs fit an SM's 64K registers (ptxas otherwise
-    takes up to 255 a thread and one program fills the register file)."""
-    if cfg.ctas_per_sm <= 1 or interpreting():
-        return {}
-    return {"maxnreg": min(255, 65536 // (cfg.ctas_per_sm * cfg.num_warps * 32)) // 8 * 8}
 
 
 def interpreting() -> bool:
@@ -370,35 +353,6 @@ def _load_rows_wide(kv_ptr, valid, data, scale):
 
 
 @triton.jit
-def _load_half(row, valid, half):
-    """fp8 bytes of tiles ``4*half .. 4*half+3`` as ``[BLOCK_N, 4, 64]`` (tile 7, the rope, not loaded)."""
-    tiles = half * 4 + tl.arange(0, 4)
-    c = tl.arange(0, 64)
-    return tl.load(row[:, None, None] + (tiles * 64)[None, :, None] + c[None, None, :],
-                   mask=valid[:, None, None] & (tiles < 7)[None, :, None], other=0)
-
-
-@triton.jit
-def _gather_wide(kv_ptr, valid, data, scale, d0, DSPLIT: tl.constexpr):
-    """(scale word, bytes of this program's dims, bytes of the other dims, rope).
-
-    DSPLIT 1: all eight tiles as one ``[BLOCK_N, 8, 64]`` tensor (the "other" part is a dummy).
-    DSPLIT 2: the 256 dims this program owns and the other 256 (both needed for QK^T)."""
-    if DSPLIT == 1:
-        sw, nope, rp = _load_rows_wide(kv_ptr, valid, data, scale)
-        return sw, nope, nope, rp
-    else:
-        row = kv_ptr + data
-        sw = tl.load((kv_ptr + scale).to(tl.pointer_type(tl.int64), bitcast=True), mask=valid, other=0)
-        mine = _load_half(row, valid, d0)
-        other = _load_half(row, valid, 1 - d0)
-        c = tl.arange(0, 64)
-        rope_ptr = (row + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-        rp = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
-        return sw, mine, other, rp
-
-
-@triton.jit
 def _dequant_wide(sw, nope, rp, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """``[BLOCK_N, 512]`` KV (dim = tile * 64 + c): fp8 * 2^(e-127) for tiles 0..6, rope as tile 7."""
     tiles = tl.arange(0, 8)
@@ -410,62 +364,6 @@ def _dequant_wide(sw, nope, rp, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _dequant_half(sw, nope, rp, half, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """``[BLOCK_N, 256]`` KV of dims ``[256*half, 256*half + 256)``."""
-    tiles = half * 4 + tl.arange(0, 4)
-    e = ((sw[:, None] >> (8 * tiles)[None, :].to(tl.int64)) & 0xFF).to(tl.float32)
-    scale = tl.exp2(e - 127.0).to(DOT_DTYPE)  # [BLOCK_N, 4]
-    deq = nope.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE) * scale[:, :, None]
-    kv3 = tl.where((tiles < 7)[None, :, None], deq, rp.to(DOT_DTYPE)[:, None, :])
-    return tl.reshape(kv3, [BLOCK_N, 256])
-
-
-@triton.jit
-def _kv_wide(sw, mine, other, rp, d0, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DSPLIT: tl.constexpr):
-    """(KV of this program's dims, KV of the other dims); DSPLIT 1: the full row twice."""
-    if DSPLIT == 1:
-        kv = _dequant_wide(sw, mine, rp, BLOCK_N, DOT_DTYPE)
-        return kv, kv
-    else:
-        kv = _dequant_half(sw, mine, rp, d0, BLOCK_N, DOT_DTYPE)
-        kv_o = _dequant_half(sw, other, rp, 1 - d0, BLOCK_N, DOT_DTYPE)
-        return kv, kv_o
-
-
-@triton.jit
-def _merge_splits(part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
-                  t, heads, head_ok, H, num_splits, DSPLIT: tl.constexpr, DW: tl.constexpr):
-    """In-kernel combine (the last program of a token's head block): all splits' partials, all
-    512 dims in ``DSPLIT`` column blocks, sink applied; the same maths as the combine kernel."""
-    big = tl.full(heads.shape, float("-inf"), dtype=tl.float32)
-    for s in range(0, num_splits):
-        row = (t * num_splits + s).to(tl.int64) * H + heads
-        big = tl.maximum(big, tl.load(part_lse_ptr + row, mask=head_ok, other=float("-inf"), cache_modifier=".cg"))
-    has_any = big > float("-inf")
-    big_safe = tl.where(has_any, big, 0.0)
-    sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
-    wsum = tl.zeros(heads.shape, dtype=tl.float32)
-    for db in tl.static_range(DSPLIT):
-        cols = db * DW + tl.arange(0, DW)
-        acc = tl.zeros([heads.shape[0], DW], dtype=tl.float32)
-        wsum = tl.zeros(heads.shape, dtype=tl.float32)
-        for s in range(0, num_splits):
-            row = (t * num_splits + s).to(tl.int64) * H + heads
-            w = tl.exp2(tl.load(part_lse_ptr + row, mask=head_ok, other=float("-inf"), cache_modifier=".cg") - big_safe)
-            o = tl.load(part_o_ptr + row[:, None] * 512 + cols[None, :], mask=head_ok[:, None], other=0.0,
-                        cache_modifier=".cg").to(tl.float32)
-            acc += w[:, None] * o
-            wsum += w
-        denom = wsum + tl.exp2(sink2 - big_safe)
-        o = tl.where(has_any[:, None], acc / tl.where(has_any, denom, 1.0)[:, None], 0.0)
-        tl.store(out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + cols[None, :],
-                 o.to(tl.bfloat16), mask=head_ok[:, None])
-    lse = tl.where(has_any, (big_safe + tl.log2(tl.where(has_any, wsum, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
-    tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
-
-
-@triton.jit
 def _sparse_mla_decode_wide_kernel(
     q_ptr, stride_qt, stride_qh, stride_qd,
     kv_ptr, kv_page_stride, kv_num_slots,
@@ -474,34 +372,20 @@ def _sparse_mla_decode_wide_kernel(
     ex_idx_ptr, stride_et, stride_ej, ex_len_ptr, ex_width,
     sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
     part_o_ptr, part_lse_ptr,
-    H, num_splits, qk_scale_log2, counter_ptr,
+    H, num_splits, qk_scale_log2,
     PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PREFETCH: tl.constexpr,
-    DSPLIT: tl.constexpr = 1, FUSED: tl.constexpr = False,
 ):
     """The same maths with one ``[BLOCK_N, 512]`` KV tile: one QK^T and one PV dot a step (for
-    sm_90's wgmma, where eight chained 64-wide dots serialise on their waits).
-
-    ``DSPLIT = 2``: grid axis 1 is ``head_blocks * 2``; program ``d0`` owns output dims
-    ``[256*d0, 256*d0 + 256)`` (a ``[BLOCK_H, 256]`` accumulator: half the registers) and computes
-    ``S = Q_mine K_mineᵀ + Q_other K_otherᵀ`` itself (QK^T and the dequantisation are done twice
-    per KV row, the PV once). Only ``d0 = 0`` writes lse / the split's log-sum-exp.
-    """
+    sm_90's wgmma, where eight chained 64-wide dots serialise on their waits)."""
     t = tl.program_id(0)
-    hb = tl.program_id(1) // DSPLIT
-    d0 = tl.program_id(1) % DSPLIT
+    hb = tl.program_id(1)
     sp = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
-    DW: tl.constexpr = 512 // DSPLIT
-    cols = d0 * DW + tl.arange(0, DW)
-    q_base = q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
-    q = tl.load(q_base + cols[None, :] * stride_qd, mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-    if DSPLIT == 1:
-        q_o = q
-    else:
-        q_o = tl.load(q_base + ((1 - d0) * DW + tl.arange(0, DW))[None, :] * stride_qd, mask=head_ok[:, None],
-                      other=0.0).to(DOT_DTYPE)
+    cols = tl.arange(0, 512)
+    q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + cols[None, :] * stride_qd,
+                mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
 
     n_swa = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), width)
     n_ex = 0
@@ -514,7 +398,7 @@ def _sparse_mla_decode_wide_kernel(
 
     idx_row = idx_ptr + t.to(tl.int64) * stride_it
     ex_row = ex_idx_ptr + t.to(tl.int64) * stride_et
-    acc = tl.zeros([BLOCK_H, DW], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     ar = tl.arange(0, BLOCK_N)
@@ -522,7 +406,7 @@ def _sparse_mla_decode_wide_kernel(
         idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
         valid_c, data_c, scale_c = _row_offsets(idx_c, v_lo + ar, n_swa, kv_num_slots, kv_page_stride,
                                                 ex_delta, ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
-        sw_c, mine_c, other_c, rp_c = _gather_wide(kv_ptr, valid_c, data_c, scale_c, d0, DSPLIT)
+        sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
         idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + BLOCK_N + ar, v_hi, n_swa, HAS_EXTRA)
     elif PREFETCH == 2:
         idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
@@ -534,24 +418,22 @@ def _sparse_mla_decode_wide_kernel(
             idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, j + BLOCK_N, v_hi, n_swa, HAS_EXTRA)
             valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
                                                     ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
-            sw_c, mine_c, other_c, rp_c = _gather_wide(kv_ptr, valid_c, data_c, scale_c, d0, DSPLIT)
+            sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
             idx_c = idx_n
         elif PREFETCH == 1:
             jn = start + BLOCK_N + ar
             valid_n, data_n, scale_n = _row_offsets(idx_n, jn, n_swa, kv_num_slots, kv_page_stride, ex_delta,
                                                     ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
-            sw_n, mine_n, other_n, rp_n = _gather_wide(kv_ptr, valid_n, data_n, scale_n, d0, DSPLIT)
+            sw_n, nope_n, rp_n = _load_rows_wide(kv_ptr, valid_n, data_n, scale_n)
             idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, jn + BLOCK_N, v_hi, n_swa, HAS_EXTRA)
         else:
             j = start + ar
             idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, j, v_hi, n_swa, HAS_EXTRA)
             valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
                                                     ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
-            sw_c, mine_c, other_c, rp_c = _gather_wide(kv_ptr, valid_c, data_c, scale_c, d0, DSPLIT)
-        kv, kv_o = _kv_wide(sw_c, mine_c, other_c, rp_c, d0, BLOCK_N, DOT_DTYPE, DSPLIT)
+            sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
+        kv = _dequant_wide(sw_c, nope_c, rp_c, BLOCK_N, DOT_DTYPE)
         s = tl.dot(q, tl.trans(kv))
-        if DSPLIT != 1:
-            s = tl.dot(q_o, tl.trans(kv_o), s)
         s = tl.where(valid_c[None, :], s * qk_scale_log2, float("-inf"))  # log2 domain
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -563,32 +445,17 @@ def _sparse_mla_decode_wide_kernel(
         if PREFETCH == 1:
             valid_c = valid_n
             sw_c = sw_n
-            mine_c = mine_n
-            other_c = other_n
+            nope_c = nope_n
             rp_c = rp_n
 
     has_any = l_i > 0.0
-    lse_ok = head_ok & ((heads * 0 + d0) == 0)  # a block-shaped mask (the interpreter wants one)
     if SPLIT:
         inv = tl.where(has_any, 1.0 / tl.where(has_any, l_i, 1.0), 0.0)
         lse2 = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
         row = (t * num_splits + sp).to(tl.int64) * H + heads
         tl.store(part_o_ptr + row[:, None] * 512 + cols[None, :], (acc * inv[:, None]).to(part_o_ptr.dtype.element_ty),
                  mask=head_ok[:, None])
-        tl.store(part_lse_ptr + row, lse2, mask=lse_ok)
-        if FUSED:
-            # Arrival count of this (token, head block): every split (and dim half) adds 1 after
-            # its partial is stored; the last one merges. The barrier makes all threads' stores
-            # precede the single-thread release; acquire + .cg loads read the others' partials
-            # from L2. The last program resets the counter, so it is 0 for the next launch
-            # (and a captured graph replays correctly).
-            tl.debug_barrier()
-            cnt_ptr = counter_ptr + t * (tl.num_programs(1) // DSPLIT) + hb
-            arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits * DSPLIT - 1:
-                _merge_splits(part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
-                              t, heads, head_ok, H, num_splits, DSPLIT, DW)
-                tl.atomic_xchg(cnt_ptr, 0)
+        tl.store(part_lse_ptr + row, lse2, mask=head_ok)
     else:
         sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
         m_safe = tl.where(has_any, m_i, 0.0)
@@ -598,7 +465,7 @@ def _sparse_mla_decode_wide_kernel(
                  (acc * inv[:, None]).to(tl.bfloat16), mask=head_ok[:, None])
         lse = tl.where(has_any, (m_i + tl.log2(tl.where(has_any, l_i, 1.0))) * 0.6931471805599453,
                        float("-inf"))
-        tl.store(lse_ptr + t * H + heads, lse, mask=lse_ok)
+        tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
 
 
 @triton.jit
@@ -677,28 +544,21 @@ TILES_ENV = "DSV4KIT_SPARSE_MLA_TILES"
 
 
 def _config_from_env(num_heads: int) -> Optional[DecodeConfig]:
-    """``DSV4KIT_SPARSE_MLA_TILES="BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE[,DIM_SPLIT,CTAS_PER_SM[,FUSED]]"``
-    (e.g. ``64,64,8,2,0,1``) overrides the per-architecture tiles, for tuning on a box without
-    code edits."""
+    """``DSV4KIT_SPARSE_MLA_TILES="BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE"`` (e.g. ``64,64,8,2,0,1``)
+    overrides the per-architecture tiles, for tuning on a box without code edits."""
     text = os.environ.get(TILES_ENV, "").strip()
     if not text:
         return None
     try:
-        values = [int(x) for x in text.split(",")]
+        bh, bn, warps, stages, prefetch, wide = (int(x) for x in text.split(","))
     except ValueError:
-        values = []
-    if len(values) not in (6, 8, 9):
-        raise ValueError(f"{TILES_ENV}={text!r}: expected six integers BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE "
-                         "(optionally DIM_SPLIT,CTAS_PER_SM and then FUSED)")
-    bh, bn, warps, stages, prefetch, wide = values[:6]
-    dim_split, ctas_per_sm, fused = (values[6:] + [1, 1, 0][len(values) - 6:])[:3]
-    if (bh not in (16, 32, 64) or bn not in (16, 32, 64, 128) or warps not in (4, 8, 16) or not 1 <= stages <= 4
-            or prefetch not in (0, 1, 2) or dim_split not in (1, 2) or ctas_per_sm not in (1, 2)
-            or fused not in (0, 1) or ((dim_split == 2 or fused) and not wide)):
-        raise ValueError(f"{TILES_ENV}={text!r}: BLOCK_H must be 16/32/64, BLOCK_N 16/32/64/128, WARPS 4/8/16, "
-                         "STAGES 1..4, PREFETCH 0/1/2, DIM_SPLIT 1/2, CTAS_PER_SM 1/2, FUSED 0/1 "
-                         "(DIM_SPLIT 2 and FUSED only with WIDE)")
-    return DecodeConfig(bh, bn, warps, stages, prefetch, bool(wide), dim_split, ctas_per_sm, bool(fused))
+        raise ValueError(f"{TILES_ENV}={text!r}: expected six integers "
+                         "BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE") from None
+    if (bh not in (16, 32, 64) or bn not in (16, 32, 64) or warps not in (4, 8, 16) or not 1 <= stages <= 4
+            or prefetch not in (0, 1, 2)):
+        raise ValueError(f"{TILES_ENV}={text!r}: BLOCK_H and BLOCK_N must be 16/32/64, WARPS 4/8/16, "
+                         "STAGES 1..4, PREFETCH 0/1/2")
+    return DecodeConfig(bh, bn, warps, stages, prefetch, bool(wide))
 
 
 def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
@@ -727,53 +587,20 @@ def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
     return DecodeConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, prefetch=2, wide=True)
 
 
-_COUNTERS: dict = {}
-# How calls were combined (diagnostics for the benchmark: did the in-kernel combine run?).
-LAUNCHES = {"fused_combine": 0, "combine_launch": 0, "single_split": 0}
-COUNTER_SLOTS = SM120_DECODE_MAX_TOKENS * MAX_HEADS  # >= T * head_blocks for any decode call
-
-
-def _arrival_counters(device: torch.device, needed: int) -> Optional[torch.Tensor]:
-    """Zeroed int32 arrival counters for the in-kernel combine, one buffer per (device, stream).
-
-    The kernel leaves them at 0 again, so one buffer serves every later launch on that stream,
-    eager or replayed (launches on one stream are ordered; another stream gets its own buffer).
-    It is allocated outside any capture: during a capture (SGLang warms up first, so this is
-    rare) a missing buffer means ``None`` and the caller uses the combine launch instead.
-    """
-    if needed > COUNTER_SLOTS:
-        return None
-    if device.type == "cuda":
-        key = (device.index if device.index is not None else torch.cuda.current_device(),
-               torch.cuda.current_stream(device).cuda_stream)
-        capturing = torch.cuda.is_current_stream_capturing()
-    else:
-        key, capturing = (str(device), 0), False
-    buf = _COUNTERS.get(key)
-    if buf is None:
-        if capturing:
-            return None
-        buf = _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return buf
-
-
-def choose_num_splits(T: int, head_blocks: int, width_total: int, block_n: int, sm_count: int,
-                      dim_split: int = 1, ctas_per_sm: int = 1) -> int:
+def choose_num_splits(T: int, head_blocks: int, width_total: int, block_n: int, sm_count: int) -> int:
     """Splits per (token, head block), from shapes only (graph-safe).
 
-    As many splits as fit whole in one wave (``sm_count * ctas_per_sm // programs``, with
-    ``programs = T * head_blocks * dim_split``): the measured kernel is latency-bound per
-    program, so an idle SM costs more than the partials' traffic (a bf16 ``[BLOCK_H, 512]``
-    partial per split, written once and read once by the combine launch). No split once the
-    (token, head block) programs alone fill the wave, and never more splits than ``BLOCK_N``
-    tiles in the index width.
+    As many splits as fit whole in one wave (``sm_count // programs``): the measured kernel is
+    latency-bound per program, so an idle SM costs more than the partials' traffic (a bf16
+    ``[BLOCK_H, 512]`` partial per split, written once and read once by the combine launch).
+    No split once the (token, head block) programs alone fill the SMs, and never more splits
+    than ``BLOCK_N`` tiles in the index width.
     """
-    programs = max(1, T * head_blocks * dim_split)
-    slots = sm_count * ctas_per_sm
-    if programs >= slots:
+    programs = max(1, T * head_blocks)
+    if programs >= sm_count:
         return 1
     max_useful = max(1, -(-width_total // block_n))
-    return max(1, min(slots // programs, max_useful, MAX_SPLITS))
+    return max(1, min(sm_count // programs, max_useful, MAX_SPLITS))
 
 
 def _check_cache(name: str, cache: torch.Tensor, device: torch.device) -> int:
@@ -914,8 +741,7 @@ def flash_mla_with_kvcache_sm120(
     width = indices.shape[2]
     ex_width = extra_indices_in_kvcache.shape[2] if has_extra else 0
     if num_splits is None:
-        num_splits = choose_num_splits(T, head_blocks, width + ex_width, cfg.block_n, _sm_count(device),
-                                       cfg.dim_split, cfg.ctas_per_sm)
+        num_splits = choose_num_splits(T, head_blocks, width + ex_width, cfg.block_n, _sm_count(device))
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     split = num_splits > 1
@@ -930,21 +756,8 @@ def flash_mla_with_kvcache_sm120(
     ex_cache = extra_k_cache if has_extra else k_cache
     ex_idx = extra_indices_in_kvcache if has_extra else indices
     ex_len = extra_topk_length if has_extra else topk_length
-    if cfg.dim_split not in (1, 2) or (cfg.dim_split == 2 and not cfg.wide):
-        raise ValueError(f"dim_split must be 1, or 2 with the wide kernel; got {cfg}")
-    if cfg.fused_combine and not cfg.wide:
-        raise ValueError(f"fused_combine needs the wide kernel; got {cfg}")
+    grid = (T, head_blocks, num_splits)
     kernel = _sparse_mla_decode_wide_kernel if cfg.wide else _sparse_mla_decode_kernel
-    fused = False
-    wide_args = ()
-    extra_meta = {}
-    if cfg.wide:
-        counters = _arrival_counters(device, T * head_blocks) if (split and cfg.fused_combine) else None
-        fused = counters is not None
-        wide_args = (counters if fused else lse,)
-        extra_meta = {"DSPLIT": cfg.dim_split, "FUSED": fused}
-    extra_meta.update(register_cap(cfg))
-    grid = (T, head_blocks * cfg.dim_split, num_splits)
     kernel[grid](
         q, q.stride(0), q.stride(2), q.stride(3),
         k_cache, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1],
@@ -953,13 +766,12 @@ def flash_mla_with_kvcache_sm120(
         ex_idx, ex_idx.stride(0), ex_idx.stride(2), ex_len, ex_width,
         attn_sink, out, out.stride(0), out.stride(2), lse,
         part_o, part_lse,
-        H, num_splits, float(softmax_scale) * LOG2E, *wide_args,
+        H, num_splits, float(softmax_scale) * LOG2E,
         PS=k_cache.shape[1], EX_PS=ex_cache.shape[1], HAS_EXTRA=has_extra, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DOT_DTYPE=_DOT_DTYPES[dot_dtype],
-        PREFETCH=int(cfg.prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra_meta,
+        PREFETCH=int(cfg.prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    LAUNCHES["fused_combine" if fused else "combine_launch" if split else "single_split"] += 1
-    if split and not fused:
+    if split:
         # 16 heads x 128 dims a combine program: small fp32 accumulators (no spills) and 4x16
         # programs per token, so the partials are read by many SMs at once. BLOCK_N must match
         # the main launch, which it uses to find the splits that received work.

@@ -38,9 +38,3 @@ def test_sm90_build(aot_results):
 def test_sm120_combine_build(aot_results):
     r = aot_results["sm120_combine"]
     assert r["ptx"] and r["shared_bytes"] <= SM120_SHARED_LIMIT
-
-
-def test_sm90_dim_split_fused_build(aot_results):
-    r = aot_results["sm90_c4_ds2_fused_H64"]
-    assert r["wgmma"] and r["atomics"]
-    assert r["shared_bytes"] <= 232448 // 2  # two programs an SM

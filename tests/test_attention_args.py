@@ -107,27 +107,6 @@ def test_tiles_env_override(monkeypatch):
     monkeypatch.setenv(dec.TILES_ENV, "48,64,8,2,0,1")
     with pytest.raises(ValueError, match="BLOCK_H"):
         dec.default_config(64, (9, 0))
-    monkeypatch.setenv(dec.TILES_ENV, "64,32,8,1,2,1,2,2,1")
-    assert dec.default_config(64, (9, 0)) == dec.DecodeConfig(64, 32, 8, 1, 2, True, 2, 2, True)
-    monkeypatch.setenv(dec.TILES_ENV, "64,32,8,1,2,1,2,2")
-    assert dec.default_config(64, (9, 0)).fused_combine is False
-    monkeypatch.setenv(dec.TILES_ENV, "32,32,8,1,1,0,2,1")  # the dim split needs the wide kernel
-    with pytest.raises(ValueError, match="DIM_SPLIT"):
-        dec.default_config(64, (9, 0))
-
-
-def test_split_count_counts_dim_split_and_programs_per_sm():
-    assert dec.choose_num_splits(64, 1, 640, 32, 132, dim_split=2) == 1
-    assert dec.choose_num_splits(64, 1, 640, 32, 132, dim_split=2, ctas_per_sm=2) == 2
-    assert dec.choose_num_splits(16, 1, 640, 32, 132, dim_split=2, ctas_per_sm=2) == 8
-    assert dec.register_cap(dec.DecodeConfig(64, 32, 8, 1, 2, True, 2, 2)) in ({"maxnreg": 128}, {})
-    assert dec.register_cap(dec.DecodeConfig(64, 32, 8, 1, 2, True, 2, 1)) == {}
-
-
-def test_arrival_counters_are_reused_per_device_and_stream():
-    a = dec._arrival_counters(torch.device("cpu"), 128)
-    assert a is dec._arrival_counters(torch.device("cpu"), 4) and int(a.abs().sum()) == 0
-    assert dec._arrival_counters(torch.device("cpu"), dec.COUNTER_SLOTS + 1) is None
 
 
 @pytest.mark.parametrize("spec", ["c4-T16-H64", "c128-T1-H16of64-ps64-x8256-L131072-holes-empty",

@@ -25,6 +25,7 @@ def _load(name: str) -> dict:
     ("bench_attention_h200", "bench_attention_h200.json"),
     ("bench_attention_sweep_h200", "bench_attention_sweep_h200.json"),
     ("bench_attention_sweep_h200_run1", "bench_attention_sweep_h200_run1.json"),
+    ("bench_attention_sweep_h200_run3", "bench_attention_sweep_h200_run3.json"),
 ])
 def test_doc_tables_are_generated_from_the_committed_json(block, source):
     doc = (ROOT / "docs" / "attention.md").read_text()
@@ -51,3 +52,14 @@ def test_quoted_validation_row_is_in_the_committed_json():
     worst = report["suites"]["attention"]["worst"]
     assert report["passed"] and len(report["suites"]["attention"]["rows"]) == 28
     assert f"{worst['case']} rel={worst['rel']:.3e}" in doc
+
+
+def test_fp8_q_table_is_generated_from_the_committed_json():
+    from dsv4kit.validation.attention_fp8_q import table
+
+    doc = (ROOT / "docs" / "attention.md").read_text()
+    result = _load("attention_fp8_q_cpu.json")
+    assert _block(doc, "attention_fp8_q_cpu") == table(result)
+    # What the doc concludes from it: single e4m3 q fails the bar, the hi + lo pair passes.
+    assert all(not r["within_bar"] for r in result["rows"] if r["mode"] != "hi_lo")
+    assert all(r["within_bar"] for r in result["rows"] if r["mode"] == "hi_lo")

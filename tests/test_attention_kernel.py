@@ -27,9 +27,7 @@ def interp_results():
 
 
 CASES = ["swa_ps256_split", "swa_ps256_nosplit", "c4_ps64_split", "c4_ps64_nosplit", "c4_sm90_tiles",
-         "c4_bn32_tiles", "c4_no_prefetch", "c4_wide_prefetch", "c4_wide", "c4_wide_idx_ahead", "c4_H64_default_tiles",
-         "c4_wide_ds2", "c4_wide_ds2_split", "c4_wide_fused", "c4_wide_fused_again", "c4_wide_ds2_fused",
-         "c4_H64_ds2_fused", "c128_ps2_H24",
+         "c4_bn32_tiles", "c4_no_prefetch", "c4_wide_prefetch", "c4_wide", "c4_wide_idx_ahead", "c4_H64_default_tiles", "c128_ps2_H24",
          "c128_ps2_H24_fp16dot", "sink_extremes", "no_sink", "bad_slots_lengths_strided_indices"]
 
 
@@ -40,12 +38,6 @@ def test_kernel_matches_reference(interp_results, name):
     assert r["rel"] <= REL_BAR, f"{name}: rel {r['rel']:.3e} > {REL_BAR}"
     assert r["empty_zero"], f"{name}: a row with no valid entry is not exactly 0"
     assert r["lse_ok"], f"{name}: lse differs from the reference"
-
-
-def test_in_kernel_combine_ran_and_left_its_counters_at_zero(interp_results):
-    book = interp_results["fused_bookkeeping"]
-    assert book["launches"]["fused_combine"] >= 3, book
-    assert book["counters_zero"]
 
 
 def test_padded_nan_heads_and_empty_rows_are_covered(interp_results):

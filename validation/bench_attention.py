@@ -325,21 +325,17 @@ def sweep_variants(capability: tuple) -> list:
     """(name, DecodeConfig, num_splits for T=64 or None) tried by ``--sweep``."""
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
 
-    # Run 3 (this list): the 512 output dims split over two programs ("ds2": half the
-    # accumulator; "x2": two programs an SM, registers capped at 128), the in-kernel combine
-    # ("fused": no combine launch), and 128-row steps. Earlier runs' variants are in their JSON.
     variants = [("default", default_config(H, capability), None),
-                ("h64_wide_n64_w8_s2_idx_ahead_fused", D(64, 64, 8, 2, 2, True, 1, 1, True), None),
-                ("h64_wide_n128_w8_s1_idx_ahead", D(64, 128, 8, 1, 2, True), None),
-                ("h64_wide_n128_w8_s1_idx_ahead_fused", D(64, 128, 8, 1, 2, True, 1, 1, True), None),
-                ("h64_wide_n64_w8_s2_ds2", D(64, 64, 8, 2, 2, True, 2, 1), None),
-                ("h64_wide_n64_w8_s2_ds2_fused", D(64, 64, 8, 2, 2, True, 2, 1, True), None),
-                ("h64_wide_n32_w8_s1_ds2_x2", D(64, 32, 8, 1, 2, True, 2, 2), None),
-                ("h64_wide_n32_w8_s1_ds2_x2_fused", D(64, 32, 8, 1, 2, True, 2, 2, True), None),
-                ("h64_wide_n16_w8_s2_ds2_x2_fused", D(64, 16, 8, 2, 2, True, 2, 2, True), None),
-                ("h64_wide_n32_w8_s1_ds2_x2_pf0_fused", D(64, 32, 8, 1, 0, True, 2, 2, True), None),
-                ("h64_wide_n64_w8_s2_idx_ahead_split3_fused", D(64, 64, 8, 2, 2, True, 1, 1, True), 3),
-                ("h32_n32_w8_pf", D(32, 32, 8, 1, 1), None)]
+                ("h64_wide_n64_w8_s3", D(64, 64, 8, 3, 0, True), None),
+                ("h64_wide_n64_w8_s2", D(64, 64, 8, 2, 0, True), None),
+                ("h64_wide_n32_w8_s3", D(64, 32, 8, 3, 0, True), None),
+                ("h64_wide_n32_w8_s2", D(64, 32, 8, 2, 0, True), None),
+                ("h64_wide_n64_w8_s2_idx_ahead", D(64, 64, 8, 2, 2, True), None),
+                ("h64_wide_n64_w8_s3_nosplit", D(64, 64, 8, 3, 0, True), 1),
+                ("h64_wide_n64_w8_s3_split3", D(64, 64, 8, 3, 0, True), 3),
+                ("h32_n32_w8_pf", D(32, 32, 8, 1, 1), None),
+                ("h16_n32_w4_pf", D(16, 32, 4, 1, 1), None),
+                ("h32_n16_w8_pf", D(32, 16, 8, 1, 1), None)]
     seen, out = set(), []
     for name, cfg, splits in variants:
         if (cfg, splits) not in seen:
@@ -391,22 +387,18 @@ def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda p
         entry = {"name": name, "config": cfg.__dict__.copy(), "num_splits_T64": splits or "auto"}
         t0 = time.time()
         try:
-            # Three calls in a row at T=64 (the in-kernel combine's counters must come back to 0).
+            # Three calls in a row at T=64 (nothing may carry over from one call to the next).
             entry["rel_T64"] = max(check_against_reference(fn, layers[64][0]) for _ in range(3))
             entry["rel_T16"] = check_against_reference(fn_auto, layers[16][0])
             entry["rel_T1"] = check_against_reference(fn_auto, layers[1][0])
             ok = all(not math.isnan(v) and v <= 1e-2 for v in (entry["rel_T64"], entry["rel_T16"], entry["rel_T1"]))
             entry["correct"] = ok
             if ok:
-                before = dict(dec.LAUNCHES)
                 entry["c4_T64_us"] = time_under_graph(fn, layers[64])
-                entry["launches_T64"] = {k: dec.LAUNCHES[k] - before[k] for k in before}
                 entry["c4_T64_l2_resident_us"] = time_under_graph(fn, small)
                 entry["c4_T64_zero_length_us"] = time_under_graph(fn, zero)
                 entry["c4_T16_us"] = time_under_graph(fn_auto, layers[16])
-                before = dict(dec.LAUNCHES)
                 entry["c4_T1_us"] = time_under_graph(fn_auto, layers[1])
-                entry["launches_T1"] = {k: dec.LAUNCHES[k] - before[k] for k in before}
                 # Still right after hundreds of graph-replayed launches.
                 entry["rel_T64_after_replays"] = check_against_reference(fn, layers[64][0])
                 entry["correct"] = entry["rel_T64_after_replays"] <= 1e-2
@@ -446,14 +438,12 @@ def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda p
 def fastest_tiles(result: dict) -> Optional[str]:
     """``DSV4KIT_SPARSE_MLA_TILES`` value of the fastest correct variant at c4 T=64 among those
     with the automatic split count (the only kind the tiles variable can select)."""
-    auto = [e for e in result["variants"] if e.get("num_splits_T64") == "auto" and "c4_T64_us" in e]
+    auto = [e for e in result["variants"] if e.get("num_splits_T64") == "auto" and "c4_T64_us" in e
+            and e["config"].get("dim_split", 1) == 1 and not e["config"].get("fused_combine")]  # run 3's extras
     if not auto:
         return None
     c = min(auto, key=lambda e: e["c4_T64_us"])["config"]
-    keys = ["block_h", "block_n", "num_warps", "num_stages", "prefetch", "wide"]
-    if c.get("dim_split", 1) != 1 or c.get("ctas_per_sm", 1) != 1 or c.get("fused_combine", False):
-        keys += ["dim_split", "ctas_per_sm", "fused_combine"]
-    return ",".join(str(int(c[k])) for k in keys)
+    return ",".join(str(int(c[k])) for k in ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "wide"))
 
 
 def sweep_table(result: dict) -> str:
@@ -461,7 +451,8 @@ def sweep_table(result: dict) -> str:
     lines = ["| variant | BLOCK_H | BLOCK_N | warps | stages | prefetch | wide | splits T=64 | "
              + " | ".join(c.replace("_us", " us").replace("_", " ") for c in cols) + " | rel T=64 |",
              "|---" * (9 + len(cols)) + "|"]
-    # Sweeps from run 3 on also vary the dim split, programs per SM and the in-kernel combine.
+    # Run 3 (bench_attention_sweep_h200_run3.json, commit 3e4e88c) also varied the dim split,
+    # programs per SM and an in-kernel combine; those kernels were removed after it.
     extended = any("dim_split" in e["config"] for e in result["variants"])
     if extended:
         lines[0] = lines[0].replace("| wide |", "| wide | dim split | CTAs/SM | fused combine |")
