@@ -29,7 +29,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from dsv4kit.validation.harness import CheckRow, RunOptions
+from dsv4kit.validation.harness import CheckRow, RunOptions, load_sglang_function
 
 NAME = "attention"
 KERNEL_REL_BAR = 1e-2
@@ -173,18 +173,6 @@ def _stats(out, ref_out, inputs) -> dict:
     return stats
 
 
-def _load_sglang(options: RunOptions):
-    if not options.compare_sglang:
-        return None, "disabled (--no-sglang)"
-    try:
-        import importlib
-
-        module = importlib.import_module(SGLANG_MODULE)
-        return module._sm120_sparse_decode_fwd, ""
-    except Exception as exc:  # noqa: BLE001 - any import failure means "not comparable here"
-        return None, f"not importable ({type(exc).__name__}: {str(exc)[:80]})"
-
-
 def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
     import torch
 
@@ -195,7 +183,7 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
 
     cases = [parse_case(s) for s in specs]
     progress = options.progress or (lambda _msg: None)
-    sglang_fn, sglang_reason = _load_sglang(options)
+    sglang_fn, sglang_reason = load_sglang_function(options, SGLANG_MODULE, "_sm120_sparse_decode_fwd")
     if sglang_fn is None:
         yield CheckRow(suite=NAME, case="-", impl="sglang", passed=True,
                        note=f"SGLang torch path {sglang_reason}: its rows are skipped")

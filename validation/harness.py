@@ -29,7 +29,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Optional
 
 SUITES: dict[str, str] = {
     "indexer": "dsv4kit.validation.indexer_suite",
@@ -89,6 +89,19 @@ class SuiteReport:
     def worst(self, impl: str = "kernel") -> Optional[CheckRow]:
         rows = [r for r in self.rows if r.impl == impl and r.rel is not None]
         return max(rows, key=lambda r: (math.inf if math.isnan(r.rel) else r.rel), default=None)
+
+
+def load_sglang_function(options: RunOptions, module_name: str, attribute: str):
+    """SGLang's own installed implementation to compare against, or ``(None, reason)``.
+
+    Any import failure means "not comparable on this machine", never a failed validation.
+    """
+    if not options.compare_sglang:
+        return None, "disabled (--no-sglang)"
+    try:
+        return getattr(importlib.import_module(module_name), attribute), ""
+    except Exception as exc:  # noqa: BLE001
+        return None, f"not importable ({type(exc).__name__}: {str(exc)[:80]})"
 
 
 def parse_cases(text: Optional[str]) -> dict[str, list[str]]:

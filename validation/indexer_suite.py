@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from dsv4kit.validation.harness import CheckRow, RunOptions
+from dsv4kit.validation.harness import CheckRow, RunOptions, load_sglang_function
 
 NAME = "indexer"
 KERNEL_REL_BAR = 5e-4
@@ -80,19 +80,6 @@ def _row(impl: str, case: IndexerCase, stats: dict, bar, note: str = "", **extra
                     note=note, extra={"spec": case.spec, "compared": stats["compared"], **extra})
 
 
-def _load_sglang(options: RunOptions):
-    """SGLang's installed fallback, or (None, reason)."""
-    if not options.compare_sglang:
-        return None, "disabled (--no-sglang)"
-    try:
-        import importlib
-
-        module = importlib.import_module(SGLANG_FALLBACK)
-        return module.fp8_paged_mqa_logits_torch_sm120, ""
-    except Exception as exc:  # noqa: BLE001 - any import failure means "not comparable here"
-        return None, f"not importable ({type(exc).__name__}: {str(exc)[:80]})"
-
-
 def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
     import torch
 
@@ -101,7 +88,7 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
     from dsv4kit.kernels.indexer import fp8_paged_mqa_logits
 
     cases = [parse_case(s) for s in specs]
-    sglang_fn, sglang_reason = _load_sglang(options)
+    sglang_fn, sglang_reason = load_sglang_function(options, SGLANG_FALLBACK, "fp8_paged_mqa_logits_torch_sm120")
     if sglang_fn is None:
         yield CheckRow(suite=NAME, case="-", impl="sglang", passed=True,
                        note=f"SGLang fallback {sglang_reason}: its rows are skipped")
