@@ -212,6 +212,7 @@ def run_suites(
 
 
 def report_json(reports: list[SuiteReport], env: dict, started: float) -> dict:
+    worst = {r.name: r.worst() for r in reports}
     return {
         "schema": REPORT_SCHEMA,
         "kind": "dsv4kit-validation",
@@ -223,7 +224,7 @@ def report_json(reports: list[SuiteReport], env: dict, started: float) -> dict:
         "suites": {
             r.name: {
                 "passed": r.passed,
-                "worst": dataclasses.asdict(r.worst()) if r.worst() else None,
+                "worst": dataclasses.asdict(worst[r.name]) if worst[r.name] else None,
                 "rows": [dataclasses.asdict(row) for row in r.rows],
             }
             for r in reports
@@ -236,16 +237,16 @@ def write_json_atomic(path: str, payload: dict) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True, default=_json_default)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
-def _json_default(value):
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return str(value)
-    return str(value)
+    try:
+        with open(tmp, "w") as fh:
+            # NaN/inf floats stay JSON's NaN/Infinity (Python reads them back); anything else that
+            # is not JSON (a dtype, a Path) is written as its str().
+            json.dump(payload, fh, indent=2, sort_keys=True, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
