@@ -95,11 +95,9 @@ class LoopbackSSHD:
             )
         )
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege-separation directory
-        self.proc = subprocess.Popen(
-            [SSHD, "-D", "-e", "-f", str(config)],
-            stdout=open(self.log, "ab"),
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)],
+                                         stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
