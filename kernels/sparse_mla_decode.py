@@ -187,6 +187,17 @@ def _store_tile(out_row_ptr, head_ok, val, TILE: tl.constexpr):
 
 
 @triton.jit
+def _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA: tl.constexpr):
+    """(valid SWA entries, valid SWA + extra entries) of token ``t``: device values (graph-safe),
+    clamped to the index widths."""
+    n_swa = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), width)
+    n_ex = 0
+    if HAS_EXTRA:
+        n_ex = tl.minimum(tl.maximum(tl.load(ex_len_ptr + t), 0), ex_width)
+    return n_swa, n_swa + n_ex
+
+
+@triton.jit
 def _sparse_mla_decode_kernel(
     q_ptr, stride_qt, stride_qh, stride_qd,
     kv_ptr, kv_page_stride, kv_num_slots,
@@ -217,12 +228,7 @@ def _sparse_mla_decode_kernel(
     q6 = _q_tile(q_row, stride_qd, head_ok, 6, DOT_DTYPE)
     q7 = _q_tile(q_row, stride_qd, head_ok, 7, DOT_DTYPE)
 
-    # Lengths are device values (graph-safe); clamp them to the index widths.
-    n_swa = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), width)
-    n_ex = 0
-    if HAS_EXTRA:
-        n_ex = tl.minimum(tl.maximum(tl.load(ex_len_ptr + t), 0), ex_width)
-    total = n_swa + n_ex
+    n_swa, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
     chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
     v_lo = tl.minimum(sp * chunk, total)
     v_hi = tl.minimum(v_lo + chunk, total)
@@ -387,11 +393,7 @@ def _sparse_mla_decode_wide_kernel(
     q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + cols[None, :] * stride_qd,
                 mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
 
-    n_swa = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), width)
-    n_ex = 0
-    if HAS_EXTRA:
-        n_ex = tl.minimum(tl.maximum(tl.load(ex_len_ptr + t), 0), ex_width)
-    total = n_swa + n_ex
+    n_swa, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
     chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
     v_lo = tl.minimum(sp * chunk, total)
     v_hi = tl.minimum(v_lo + chunk, total)
@@ -482,11 +484,7 @@ def _combine_splits_kernel(
     head_ok = heads < H
     cols = db * BLOCK_D + tl.arange(0, BLOCK_D)
     # Only the splits that received work (same chunking as the main kernel) are read.
-    n_swa = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), width)
-    n_ex = 0
-    if HAS_EXTRA:
-        n_ex = tl.minimum(tl.maximum(tl.load(ex_len_ptr + t), 0), ex_width)
-    total = n_swa + n_ex
+    n_swa, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
     chunk = tl.maximum(tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N, 1)
     active = tl.minimum(tl.cdiv(total, chunk), num_splits)
 
