@@ -25,7 +25,7 @@ def _decode_signature():
         ("ex_idx_ptr", "*i32"), ("stride_et", "i32"), ("stride_ej", "i32"), ("ex_len_ptr", "*i32"),
         ("ex_width", "i32"),
         ("sink_ptr", "*fp32"), ("out_ptr", "*bf16"), ("stride_ot", "i32"), ("stride_oh", "i32"),
-        ("lse_ptr", "*fp32"), ("part_o_ptr", "*fp32"), ("part_lse_ptr", "*fp32"),
+        ("lse_ptr", "*fp32"), ("part_o_ptr", "*bf16"), ("part_lse_ptr", "*fp32"),  # bf16 partials, as launched
         ("H", "i32"), ("num_splits", "i32"), ("qk_scale_log2", "fp32"),
     ]
     for name, ty in names:
@@ -79,14 +79,6 @@ def summary(compiled) -> dict:
     }
 
 
-if __name__ == "__main__":
-    cap = int(sys.argv[1]) if len(sys.argv) > 1 else 120
-    cfg = None
-    if len(sys.argv) > 5:
-        cfg = DecodeConfig(*(int(x) for x in sys.argv[2:6]))
-    print(summary(compile_decode(cap, cfg)))
-
-
 def compile_combine(capability: int, block_h: int = 16, block_n: int = 16, has_extra: bool = True,
                     block_d: int = 128):
     """``triton.compile`` the split-combine kernel for ``sm_<capability>``."""
@@ -96,10 +88,18 @@ def compile_combine(capability: int, block_h: int = 16, block_n: int = 16, has_e
 
     from dsv4kit.kernels import sparse_mla_decode as mod
 
-    sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16",
+    sig = {"part_o_ptr": "*bf16", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16",
            "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32", "len_ptr": "*i32", "width": "i32",
            "ex_len_ptr": "*i32", "ex_width": "i32", "H": "i32", "num_splits": "i32",
            "HAS_EXTRA": "constexpr", "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"}
     constexprs = {"HAS_EXTRA": has_extra, "BLOCK_H": block_h, "BLOCK_N": block_n, "BLOCK_D": block_d}
     src = ASTSource(mod._combine_splits_kernel, sig, constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+
+
+if __name__ == "__main__":
+    cap = int(sys.argv[1]) if len(sys.argv) > 1 else 120
+    cfg = None
+    if len(sys.argv) > 5:
+        cfg = DecodeConfig(*(int(x) for x in sys.argv[2:6]))
+    print(summary(compile_decode(cap, cfg)))
