@@ -286,7 +286,6 @@ def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda parti
 
     checkpoint({"rates": rates, "points": points, "c128_length_sweep": sweep})
     # Tile / pipelining variants are timed by ``--sweep`` (bench_attention_sweep.json).
-    configs = []
     target_point = next((p for p in points if p["layer"] == "c4" and p["T"] == 64), None)
     targets = {}
     if target_point:
@@ -312,7 +311,7 @@ def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda parti
         "started_unix": started, "seconds": round(time.time() - started, 1),
         "environment": _versions(props), "rates": rates, "l2_bytes": l2,
         "default_config": dec.default_config(H, dec.device_capability(torch.device(DEVICE))).__dict__,
-        "points": points, "c128_length_sweep": sweep, "config_sweep": configs, "targets": targets,
+        "points": points, "c128_length_sweep": sweep, "targets": targets,
         "all_targets_met": all(t["met"] for t in targets.values()),
     }
 
@@ -488,7 +487,7 @@ def table(result: dict) -> str:
             simt = f"{s['simt_us']:.1f}" if "simt_us" in s else "-"
             lines.append(f"| {s['valid_extra']} | {s['kernel_us']:.1f} | {s['floor_us']:.1f} | "
                          f"{s['ratio_to_floor']:.2f} | {simt} |")
-    if result["config_sweep"]:
+    if result.get("config_sweep"):  # benchmark runs before --sweep existed timed the tiles here
         lines += ["", "Tile configurations, c4 T=64:", "",
                   "| BLOCK_H | BLOCK_N | warps | stages | splits | us | kernel/floor | rel |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -574,6 +573,13 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _write_result(out_dir: str, stem: str, result: dict, text: str) -> None:
+    """Print the table and write ``<stem>.json`` and ``<stem>.md`` under ``out_dir``."""
+    print(text)
+    _write_atomic(os.path.join(out_dir, f"{stem}.json"), json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    _write_atomic(os.path.join(out_dir, f"{stem}.md"), text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.bench_attention",
                                      description="Time the sparse-MLA decode kernel vs the SIMT baseline and the floor.")
@@ -639,20 +645,12 @@ def main(argv=None) -> int:
         result = run_sweep(args.quick, checkpoint)
         if os.path.exists(partial_path):
             os.remove(partial_path)
-        text = sweep_table(result)
-        print(text)
-        _write_atomic(os.path.join(args.out, "bench_attention_sweep.json"),
-                      json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-        _write_atomic(os.path.join(args.out, "bench_attention_sweep.md"), text)
+        _write_result(args.out, "bench_attention_sweep", result, sweep_table(result))
         return 0
     result = run_benchmark(args.quick, checkpoint)
     if os.path.exists(partial_path):
         os.remove(partial_path)
-    text = table(result)
-    print(text)
-    _write_atomic(os.path.join(args.out, "bench_attention.json"),
-                  json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-    _write_atomic(os.path.join(args.out, "bench_attention.md"), text)
+    _write_result(args.out, "bench_attention", result, table(result))
     png = plot(result, os.path.join(args.out, "bench_attention.png"))
     _log(f"wrote {args.out}/bench_attention.json, .md" + (", .png" if png else ""))
     return 0 if result["all_targets_met"] else 1
