@@ -484,7 +484,7 @@ def _combine_splits_kernel(
     head_ok = heads < H
     cols = db * BLOCK_D + tl.arange(0, BLOCK_D)
     # Only the splits that received work (same chunking as the main kernel) are read.
-    n_swa, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
+    _, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
     chunk = tl.maximum(tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N, 1)
     active = tl.minimum(tl.cdiv(total, chunk), num_splits)
 
