@@ -541,7 +541,7 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 TILES_ENV = "DSV4KIT_SPARSE_MLA_TILES"
 
 
-def _config_from_env(num_heads: int) -> Optional[DecodeConfig]:
+def _config_from_env() -> Optional[DecodeConfig]:
     """``DSV4KIT_SPARSE_MLA_TILES="BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE"`` (e.g. ``64,64,8,2,0,1``)
     overrides the per-architecture tiles, for tuning on a box without code edits."""
     text = os.environ.get(TILES_ENV, "").strip()
@@ -553,9 +553,9 @@ def _config_from_env(num_heads: int) -> Optional[DecodeConfig]:
         raise ValueError(f"{TILES_ENV}={text!r}: expected six integers "
                          "BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE") from None
     if (bh not in (16, 32, 64) or bn not in (16, 32, 64) or warps not in (4, 8, 16) or not 1 <= stages <= 4
-            or prefetch not in (0, 1, 2)):
+            or prefetch not in (0, 1, 2) or wide not in (0, 1) or (prefetch == 2 and not wide)):
         raise ValueError(f"{TILES_ENV}={text!r}: BLOCK_H and BLOCK_N must be 16/32/64, WARPS 4/8/16, "
-                         "STAGES 1..4, PREFETCH 0/1/2")
+                         "STAGES 1..4, PREFETCH 0/1/2 (2 only with WIDE), WIDE 0/1")
     return DecodeConfig(bh, bn, warps, stages, prefetch, bool(wide))
 
 
@@ -575,7 +575,7 @@ def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
     (docs/results/bench_attention_sweep_h200.json).
     ``DSV4KIT_SPARSE_MLA_TILES`` overrides both (see :func:`_config_from_env`).
     """
-    env = _config_from_env(num_heads)
+    env = _config_from_env()
     if env is not None:
         return env
     block_h = 16 if num_heads <= 16 else 32

@@ -104,9 +104,10 @@ def test_tiles_env_override(monkeypatch):
     monkeypatch.setenv(dec.TILES_ENV, "64,64")
     with pytest.raises(ValueError, match=dec.TILES_ENV):
         dec.default_config(64, (9, 0))
-    monkeypatch.setenv(dec.TILES_ENV, "48,64,8,2,0,1")
-    with pytest.raises(ValueError, match="BLOCK_H"):
-        dec.default_config(64, (9, 0))
+    for bad in ("48,64,8,2,0,1", "64,64,8,2,0,2", "32,32,8,1,2,0"):  # BLOCK_H, WIDE, PREFETCH 2 tiled
+        monkeypatch.setenv(dec.TILES_ENV, bad)
+        with pytest.raises(ValueError, match="BLOCK_H"):
+            dec.default_config(64, (9, 0))
 
 
 @pytest.mark.parametrize("spec", ["c4-T16-H64", "c128-T1-H16of64-ps64-x8256-L131072-holes-empty",
