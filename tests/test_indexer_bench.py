@@ -4,7 +4,6 @@ docs table being generated from the committed GPU result."""
 import json
 from pathlib import Path
 
-
 from dsv4kit import exitcodes
 from dsv4kit.validation import bench_indexer as bench
 
