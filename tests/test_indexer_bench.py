@@ -114,3 +114,11 @@ def test_update_doc_regenerates_only_the_marked_blocks(tmp_path):
     assert text.startswith("intro 1.5\n") and "kept" in text and text.endswith("end\n")
     bench.update_doc(str(doc), payload, None)
     assert doc.read_text() == text  # idempotent
+
+
+def test_documented_update_doc_command_leaves_the_page_unchanged(tmp_path):
+    page = tmp_path / "indexer.md"
+    page.write_text((ROOT / "docs" / "indexer.md").read_text())
+    assert bench.main(["--update-doc", str(page), "--bench-json", str(RESULT), "--validation-json",
+                       str(VALIDATION), "--tuning-json", str(TUNING)]) == exitcodes.OK
+    assert page.read_text() == (ROOT / "docs" / "indexer.md").read_text()
