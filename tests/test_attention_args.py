@@ -140,3 +140,17 @@ def test_unaligned_pages_are_rejected(good):
     shifted = torch.as_strided(buf, cache.shape, cache.stride(), 8)  # pages start 8 bytes off
     with pytest.raises(ValueError, match="16-byte aligned"):
         _call(good, k_cache=shifted)
+
+
+def test_profile_target_rejects_bad_arguments_and_needs_a_gpu(monkeypatch, capsys):
+    import torch
+
+    from dsv4kit.validation import profile_attention
+
+    for argv in (["--tokens", "0"], ["--tokens", "65"], ["--calls", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            profile_attention.main(argv)
+        assert exc.value.code == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert profile_attention.main(["--tokens", "1"]) == 5
+    assert "needs a GPU" in capsys.readouterr().err
