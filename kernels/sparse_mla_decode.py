@@ -696,7 +696,7 @@ def flash_mla_with_kvcache_sm120(
     indices: torch.Tensor, topk_length: torch.Tensor, attn_sink: Optional[torch.Tensor],
     extra_k_cache: Optional[torch.Tensor] = None, extra_indices_in_kvcache: Optional[torch.Tensor] = None,
     extra_topk_length: Optional[torch.Tensor] = None, config: Optional[DecodeConfig] = None,
-    num_splits: Optional[int] = None, dot_dtype: Optional[str] = None, **unused,
+    num_splits: Optional[int] = None, dot_dtype: Optional[str] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse-MLA decode; returns ``(out [T,1,H,512] bf16, lse [T,H,1] float32, no sink)``.
 

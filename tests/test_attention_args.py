@@ -154,3 +154,8 @@ def test_profile_target_rejects_bad_arguments_and_needs_a_gpu(monkeypatch, capsy
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert profile_attention.main(["--tokens", "1"]) == 5
     assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_misspelt_keyword_is_an_error_not_ignored(good):
+    with pytest.raises(TypeError, match="extra_topk_lenght"):
+        _call(good, extra_topk_lenght=good["extra_topk_length"])
