@@ -38,6 +38,34 @@ def test_precedence_all_group_host(tmp_path):
     assert inv.host("b")["dsv4_decode_port"] == 31000
 
 
+def test_precedence_through_nested_groups(tmp_path):
+    # all < parent group < child group (inline vars < group_vars/ file) < host inline < host_vars/.
+    (tmp_path / "group_vars").mkdir()
+    all_vars = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
+    (tmp_path / "group_vars/all.yml").write_text(yaml.safe_dump(all_vars))
+    (tmp_path / "group_vars/rack.yml").write_text(yaml.safe_dump({"dsv4_decode_port": 31001}))
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars/c.yml").write_text(yaml.safe_dump({"dsv4_router_port": 9003}))
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump({"all": {"children": {"site": {
+        "vars": {"dsv4_context_length": 4096, "dsv4_router_port": 9001},
+        "children": {"rack": {
+            "vars": {"dsv4_context_length": 2048, "dsv4_decode_port": 31000},
+            "hosts": {"a": None, "b": {"dsv4_context_length": 1024}, "c": {"dsv4_router_port": 9002}},
+        }},
+        "hosts": {"d": None},
+    }}}}))
+    inv = load_inventory(path)
+    assert inv.host("a")["dsv4_context_length"] == 2048
+    assert inv.host("a")["dsv4_decode_port"] == 31001
+    assert inv.host("a")["dsv4_router_port"] == 9001
+    assert inv.host("b")["dsv4_context_length"] == 1024
+    assert inv.host("c")["dsv4_router_port"] == 9003
+    assert inv.host("d")["dsv4_context_length"] == 4096
+    assert inv.host("d")["dsv4_decode_port"] == all_vars["dsv4_decode_port"]
+    assert inv.host("a").groups == ["all", "site", "rack"]
+
+
 def test_missing_file():
     with pytest.raises(InventoryError, match="not found"):
         load_inventory("/nonexistent/hosts.yml")

@@ -118,7 +118,9 @@ def load_inventory(path: Optional[os.PathLike | str] = None) -> Inventory:
     base = path.parent
     inventory = Inventory(path=path)
     host_entries: dict[str, tuple[list[str], dict]] = {}
-    group_chain_vars: dict[str, dict] = {}
+    # Each group's own vars (inline < group_vars/ file). "all" has its file even when the
+    # inventory never spells out an "all:" group.
+    group_vars: dict[str, dict] = {"all": _group_file_vars(base, "all")}
 
     def walk(group: str, body: Any, parents: list[str]) -> None:
         if body is None:
@@ -129,16 +131,11 @@ def load_inventory(path: Optional[os.PathLike | str] = None) -> Inventory:
         if unknown:
             raise InventoryError(f"{path}: group {group!r} has unknown key(s) {sorted(unknown)}; allowed: {sorted(GROUP_KEYS)}")
         chain = parents + [group]
-        inherited: dict = {}
-        for name in chain:
-            inherited.update(group_chain_vars.get(name, {}))
-        own = dict(_group_file_vars(base, group))
         inline = body.get("vars") or {}
         if not isinstance(inline, dict):
             raise InventoryError(f"{path}: vars of group {group!r} must be a mapping")
         # Ansible: inventory-file group vars < group_vars/ files.
-        merged_own = {**inline, **own}
-        group_chain_vars[group] = merged_own
+        group_vars[group] = {**inline, **_group_file_vars(base, group)}
         hosts = body.get("hosts") or {}
         if not isinstance(hosts, dict):
             raise InventoryError(f"{path}: hosts of group {group!r} must be a mapping of host names")
@@ -157,12 +154,10 @@ def load_inventory(path: Optional[os.PathLike | str] = None) -> Inventory:
     for group, body in data.items():
         walk(str(group), body, [] if group == "all" else ["all"])
 
-    all_vars = group_chain_vars.get("all", _group_file_vars(base, "all"))
     for host, (groups, inline_vars) in host_entries.items():
-        merged = dict(all_vars)
-        for group in groups:  # parents before children, as walked
-            if group != "all":
-                merged.update(group_chain_vars[group])
+        merged: dict = {}
+        for group in groups:  # "all" first, then parents before children, as walked
+            merged.update(group_vars[group])
         merged.update(inline_vars)
         merged.update(_host_file_vars(base, host))
         _check_vars(path, host, merged)
