@@ -14,7 +14,7 @@ import sys
 def _interp() -> dict:
     import torch
 
-    from dsv4kit.kernels.sparse_mla_decode import DecodeConfig, flash_mla_with_kvcache_sm120
+    from dsv4kit.kernels.sparse_mla_decode import DecodeConfig, default_config, flash_mla_with_kvcache_sm120
     from dsv4kit.kernels.sparse_mla_reference import compare, make_inputs, sparse_mla_reference
 
     results = {}
@@ -52,7 +52,8 @@ def _interp() -> dict:
     check("c4_wide_idx_ahead", c4, config=DecodeConfig(16, 16, 4, 2, 2, True), num_splits=2)
     h64 = make_inputs(T=2, heads=64, padded_heads=64, swa_page_size=256, extra="c4", extra_width=64,
                       seq_lens=[400, 90], seed=5, holes=True)
-    check("c4_H64_default_tiles", h64)
+    check("c4_H64_default_tiles", h64)  # the interpreter gets sm_120's tiles
+    check("c4_H64_sm90_default", h64, config=default_config(64, (9, 0)))  # wide, 64 x 64, indices ahead
     c128 = make_inputs(T=2, heads=24, padded_heads=24, swa_page_size=64, extra="c128", extra_width=128,
                        seq_lens=[9000, 100], seed=2, holes=True)
     check("c128_ps2_H24", c128)

@@ -29,8 +29,9 @@ def test_sm120_build_uses_mma_and_fits_shared_memory(aot_results, name):
     assert r["shared_bytes"] <= SM120_SHARED_LIMIT, f"{name}: {r['shared_bytes']} B of shared memory"
 
 
-def test_sm90_build(aot_results):
-    r = aot_results["sm90_c4_split_H64"]
+@pytest.mark.parametrize("name", ["sm90_c4_split_H64", "sm90_c4_nosplit_H32"])  # wide kernel, tiled kernel
+def test_sm90_build(aot_results, name):
+    r = aot_results[name]
     assert r["mma_sync"] or r["wgmma"]
     assert r["shared_bytes"] <= 232448
 
