@@ -25,7 +25,6 @@ no python, GPU absent), 6 a driven tool failed (wheel build, pip, harness crash)
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shlex
@@ -128,15 +127,6 @@ def format_table(report: dict) -> list[str]:
             lines.append(CheckRow(**values).line())
         lines.append(f"{suite}: {'PASS' if body.get('passed') else 'FAIL'}")
     return lines
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- box-side scripts
@@ -305,9 +295,7 @@ class _Run:
                 raise ValidationAbort(exc.exit_code, str(exc)) from None
             try:
                 return self._on_box(built, Path(local_tmp))
-            except ssh.RemoteTimeout as exc:
-                raise ValidationAbort(exitcodes.TIMEOUT, str(exc)) from None
-            except ssh.RemoteError as exc:
+            except ssh.RemoteError as exc:  # RemoteTimeout's exit_code is exitcodes.TIMEOUT
                 raise ValidationAbort(exc.exit_code, str(exc)) from None
             finally:
                 self._cleanup()
@@ -501,6 +489,8 @@ class _Run:
         }
 
     def _keep(self, report: dict) -> int:
+        from dsv4kit.validation.harness import write_json_atomic
+
         name = report_filename(self.host.name, self.gpu, self.started)
         path = self.results_dir / name
         n = 2
