@@ -87,10 +87,6 @@ class RemoteResult:
     stderr: str
     seconds: float = 0.0
 
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
 
 # Names of environment variables whose values are never shown in messages or logs.
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW", re.IGNORECASE)
