@@ -175,13 +175,12 @@ def status_report(environ=None) -> dict:
     flags = {name: read_flag(name, environ) for name in FLAGS}
     report["flags"] = {name: {"value": f.raw, "enabled": f.enabled, "error": f.error}
                        for name, f in flags.items()}
+    report["plugin"] = plugin = _plugin_report(environ)
     if not report["sglang"]["installed"]:
-        report["plugin"] = _plugin_report(environ)
         report["targets"] = []
         report["problems"] = ["SGLang is not installed in this interpreter's environment"]
         report["exit_code"] = exitcodes.ENVIRONMENT
         return report
-    report["plugin"] = plugin = _plugin_report(environ)
 
     targets = []
     for target in TARGETS:
