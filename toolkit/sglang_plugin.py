@@ -65,9 +65,13 @@ def rollout_state() -> dict:
     return {key: dict(value) for key, value in _STATE.items()}
 
 
-def _stock(target: Target, reason: str) -> None:
+def _mark_stock(target: Target, reason: str) -> None:
     _STATE[target.key] = {"status": "stock", "reason": reason, "kernel_calls": 0,
                           "original_calls": 0}
+
+
+def _stock(target: Target, reason: str) -> None:
+    _mark_stock(target, reason)
     logger.warning("%s %s stays stock: %s", _PREFIX, target.dotted, reason)
 
 
@@ -96,8 +100,7 @@ def _register() -> None:
             wanted.append(target)
     for error, targets in invalid.items():
         for target in targets:
-            _STATE[target.key] = {"status": "stock", "reason": error, "kernel_calls": 0,
-                                  "original_calls": 0}
+            _mark_stock(target, error)
         logger.warning("%s %s; %s stay stock", _PREFIX, error, ", ".join(t.dotted for t in targets))
     if not wanted:
         return
@@ -106,8 +109,7 @@ def _register() -> None:
     if not version_supported(version):
         shown = version or "unknown (no sglang distribution metadata)"
         for target in wanted:
-            _STATE[target.key] = {"status": "stock", "reason": f"SGLang {shown} is not supported",
-                                  "kernel_calls": 0, "original_calls": 0}
+            _mark_stock(target, f"SGLang {shown} is not supported")
         logger.warning("%s SGLang %s is not a supported version (supported: %s); %s stay stock",
                        _PREFIX, shown, ", ".join(SUPPORTED_SGLANG_VERSIONS),
                        ", ".join(t.dotted for t in wanted))
@@ -117,8 +119,7 @@ def _register() -> None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     except Exception as exc:
         for target in wanted:
-            _STATE[target.key] = {"status": "stock", "reason": "no SGLang hook registry",
-                                  "kernel_calls": 0, "original_calls": 0}
+            _mark_stock(target, "no SGLang hook registry")
         logger.warning("%s cannot import SGLang's hook registry (%s: %s); everything stays stock",
                        _PREFIX, type(exc).__name__, _first_line(exc))
         return
