@@ -250,6 +250,10 @@ def test_records_plot_writes_a_png(repo_with_records, tmp_path):
                  "--results-repo", str(repo))
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    every = tmp_path / "all.png"  # no ids: every record in the repository
+    result = cli("records", "plot", "--out", str(every), "--results-repo", str(repo))
+    assert result.exit_code == 0, result.output
+    assert every.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cli("records", "plot", "--out", str(out), "--metric", "nonsense", "--results-repo", str(repo)).exit_code == 2
 
 

@@ -49,20 +49,21 @@ def list_records(
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout."),
 ) -> None:
     """List the records, oldest first: run id, tag, context, lengths, concurrency, validity."""
-    from dsv4kit.results_repo import ResultsRepoError, list_records as entries_of, read_record
+    from dsv4kit.records import RecordError
+    from dsv4kit.results_repo import ResultsRepoError, list_records as entries_of, read_entry
 
     repo = _repo(results_repo)
     try:
         entries = entries_of(repo)
         rows = []
         for entry in entries:
-            record = read_record(repo, entry.run_id)
+            record = read_entry(repo, entry)
             key = record["comparability_key"]
             rows.append({"run_id": entry.run_id, "tag": entry.tag, "context_length": key["context_length"],
                          "input_len": key["input_len"], "output_len": key["output_len"],
                          "concurrency": key["concurrency"], "repeat": record["sweep"]["repeat"],
                          "validity_passed": record["validity_passed"], "created_at_utc": record["created_at_utc"]})
-    except ResultsRepoError as exc:
+    except (RecordError, ResultsRepoError) as exc:
         _fail(exitcodes.USAGE, str(exc))
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
@@ -153,20 +154,21 @@ def plot_cmd(
 ) -> None:
     """Write a PNG of tok/s against concurrency, one line per record (e.g. 8K vs 128K context)."""
     from dsv4kit.plot import plot_records
-    from dsv4kit.records import SUMMARY_METRICS
-    from dsv4kit.results_repo import ResultsRepoError, list_records as entries_of
+    from dsv4kit.records import SUMMARY_METRICS, RecordError
+    from dsv4kit.results_repo import ResultsRepoError, list_records as entries_of, read_entry
 
     if metric not in SUMMARY_METRICS:
         _fail(exitcodes.USAGE, f"--metric {metric!r} is not one of {', '.join(SUMMARY_METRICS)}")
     repo = _repo(results_repo)
-    if not record_ids:
+    if record_ids:
+        records = [_load(repo, ident) for ident in record_ids]
+    else:
         try:
-            record_ids = [e.run_id for e in entries_of(repo)]
-        except ResultsRepoError as exc:
+            records = [read_entry(repo, e) for e in entries_of(repo)]
+        except (RecordError, ResultsRepoError) as exc:
             _fail(exitcodes.USAGE, str(exc))
-        if not record_ids:
+        if not records:
             _fail(exitcodes.USAGE, f"no records in {repo} to plot")
-    records = [_load(repo, ident) for ident in record_ids]
     try:
         path = plot_records(records, out, metric=metric)
     except RuntimeError as exc:

@@ -192,7 +192,12 @@ def read_record(repo: os.PathLike | str, ident: str) -> dict:
         raise RecordError(f"no record {ident!r} in {repo} (latest: {known}); see `dsv4kit records list`")
     if len(matches) > 1:
         raise RecordError(f"{ident!r} is ambiguous in {repo}: {', '.join(e.run_id for e in matches)}")
-    entry = matches[0]
+    return read_entry(repo, matches[0])
+
+
+def read_entry(repo: os.PathLike | str, entry: RecordEntry) -> dict:
+    """Load the record of an entry ``list_records`` returned (no second listing)."""
+    repo = Path(repo)
     text = _git(repo, "show", f"HEAD:{entry.path}").stdout.decode()
     try:
         return check(json.loads(text), f"{repo}:{entry.path}")
