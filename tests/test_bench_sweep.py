@@ -292,6 +292,11 @@ def test_bad_input_fails_before_connecting(tmp_path, loopback_ssh):
     proc = dsv4kit("bench", "--ctx", "4096", "--baseline", "nope", "-i", str(inventory), "--results-repo",
                    str(tmp_path / "r"))
     assert proc.returncode == 2 and "baseline" in proc.stderr
+    (tmp_path / "not-a-repo").mkdir()
+    (tmp_path / "not-a-repo" / "notes.txt").write_text("x")
+    proc = dsv4kit("bench", "--ctx", "4096", "--input-len", "16", "--output-len", "8", "-i", str(inventory),
+                   "--results-repo", str(tmp_path / "not-a-repo"))
+    assert proc.returncode == 2 and "not a git repository" in proc.stderr
     proc = dsv4kit("bench", "--ctx", "4096", "--input-len", "16", "--output-len", "8", "-i", str(inventory),
                    "--results-repo", str(tmp_path / "r"))
     assert proc.returncode == 3  # unreachable, and nothing recorded

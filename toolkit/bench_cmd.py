@@ -32,13 +32,6 @@ def _fail(code: int, message: str) -> None:
     raise typer.Exit(code)
 
 
-def _check_results_path(path: Path) -> None:
-    if path.exists() and not path.is_dir():
-        _fail(exitcodes.USAGE, f"--results-repo {str(path)!r} is a file, not a directory")
-    if path.is_dir() and any(path.iterdir()) and not ((path / ".git").exists() or (path / "HEAD").is_file()):
-        _fail(exitcodes.USAGE, f"--results-repo {str(path)!r} is not a git repository and not empty")
-
-
 def _find_baseline(repo: Path, host_name: str, context_length: int) -> dict:
     from dsv4kit import results_repo
     from dsv4kit.bench import safe_name
@@ -110,7 +103,10 @@ def bench(
         _fail(exc.exit_code, str(exc))
     if baseline and baseline_ctx is not None:
         _fail(exitcodes.USAGE, "give --baseline or --baseline-ctx, not both")
-    _check_results_path(repo)
+    try:
+        results_repo.check_path(repo)  # before the sweep: a bad path must not cost a sweep
+    except results_repo.ResultsRepoError as exc:
+        _fail(exitcodes.USAGE, f"--results-repo: {exc}")
     try:
         inv = load_inventory(inventory_path)
         target = inv.host(host)

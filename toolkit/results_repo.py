@@ -69,16 +69,24 @@ def _out(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout.decode().strip()
 
 
-def ensure_repo(path: os.PathLike | str) -> Path:
-    """The results repository at ``path``, created (``git init -b main``) when absent or empty."""
+def check_path(path: os.PathLike | str) -> bool:
+    """Whether ``path`` is already a git repository; raise unless it is one, or absent, or empty."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ResultsRepoError(f"results repository {str(path)!r} is a file, not a directory")
     if path.is_dir() and ((path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())):
-        return path
+        return True
     if path.is_dir() and any(path.iterdir()):
         raise ResultsRepoError(f"{str(path)!r} exists, is not empty and is not a git repository; "
                                f"pass an empty or new directory with --results-repo")
+    return False
+
+
+def ensure_repo(path: os.PathLike | str) -> Path:
+    """The results repository at ``path``, created (``git init -b main``) when absent or empty."""
+    path = Path(path)
+    if check_path(path):
+        return path
     path.mkdir(parents=True, exist_ok=True)
     _git(path, "init", "-q", "-b", "main")
     return path
