@@ -35,8 +35,8 @@ from typing import Callable, Optional
 
 from dsv4kit import exitcodes
 from dsv4kit.bench_gates import GateConfig, PointExpectation, evaluate
-from dsv4kit.records import (KIND, SCHEMA_VERSION, comparability_key, derive, dumps, split_client_line,
-                             strict_json, summarize_points)
+from dsv4kit.records import (KIND, SCHEMA_VERSION, comparability_key, decode_info, derive, dumps,
+                             split_client_line, strict_json, summarize_points)
 from dsv4kit.scrub import scrub
 
 CLIENT_MODULE = "sglang.benchmark.serving"
@@ -277,15 +277,8 @@ def _num(value, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
 
 
-def _decode_info(server_info: dict) -> dict:
-    """A router in front of PD servers answers {"prefill": [...], "decode": [...]}."""
-    if isinstance(server_info.get("decode"), list) and server_info["decode"]:
-        return server_info["decode"][0]
-    return server_info
-
-
 def _context_of(server_info: dict) -> Optional[int]:
-    value = _decode_info(server_info).get("context_length")
+    value = decode_info(server_info).get("context_length")
     return int(value) if isinstance(value, (int, float)) else None
 
 
@@ -353,7 +346,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             restarted = True
             notes.append(f"serving units restarted for context length {cfg.context_length}")
         progress(f"decode server on {host.name}:{decode_port}: context length {current} (ok)")
-        startup_time = _decode_info(info).get("startup_time")
+        startup_time = decode_info(info).get("startup_time")
         prefill_info = None
         prefill_port = host.get("dsv4_prefill_port")
         if prefill_port and int(prefill_port) != decode_port:

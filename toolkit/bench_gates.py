@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from dsv4kit.records import decode_info
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -135,10 +137,7 @@ def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateCon
              else f"prefix-cache hit rate {cache_pct:.2f}% (maximum {config.max_cache_hit_pct:g}% when cold)")
 
     if expected.startup_time is not None:
-        info = raw.get("server_info") or {}
-        if "decode" in info and isinstance(info.get("decode"), list) and info["decode"]:
-            info = info["decode"][0]
-        started = info.get("startup_time")
+        started = decode_info(raw.get("server_info") or {}).get("startup_time")
         gate("same_server", started == expected.startup_time,
              "server startup_time unchanged" if started == expected.startup_time
              else f"server startup_time changed ({expected.startup_time} -> {started}): it restarted mid-sweep")

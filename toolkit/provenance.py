@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from dsv4kit import __version__
-from dsv4kit.records import resolved_args, sha256_json
+from dsv4kit.records import decode_info, resolved_args, sha256_json
 from dsv4kit.scrub import scrub
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -76,9 +76,7 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
     ``server_info`` is the decode server's; ``prefill_server_info`` (PD layouts) the prefill's.
     """
     probe = scrub(probe or {})
-    server_info = scrub(server_info or {})
-    if isinstance(server_info.get("decode"), list) and server_info["decode"]:
-        server_info = server_info["decode"][0]
+    server_info = decode_info(scrub(server_info or {}))
     packages = probe.get("packages") or {}
     gpus = dict(probe.get("gpus") or {"available": False, "reason": "no probe", "model": None, "count": None})
     gpus["serving_count"] = serving_gpu_count(host)

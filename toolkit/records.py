@@ -112,14 +112,19 @@ def summarize_points(points: Iterable[dict]) -> dict:
     return {"per_concurrency": summary}
 
 
+def decode_info(server_info: dict) -> dict:
+    """The decode server's part of ``/server_info``: a router in front of PD servers answers
+    ``{"prefill": [...], "decode": [...]}``, a plain server its own fields."""
+    if isinstance(server_info.get("decode"), list) and server_info["decode"]:
+        return server_info["decode"][0]
+    return server_info
+
+
 def resolved_args(server_info: Optional[dict]) -> Optional[dict]:
     """``/server_info`` minus volatile fields, scrubbed: what the server was configured to be."""
     if server_info is None:
         return None
-    info = server_info
-    if isinstance(info.get("decode"), list) and info["decode"]:
-        info = info["decode"][0]
-    return scrub({k: v for k, v in info.items() if k not in VOLATILE_SERVER_KEYS})
+    return scrub({k: v for k, v in decode_info(server_info).items() if k not in VOLATILE_SERVER_KEYS})
 
 
 def comparability_key(record: dict) -> dict:
