@@ -191,7 +191,8 @@ def test_the_restart_reruns_the_serving_tag_with_the_new_context_length(monkeypa
 
     def fake_run_playbook(inventory_path, **kwargs):
         calls.append((inventory_path, kwargs))
-        return SimpleNamespace(failed=len(calls) > 1, exit_code=2, stdout_tail="fatal: [box1]: FAILED!")
+        return SimpleNamespace(failed=len(calls) > 1, returncode=2, timed_out=len(calls) > 2,
+                               stdout_tail="fatal: [box1]: FAILED!")
 
     monkeypatch.setattr(provision, "run_playbook", fake_run_playbook)
     host = SimpleNamespace(name="box1")
@@ -202,4 +203,7 @@ def test_the_restart_reruns_the_serving_tag_with_the_new_context_length(monkeypa
     assert kwargs["extra_vars"] == {"dsv4_context_length": 131072} and kwargs["timeout"] == 900.0
     with pytest.raises(BenchAbort) as info:
         default_restart(tmp_path / "hosts.yml", host, 131072, lambda line: None, 900.0)
-    assert info.value.exit_code == 6 and "FAILED" in str(info.value)
+    assert info.value.exit_code == 6 and "FAILED" in str(info.value) and "exit 2" in str(info.value)
+    with pytest.raises(BenchAbort) as info:  # stopped by the timeout: exit 4, as documented
+        default_restart(tmp_path / "hosts.yml", host, 131072, lambda line: None, 900.0)
+    assert info.value.exit_code == 4

@@ -82,6 +82,8 @@ def test_summary_table_and_exit_codes():
     assert down.exit_code == 3 and "unreachable" in format_summary(down)
     failed = PlaybookSummary(hosts={"box1": {**counts, "failed": 1}}, returncode=2, command=[], duration_s=1.0)
     assert failed.exit_code == 6
+    stopped = PlaybookSummary(hosts={}, returncode=-15, command=[], duration_s=1.0, timed_out=True)
+    assert stopped.failed and stopped.exit_code == 4 and stopped.to_dict()["timed_out"] is True
     table = format_summary(failed).splitlines()
     assert table[0].split() == ["HOST", "OK", "CHANGED", "FAILED", "UNREACHABLE", "SKIPPED"]
     assert table[1].split() == ["box1", "3", "1", "1", "0", "2"]

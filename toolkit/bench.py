@@ -291,9 +291,9 @@ def default_restart(inventory_path, host, context_length: int, progress: Callabl
                                      extra_vars={"dsv4_context_length": context_length},
                                      progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
     if summary.failed:
-        raise BenchAbort(exitcodes.TOOL_FAILED,
+        raise BenchAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
                          f"restarting the serving units with context length {context_length} failed "
-                         f"(ansible-playbook exit {summary.exit_code}):\n{summary.stdout_tail[-1500:]}")
+                         f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
 
 
 def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Callable[[str], None],

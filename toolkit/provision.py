@@ -61,6 +61,7 @@ class PlaybookSummary:
     duration_s: float
     failures: list[Failure] = field(default_factory=list)
     stdout_tail: str = ""
+    timed_out: bool = False  # stopped by run_playbook's ``timeout``
 
     @property
     def unreachable(self) -> bool:
@@ -78,6 +79,8 @@ class PlaybookSummary:
     def exit_code(self) -> int:
         if self.unreachable:
             return exitcodes.UNREACHABLE
+        if self.timed_out:
+            return exitcodes.TIMEOUT
         if self.failed:
             return exitcodes.TOOL_FAILED
         return exitcodes.OK
@@ -87,6 +90,7 @@ class PlaybookSummary:
             "ok": not self.failed,
             "exit_code": self.exit_code,
             "ansible_returncode": self.returncode,
+            "timed_out": self.timed_out,
             "duration_s": round(self.duration_s, 1),
             "hosts": self.hosts,
             "failures": [f.__dict__ for f in self.failures],
@@ -224,7 +228,7 @@ def run_playbook(
         returncode = returncode or -signal.SIGTERM
     return PlaybookSummary(hosts=hosts, returncode=returncode, command=command,
                            duration_s=time.monotonic() - started, failures=failures,
-                           stdout_tail="\n".join(tail))
+                           stdout_tail="\n".join(tail), timed_out=timed_out.is_set())
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
