@@ -53,7 +53,10 @@ def plot_records(records: Sequence[dict], out: Path, metric: str = "decode_tok_s
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(out)
+    try:
+        fig.savefig(tmp, format="png")
+        tmp.replace(out)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)  # only there when saving failed or was interrupted
     return out
