@@ -20,6 +20,7 @@ import tempfile
 FALLBACK_PACKAGE_DIRS = ["toolkit", "kernels", "validation"]
 TOP_FILES = ["pyproject.toml", "README.md", "LICENSE", "setup.cfg", "MANIFEST.in"]
 FIXED_EPOCH = "315532800"  # 1980-01-01, the earliest time a zip can hold
+BUILD_TIMEOUT_S = 600  # a pure-Python wheel builds in seconds; a hang must not stall the play
 
 
 def package_dirs(source):
@@ -47,11 +48,15 @@ def main(source, out_dir):
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
         built = os.path.join(scratch, "dist")
         env = dict(os.environ, SOURCE_DATE_EPOCH=FIXED_EPOCH, PIP_DISABLE_PIP_VERSION_CHECK="1")
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
-             "-q", "--wheel-dir", built, tree],
-            capture_output=True, text=True, env=env, cwd=scratch,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
+                 "-q", "--wheel-dir", built, tree],
+                capture_output=True, text=True, env=env, cwd=scratch, timeout=BUILD_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            sys.stderr.write(f"pip wheel did not finish within {BUILD_TIMEOUT_S} s\n")
+            return 1
         if proc.returncode != 0:
             sys.stderr.write(proc.stdout + proc.stderr)
             return proc.returncode
