@@ -94,13 +94,15 @@ def test_a_failing_transaction_changes_nothing(tmp_path):
     repo = tmp_path / "results"
     first = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
     publish_record(repo, first)
-    # Someone else moved the branch between our read and our update: the transaction must refuse.
+    # Someone else moves the branch between our read and our update: the transaction must refuse.
     real = results_repo._git
+    racer = []
 
     def racing(repo_, *args, **kw):
         if args and args[0] == "update-ref":
-            real(repo_, "commit-tree", "-m", "x", git(repo, "rev-parse", "HEAD^{tree}"))
-            kw["input"] = kw["input"].replace(git(repo, "rev-parse", "HEAD").encode(), b"1" * 40)
+            other = git(repo, "commit-tree", "-p", "HEAD", "-m", "racer", git(repo, "rev-parse", "HEAD^{tree}"))
+            git(repo, "update-ref", "refs/heads/main", other)
+            racer.append(other)
         return real(repo_, *args, **kw)
 
     rec = synthetic_record("lo-ctx4096-20260101T000500Z", BASE)
@@ -110,7 +112,9 @@ def test_a_failing_transaction_changes_nothing(tmp_path):
             publish(repo, run_id=rec["run_id"], tag=rec["tag"], files=files_of(rec), message="x")
     finally:
         results_repo._git = real
-    assert git(repo, "tag", "-l") == first["tag"] and len(commits(repo)) == 1
+    assert git(repo, "tag", "-l") == first["tag"]
+    assert git(repo, "rev-parse", "refs/heads/main") == racer[0]  # the other writer's commit stands
+    assert git(repo, "ls-tree", "-r", "--name-only", "HEAD", "--", f"records/{rec['run_id']}") == ""
 
 
 def test_repository_path_checks(tmp_path):
