@@ -105,6 +105,12 @@ def test_bad_cases_fail_before_any_connection(tmp_path, loopback_ssh):
     assert code == exitcodes.USAGE and "--cases" in err and "BxPxN" in err
 
 
+def test_infinite_timeout_fails_before_any_connection(tmp_path, loopback_ssh):
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_port=1)  # would be exit 3
+    code, _, err = validate("--gpu", "0", "-i", str(inventory), "--timeout", "inf", "--installed")
+    assert code == exitcodes.USAGE and "--timeout must be a finite number" in err
+
+
 def test_inventory_errors_are_usage_errors(tmp_path, loopback_ssh):
     code, _, err = validate("--gpu", "0", "-i", str(tmp_path / "nope.yml"))
     assert code == exitcodes.USAGE and "not found" in err

@@ -68,6 +68,12 @@ def test_timeout_kills_the_remote_process_group(session):
     assert session.run("echo alive", timeout=20).stdout == "alive\n"
 
 
+@pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan")])
+def test_timeout_must_be_positive_and_finite(session, timeout):
+    with pytest.raises(ValueError, match="positive finite"):
+        session.run("true", timeout=timeout)
+
+
 def test_put_and_get_round_trip(session, tmp_path):
     src = tmp_path / "payload.bin"
     src.write_bytes(bytes(range(256)) * 100)

@@ -283,6 +283,9 @@ class _Run:
     def execute(self) -> int:
         from dsv4kit import ssh
 
+        if not 0 < self.timeout < float("inf"):  # before the wheel build and any SSH
+            raise ValidationAbort(exitcodes.USAGE,
+                                  f"--timeout must be a finite number of seconds > 0, got {self.timeout!r}")
         self._load_host()
         self._check_cases()
         if self.installed and self.wheel_arg is not None:

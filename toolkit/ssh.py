@@ -300,8 +300,8 @@ class RemoteSession:
         exit raises RemoteCommandFailed. ``env`` is set for the command only; values of names that
         look secret are masked in every message.
         """
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if not 0 < timeout < float("inf"):  # also refuses NaN; int(inf) below would overflow
+            raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
         inner = _env_prefix(env) + command
         if cwd:
             inner = f"cd {shlex.quote(cwd)} && {inner}"
