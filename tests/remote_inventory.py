@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -73,3 +74,10 @@ def venv_without_pip(dest: Path) -> Path:
                              capture_output=True, text=True, check=True).stdout.strip()
     Path(purelib, "system_packages.pth").write_text(f"{farm}\n")
     return dest
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

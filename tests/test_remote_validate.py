@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from dsv4kit import exitcodes, remote_validate, wheelbuild
 from dsv4kit.cli import app
-from tests.remote_inventory import keygen, write_inventory
+from tests.remote_inventory import closed_port, keygen, write_inventory
 
 CASE = "indexer:1x2x100x16"  # one tiny case: a few seconds in the interpreter
 SECRET = "s3cr3t-value-never-logged"
@@ -129,16 +129,8 @@ def test_bad_wheel_argument(box, tmp_path):
 
 
 # --------------------------------------------------------------------------- connection: exit 3
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_unreachable_host(tmp_path, loopback_ssh):
-    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_port=_closed_port())
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_port=closed_port())
     code, _, err = validate("--gpu", "0", "-i", str(inventory), "--installed")
     assert code == exitcodes.UNREACHABLE
     assert re.search(r"error: .*@127\.0\.0\.1:\d+ \(lo\): cannot connect: .*refused", err), err

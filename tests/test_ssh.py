@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 
@@ -10,17 +9,11 @@ import pytest
 
 from dsv4kit import exitcodes, ssh
 from dsv4kit.inventory import InventoryError, load_inventory
-from tests.remote_inventory import keygen, write_inventory
+from tests.remote_inventory import closed_port, keygen, write_inventory
 
 
 def _host(tmp_path, server, **overrides):
     return load_inventory(write_inventory(tmp_path / "inv", server, **overrides)).host()
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nothing listens once the socket is closed
 
 
 @pytest.fixture
@@ -88,7 +81,7 @@ def test_put_and_get_round_trip(session, tmp_path):
 
 
 def test_unreachable_closed_port(tmp_path, loopback_ssh):
-    host = _host(tmp_path, loopback_ssh, ansible_port=_closed_port())
+    host = _host(tmp_path, loopback_ssh, ansible_port=closed_port())
     with pytest.raises(ssh.Unreachable, match="cannot connect.*refused") as info:
         ssh.open_session(host)
     assert info.value.exit_code == exitcodes.UNREACHABLE
