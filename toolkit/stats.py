@@ -25,18 +25,16 @@ _Z975 = 1.959964
 
 
 def t975(df: float) -> float:
-    """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
-    if not df >= 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df!r}")
-    try:
-        from scipy.stats import t as student_t  # optional, exact
-    except ImportError:
-        return t975_table(df)
-    return float(student_t.ppf(0.975, df))
+    """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom (df >= 1).
+
+    Always the built-in table, never scipy when it happens to be installed: a record's intervals
+    must not depend on the control machine's packages (the tests check the table against scipy).
+    """
+    return t975_table(df)
 
 
 def t975_table(df: float) -> float:
-    """``t975`` from the built-in table (used when scipy is absent)."""
+    """``t975`` from the built-in table, interpolated in 1/df between its entries."""
     if not df >= 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df!r}")
     if df in _T975:
