@@ -49,6 +49,11 @@ def no_leftovers(results: Path, scratch: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the working path
+def test_wheel_builds_are_reproducible(wheel, tmp_path):
+    again = wheelbuild.build_wheel(tmp_path / "again")
+    assert again.sha256 == wheelbuild.sha256_of(wheel)
+
+
 def test_wheel_holds_the_three_packages(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("dsv4kit/ssh.py", "dsv4kit/validation/harness.py", "dsv4kit/kernels/__init__.py"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -93,8 +94,11 @@ def build_wheel(dest: Path, root: Optional[Path] = None, timeout: float = 600) -
                "-q", "-w", str(dest), str(src)]
         if importlib.util.find_spec("setuptools") is not None:
             cmd.insert(5, "--no-build-isolation")  # offline and fast; else pip fetches setuptools
+        # Fixed timestamps inside the wheel, as the kernel_rollout role's build does: the same
+        # sources give the same bytes, so the wheel hash in reports identifies the sources.
+        env = {**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", "315532800")}
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             raise WheelBuildError(f"building the dsv4kit wheel took longer than {timeout:g}s") from None
         if done.returncode != 0:
