@@ -292,6 +292,8 @@ def test_bad_input_fails_before_connecting(tmp_path, loopback_ssh):
     assert proc.returncode == 2 and "exceeds --ctx 4096" in proc.stderr
     proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1,x", "-i", str(inventory))
     assert proc.returncode == 2 and "comma-separated" in proc.stderr
+    proc = dsv4kit("bench", "--ctx", "4096", "--point-timeout", "inf", "-i", str(inventory))
+    assert proc.returncode == 2 and "--point-timeout must be a finite number" in proc.stderr
     proc = dsv4kit("bench", "--ctx", "4096", "--baseline", "nope", "-i", str(inventory), "--results-repo",
                    str(tmp_path / "r"))
     assert proc.returncode == 2 and "baseline" in proc.stderr

@@ -11,6 +11,7 @@ box lacks something (venv, SGLang, a running server); 6 the client or ansible or
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -87,6 +88,9 @@ def bench(
     def progress(message: str) -> None:
         typer.echo(message, err=True)
 
+    for name, value in (("--point-timeout", point_timeout), ("--server-timeout", server_timeout)):
+        if not math.isfinite(value):
+            _fail(exitcodes.USAGE, f"{name} must be a finite number of seconds, got {value}")
     repo = results_repo_path or default_results_repo()
     inventory_path = inventory or default_inventory_path()
     try:
