@@ -67,7 +67,7 @@ def test_sweep_bookkeeping_and_fastest_tiles(fake_gpu, tmp_path, capsys):
     path.write_text(json.dumps(result))
     assert bench.main(["--fastest-tiles", str(path)]) == 0
     tiles = capsys.readouterr().out.strip().split(",")
-    assert len(tiles) == 6 and all(t.isdigit() for t in tiles)
+    assert len(tiles) in (6, 8) and all(t.isdigit() for t in tiles)
 
 
 def test_compare_renders_before_and_after(fake_gpu, tmp_path, capsys):

@@ -324,17 +324,23 @@ def sweep_variants(capability: tuple) -> list:
     """(name, DecodeConfig, num_splits for T=64 or None) tried by ``--sweep``."""
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
 
+    # Round 4 (the SASS of round 3's default showed each step's indices loaded in three layouts
+    # and, with P fed straight into the second dot, S computed by both warpgroups): indices
+    # loaded once, P and alpha through a scratch tile, more warps once S is no longer duplicated.
     variants = [("default", default_config(H, capability), None),
-                ("h64_wide_n64_w8_s3", D(64, 64, 8, 3, 0, True), None),
-                ("h64_wide_n64_w8_s2", D(64, 64, 8, 2, 0, True), None),
-                ("h64_wide_n32_w8_s3", D(64, 32, 8, 3, 0, True), None),
-                ("h64_wide_n32_w8_s2", D(64, 32, 8, 2, 0, True), None),
-                ("h64_wide_n64_w8_s2_idx_ahead", D(64, 64, 8, 2, 2, True), None),
-                ("h64_wide_n64_w8_s3_nosplit", D(64, 64, 8, 3, 0, True), 1),
-                ("h64_wide_n64_w8_s3_split3", D(64, 64, 8, 3, 0, True), 3),
-                ("h32_n32_w8_pf", D(32, 32, 8, 1, 1), None),
-                ("h16_n32_w4_pf", D(16, 32, 4, 1, 1), None),
-                ("h32_n16_w8_pf", D(32, 16, 8, 1, 1), None)]
+                ("idx_once", D(64, 64, 8, 2, 2, True, idx_once=True), None),
+                ("pscr", D(64, 64, 8, 2, 2, True, p_scratch=True), None),
+                ("pscr_idx_once", D(64, 64, 8, 2, 2, True, p_scratch=True, idx_once=True), None),
+                ("pscr_idx_once_s3", D(64, 64, 8, 3, 2, True, p_scratch=True, idx_once=True), None),
+                ("pscr_idx_once_n32_s3", D(64, 32, 8, 3, 2, True, p_scratch=True, idx_once=True), None),
+                ("pscr_idx_once_w16", D(64, 64, 16, 2, 2, True, p_scratch=True, idx_once=True), None),
+                ("pscr_idx_once_no_idx_ahead", D(64, 64, 8, 2, 0, True, p_scratch=True, idx_once=True), None),
+                ("idx2_ahead", D(64, 64, 8, 2, 3, True), None),
+                ("idx2_ahead_s3", D(64, 64, 8, 3, 3, True), None),
+                ("pscr_idx_once_idx2_ahead", D(64, 64, 8, 2, 3, True, p_scratch=True, idx_once=True), None),
+                ("pscr_idx_once_idx2_ahead_s3", D(64, 64, 8, 3, 3, True, p_scratch=True, idx_once=True), None),
+                ("pscr_idx_once_s3_nosplit", D(64, 64, 8, 3, 2, True, p_scratch=True, idx_once=True), 1),
+                ("h32_n32_w8_pf", D(32, 32, 8, 1, 1), None)]
     seen, out = set(), []
     for name, cfg, splits in variants:
         if (cfg, splits) not in seen:
@@ -442,7 +448,8 @@ def fastest_tiles(result: dict) -> Optional[str]:
     if not auto:
         return None
     c = min(auto, key=lambda e: e["c4_T64_us"])["config"]
-    return ",".join(str(int(c[k])) for k in ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "wide"))
+    return ",".join(str(int(c.get(k, 0))) for k in ("block_h", "block_n", "num_warps", "num_stages", "prefetch",
+                                                    "wide", "p_scratch", "idx_once"))
 
 
 def sweep_table(result: dict) -> str:
@@ -456,12 +463,19 @@ def sweep_table(result: dict) -> str:
     if extended:
         lines[0] = lines[0].replace("| wide |", "| wide | dim split | CTAs/SM | fused combine |")
         lines[1] = "|---" * (12 + len(cols)) + "|"
+    # Round 4 added P through a scratch tile and indices loaded once a step.
+    round4 = any("p_scratch" in e["config"] for e in result["variants"])
+    if round4:
+        lines[0] = lines[0].replace("| wide |", "| wide | P scratch | idx once |")
+        lines[1] = "|---" * (11 + len(cols)) + "|"
     for e in result["variants"]:
         cfg = e["config"]
         cells = [f"{e[c]:.1f}" if c in e else "-" for c in cols]
         rel = f"{e['rel_T64']:.1e}" if "rel_T64" in e else e.get("error", "-")[:60]
         ext = (f"{cfg.get('dim_split', 1)} | {cfg.get('ctas_per_sm', 1)} | "
                f"{'yes' if cfg.get('fused_combine') else 'no'} | ") if extended else ""
+        if round4:
+            ext += f"{'yes' if cfg.get('p_scratch') else 'no'} | {'yes' if cfg.get('idx_once') else 'no'} | "
         lines.append(f"| {e['name']} | {cfg['block_h']} | {cfg['block_n']} | {cfg['num_warps']} | "
                      f"{cfg['num_stages']} | {int(cfg.get('prefetch', 0))} | {'yes' if cfg.get('wide') else 'no'} | "
                      f"{ext}{e['num_splits_T64']} | "
