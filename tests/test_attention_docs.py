@@ -26,6 +26,7 @@ def _load(name: str) -> dict:
     ("bench_attention_sweep_h200", "bench_attention_sweep_h200.json"),
     ("bench_attention_sweep_h200_run1", "bench_attention_sweep_h200_run1.json"),
     ("bench_attention_sweep_h200_run3", "bench_attention_sweep_h200_run3.json"),
+    ("bench_attention_sweep_h200_run4", "bench_attention_sweep_h200_run4.json"),
 ])
 def test_doc_tables_are_generated_from_the_committed_json(block, source):
     doc = (ROOT / "docs" / "attention.md").read_text()
