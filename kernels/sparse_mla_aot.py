@@ -26,7 +26,6 @@ def _decode_signature():
         ("ex_width", "i32"),
         ("sink_ptr", "*fp32"), ("out_ptr", "*bf16"), ("stride_ot", "i32"), ("stride_oh", "i32"),
         ("lse_ptr", "*fp32"), ("part_o_ptr", "*bf16"), ("part_lse_ptr", "*fp32"),  # bf16 partials, as launched
-        ("p_scratch_ptr", "*fp32"),
         ("H", "i32"), ("num_splits", "i32"), ("qk_scale_log2", "fp32"),
     ]
     for name, ty in names:
@@ -53,11 +52,6 @@ def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_
     constexprs = {"PS": page_size, "EX_PS": extra_page_size, "HAS_EXTRA": has_extra, "SPLIT": split,
                   "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n,
                   "DOT_DTYPE": mod._DOT_DTYPES[dot_dtype], "PREFETCH": int(cfg.prefetch)}
-    if cfg.wide:
-        sig["P_SCRATCH"] = sig["IDX_ONCE"] = sig["ASM_SYNC"] = "constexpr"
-        constexprs["P_SCRATCH"] = cfg.p_scratch
-        constexprs["IDX_ONCE"] = cfg.idx_once
-        constexprs["ASM_SYNC"] = True
     # Mirror what the JIT specialises in a real call: unit strides become constants, pointers and
     # the page / row strides (multiples of 16 bytes in the V4 layout) carry divisibility 16.
     for name in ("stride_qd", "stride_ij", "stride_ej"):

@@ -85,8 +85,6 @@ class DecodeConfig:
     # indices one step ahead, gathers pipelined by Triton; 0: neither.
     prefetch: int = 1
     wide: bool = False  # one [BLOCK_N, 512] KV tile and two dots a step instead of 8 + 8 tiles
-    p_scratch: bool = False  # wide kernel: P and alpha through a scratch tile (see the kernel)
-    idx_once: bool = False  # wide kernel: each step's indices loaded once (see _load_idx_once)
 
 
 def interpreting() -> bool:
@@ -109,34 +107,6 @@ def _load_idx(idx_row, stride_ij, ex_row, stride_ej, j, hi, n_swa, HAS_EXTRA: tl
     else:
         idx = tl.load(idx_row + j * stride_ij, mask=in_range, other=-1)
     return idx
-
-
-@triton.jit
-def _load_idx_once(idx_row, stride_ij, ex_row, stride_ej, j, hi, n_swa, HAS_EXTRA: tl.constexpr):
-    """:func:`_load_idx` issued once per step. Triton re-issues a small load in the layout of
-    every consumer (the gathers and the score mask: 6 loads of each index per thread); a load of
-    at least one element per thread is kept and its result converted instead, so the indices
-    are loaded as ``[BLOCK_N, 8]`` with only column 0 real and reduced."""
-    col = tl.arange(0, 8)[None, :]
-    jj = j[:, None] + col * 0
-    real = (jj < hi) & (col == 0)
-    if HAS_EXTRA:
-        is_swa = jj < n_swa
-        idx_s = tl.load(idx_row + jj * stride_ij, mask=real & is_swa, other=-1)
-        idx_e = tl.load(ex_row + (jj - n_swa) * stride_ej, mask=real & (jj >= n_swa), other=-1)
-        idx = tl.maximum(idx_s, idx_e)
-    else:
-        idx = tl.load(idx_row + jj * stride_ij, mask=real, other=-1)
-    return tl.max(idx, 1)
-
-
-@triton.jit
-def _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, j, hi, n_swa, HAS_EXTRA: tl.constexpr,
-                   IDX_ONCE: tl.constexpr):
-    if IDX_ONCE:
-        return _load_idx_once(idx_row, stride_ij, ex_row, stride_ej, j, hi, n_swa, HAS_EXTRA)
-    else:
-        return _load_idx(idx_row, stride_ij, ex_row, stride_ej, j, hi, n_swa, HAS_EXTRA)
 
 
 @triton.jit
@@ -235,7 +205,7 @@ def _sparse_mla_decode_kernel(
     ex_delta, ex_page_stride, ex_num_slots,
     ex_idx_ptr, stride_et, stride_ej, ex_len_ptr, ex_width,
     sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
-    part_o_ptr, part_lse_ptr, p_scratch_ptr,
+    part_o_ptr, part_lse_ptr,
     H, num_splits, qk_scale_log2,
     PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PREFETCH: tl.constexpr,
@@ -374,21 +344,6 @@ def _sparse_mla_decode_kernel(
 
 
 @triton.jit
-def _cta_sync(value, ASM_SYNC: tl.constexpr):
-    """A CTA barrier (``bar.sync 0``) that returns 0 and takes a dummy ``value``: adding the result
-    to an address orders that access after the barrier; the asm is side-effecting, so earlier
-    stores stay before it. ``tl.debug_barrier`` would stop Triton from software-pipelining the
-    loop (the KV gathers would no longer be issued a step ahead). The interpreter, which has no
-    inline asm, runs ``tl.debug_barrier``."""
-    if ASM_SYNC:
-        return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, 0;", "=r,r", [value], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    else:
-        tl.debug_barrier()
-        return value * 0
-
-
-@triton.jit
 def _load_rows_wide(kv_ptr, valid, data, scale):
     """Raw bytes of the gathered rows as ``[BLOCK_N, 8, 64]`` fp8 (tile 7 not loaded), the bf16
     rope ``[BLOCK_N, 64]`` and the scale word ``[BLOCK_N]``."""
@@ -407,10 +362,7 @@ def _load_rows_wide(kv_ptr, valid, data, scale):
 def _dequant_wide(sw, nope, rp, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """``[BLOCK_N, 512]`` KV (dim = tile * 64 + c): fp8 * 2^(e-127) for tiles 0..6, rope as tile 7."""
     tiles = tl.arange(0, 8)
-    # The scale bytes through 32-bit halves of the word: 64-bit shifts and an int64 -> float
-    # conversion per byte cost several instructions each.
-    half = tl.where(tiles < 4, sw[:, None].to(tl.int32), (sw[:, None] >> 32).to(tl.int32))
-    e = ((half >> (8 * (tiles % 4))[None, :]) & 0xFF).to(tl.float32)
+    e = ((sw[:, None] >> (8 * tiles)[None, :].to(tl.int64)) & 0xFF).to(tl.float32)
     scale = tl.exp2(e - 127.0).to(DOT_DTYPE)  # [BLOCK_N, 8]
     deq = nope.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE) * scale[:, :, None]
     kv3 = tl.where((tiles < 7)[None, :, None], deq, rp.to(DOT_DTYPE)[:, None, :])
@@ -425,11 +377,10 @@ def _sparse_mla_decode_wide_kernel(
     ex_delta, ex_page_stride, ex_num_slots,
     ex_idx_ptr, stride_et, stride_ej, ex_len_ptr, ex_width,
     sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
-    part_o_ptr, part_lse_ptr, p_scratch_ptr,
+    part_o_ptr, part_lse_ptr,
     H, num_splits, qk_scale_log2,
     PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PREFETCH: tl.constexpr,
-    P_SCRATCH: tl.constexpr, IDX_ONCE: tl.constexpr, ASM_SYNC: tl.constexpr,
 ):
     """The same maths with one ``[BLOCK_N, 512]`` KV tile: one QK^T and one PV dot a step (for
     sm_90's wgmma, where eight chained 64-wide dots serialise on their waits)."""
@@ -454,34 +405,19 @@ def _sparse_mla_decode_wide_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     ar = tl.arange(0, BLOCK_N)
     if PREFETCH == 1:
-        idx_c = _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA, IDX_ONCE)
+        idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
         valid_c, data_c, scale_c = _row_offsets(idx_c, v_lo + ar, n_swa, kv_num_slots, kv_page_stride,
                                                 ex_delta, ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
         sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
-        idx_n = _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, v_lo + BLOCK_N + ar, v_hi, n_swa, HAS_EXTRA, IDX_ONCE)
-    elif PREFETCH >= 2:
-        idx_c = _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA, IDX_ONCE)
-        if PREFETCH == 3:
-            idx_n = _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, v_lo + BLOCK_N + ar, v_hi, n_swa,
-                                   HAS_EXTRA, IDX_ONCE)
+        idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + BLOCK_N + ar, v_hi, n_swa, HAS_EXTRA)
+    elif PREFETCH == 2:
+        idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
     for start in range(v_lo, v_hi, BLOCK_N):
-        if PREFETCH == 3:
-            # Indices two steps ahead: the pipeliner issues a step's gathers one iteration early,
-            # so with indices only one step ahead their load and their use meet in the same
-            # iteration and every step waits for an index load.
-            j = start + ar
-            idx_nn = _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, j + 2 * BLOCK_N, v_hi, n_swa,
-                                    HAS_EXTRA, IDX_ONCE)
-            valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
-                                                    ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
-            sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
-            idx_c = idx_n
-            idx_n = idx_nn
-        elif PREFETCH == 2:
+        if PREFETCH == 2:
             # Indices one step ahead; the gathers of this step are left to Triton's cp.async
             # pipeline, which can then issue them a whole step early.
             j = start + ar
-            idx_n = _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, j + BLOCK_N, v_hi, n_swa, HAS_EXTRA, IDX_ONCE)
+            idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, j + BLOCK_N, v_hi, n_swa, HAS_EXTRA)
             valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
                                                     ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
             sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
@@ -491,10 +427,10 @@ def _sparse_mla_decode_wide_kernel(
             valid_n, data_n, scale_n = _row_offsets(idx_n, jn, n_swa, kv_num_slots, kv_page_stride, ex_delta,
                                                     ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
             sw_n, nope_n, rp_n = _load_rows_wide(kv_ptr, valid_n, data_n, scale_n)
-            idx_n = _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, jn + BLOCK_N, v_hi, n_swa, HAS_EXTRA, IDX_ONCE)
+            idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, jn + BLOCK_N, v_hi, n_swa, HAS_EXTRA)
         else:
             j = start + ar
-            idx_c = _load_idx_step(idx_row, stride_ij, ex_row, stride_ej, j, v_hi, n_swa, HAS_EXTRA, IDX_ONCE)
+            idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, j, v_hi, n_swa, HAS_EXTRA)
             valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
                                                     ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
             sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
@@ -507,26 +443,7 @@ def _sparse_mla_decode_wide_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-        if P_SCRATCH:
-            # P and alpha through a per-program scratch tile. Fed straight into the second dot,
-            # they make Triton lay the first dot out with all warps along the 64 head rows, so
-            # both warpgroups compute all of S (twice the QK^T MMAs and softmax work); through
-            # memory each dot gets its own layout. A program's tile: BLOCK_H * BLOCK_N 32-bit
-            # words for P (room for an fp32 P under the interpreter), then BLOCK_H fp32 alphas.
-            rows = tl.arange(0, BLOCK_H)
-            pid = (t * tl.num_programs(1) + hb) * tl.num_programs(2) + sp
-            base = p_scratch_ptr + pid.to(tl.int64) * (BLOCK_H * BLOCK_N + BLOCK_H)
-            p_tile = base.to(tl.pointer_type(DOT_DTYPE), bitcast=True) + rows[:, None] * BLOCK_N + ar[None, :]
-            zero = _cta_sync(v_lo, ASM_SYNC)  # the previous step's loads are done before the stores
-            tl.store(p_tile + zero, p.to(DOT_DTYPE))
-            tl.store(base + zero + BLOCK_H * BLOCK_N + rows, alpha)
-            zero = _cta_sync(zero, ASM_SYNC)  # the stores are done before the loads
-            pd = tl.load(p_tile + zero, volatile=True)
-            alpha_acc = tl.load(base + zero + BLOCK_H * BLOCK_N + rows, volatile=True)
-        else:
-            pd = p.to(DOT_DTYPE)
-            alpha_acc = alpha
-        acc = tl.dot(pd, kv, acc * alpha_acc[:, None])
+        acc = tl.dot(p.to(DOT_DTYPE), kv, acc * alpha[:, None])
         if PREFETCH == 1:
             valid_c = valid_n
             sw_c = sw_n
@@ -625,27 +542,21 @@ TILES_ENV = "DSV4KIT_SPARSE_MLA_TILES"
 
 
 def _config_from_env() -> Optional[DecodeConfig]:
-    """``DSV4KIT_SPARSE_MLA_TILES="BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE[,P_SCRATCH,IDX_ONCE]"``
-    (e.g. ``64,64,8,2,2,1,1,1``) overrides the per-architecture tiles, for tuning on a box
-    without code edits; the last two default to 0."""
+    """``DSV4KIT_SPARSE_MLA_TILES="BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE"`` (e.g. ``64,64,8,2,0,1``)
+    overrides the per-architecture tiles, for tuning on a box without code edits."""
     text = os.environ.get(TILES_ENV, "").strip()
     if not text:
         return None
-    usage = "BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE[,P_SCRATCH,IDX_ONCE]"
     try:
-        values = [int(x) for x in text.split(",")]
+        bh, bn, warps, stages, prefetch, wide = (int(x) for x in text.split(","))
     except ValueError:
-        raise ValueError(f"{TILES_ENV}={text!r}: expected six or eight integers {usage}") from None
-    if len(values) not in (6, 8):
-        raise ValueError(f"{TILES_ENV}={text!r}: expected six or eight integers {usage}")
-    bh, bn, warps, stages, prefetch, wide, p_scratch, idx_once = values + [0] * (8 - len(values))
+        raise ValueError(f"{TILES_ENV}={text!r}: expected six integers "
+                         "BLOCK_H,BLOCK_N,WARPS,STAGES,PREFETCH,WIDE") from None
     if (bh not in (16, 32, 64) or bn not in (16, 32, 64) or warps not in (4, 8, 16) or not 1 <= stages <= 4
-            or prefetch not in (0, 1, 2, 3) or wide not in (0, 1) or (prefetch >= 2 and not wide)
-            or p_scratch not in (0, 1) or idx_once not in (0, 1) or ((p_scratch or idx_once) and not wide)):
+            or prefetch not in (0, 1, 2) or wide not in (0, 1) or (prefetch == 2 and not wide)):
         raise ValueError(f"{TILES_ENV}={text!r}: BLOCK_H and BLOCK_N must be 16/32/64, WARPS 4/8/16, "
-                         "STAGES 1..4, PREFETCH 0..3 (2, 3 only with WIDE), WIDE 0/1, P_SCRATCH and "
-                         "IDX_ONCE 0/1 (only with WIDE)")
-    return DecodeConfig(bh, bn, warps, stages, prefetch, bool(wide), bool(p_scratch), bool(idx_once))
+                         "STAGES 1..4, PREFETCH 0/1/2 (2 only with WIDE), WIDE 0/1")
+    return DecodeConfig(bh, bn, warps, stages, prefetch, bool(wide))
 
 
 def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
@@ -844,13 +755,7 @@ def flash_mla_with_kvcache_sm120(
     ex_idx = extra_indices_in_kvcache if has_extra else indices
     ex_len = extra_topk_length if has_extra else topk_length
     grid = (T, head_blocks, num_splits)
-    if cfg.wide:
-        kernel = _sparse_mla_decode_wide_kernel
-        wide_args = {"P_SCRATCH": cfg.p_scratch, "IDX_ONCE": cfg.idx_once, "ASM_SYNC": not interpreting()}
-        p_scratch = (torch.empty(T * head_blocks * num_splits * (cfg.block_h * cfg.block_n + cfg.block_h),
-                                 dtype=torch.float32, device=device) if cfg.p_scratch else lse)
-    else:
-        kernel, wide_args, p_scratch = _sparse_mla_decode_kernel, {}, lse
+    kernel = _sparse_mla_decode_wide_kernel if cfg.wide else _sparse_mla_decode_kernel
     kernel[grid](
         q, q.stride(0), q.stride(2), q.stride(3),
         k_cache, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1],
@@ -858,11 +763,11 @@ def flash_mla_with_kvcache_sm120(
         ex_cache.data_ptr() - k_cache.data_ptr(), ex_cache.stride(0), ex_cache.shape[0] * ex_cache.shape[1],
         ex_idx, ex_idx.stride(0), ex_idx.stride(2), ex_len, ex_width,
         attn_sink, out, out.stride(0), out.stride(2), lse,
-        part_o, part_lse, p_scratch,
+        part_o, part_lse,
         H, num_splits, float(softmax_scale) * LOG2E,
         PS=k_cache.shape[1], EX_PS=ex_cache.shape[1], HAS_EXTRA=has_extra, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DOT_DTYPE=_DOT_DTYPES[dot_dtype],
-        PREFETCH=int(cfg.prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **wide_args,
+        PREFETCH=int(cfg.prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
         # 16 heads x 128 dims a combine program: small fp32 accumulators (no spills) and 4x16

@@ -101,8 +101,6 @@ def test_module_contract():
 def test_tiles_env_override(monkeypatch):
     monkeypatch.setenv(dec.TILES_ENV, "64,64,8,2,0,1")
     assert dec.default_config(64, (12, 0)) == dec.DecodeConfig(64, 64, 8, 2, False, True)
-    monkeypatch.setenv(dec.TILES_ENV, "64,64,8,2,3,1,1,1")
-    assert dec.default_config(64, (9, 0)) == dec.DecodeConfig(64, 64, 8, 2, 3, True, True, True)
     monkeypatch.setenv(dec.TILES_ENV, "64,64")
     with pytest.raises(ValueError, match=dec.TILES_ENV):
         dec.default_config(64, (9, 0))

@@ -5,6 +5,7 @@ The GPU timers and rates are replaced by fakes; the numbers themselves come only
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_sweep_bookkeeping_and_fastest_tiles(fake_gpu, tmp_path, capsys):
     path.write_text(json.dumps(result))
     assert bench.main(["--fastest-tiles", str(path)]) == 0
     tiles = capsys.readouterr().out.strip().split(",")
-    assert len(tiles) in (6, 8) and all(t.isdigit() for t in tiles)
+    assert len(tiles) == 6 and all(t.isdigit() for t in tiles)
 
 
 def test_compare_renders_before_and_after(fake_gpu, tmp_path, capsys):
@@ -90,3 +91,15 @@ def test_main_writes_json_and_table(fake_gpu, monkeypatch, tmp_path, capsys):
     assert sorted((tmp_path / "bench_attention.md").read_text().splitlines()) == sorted(bench.table(result).splitlines())
     assert not (tmp_path / "bench_attention.partial.json").exists()
     assert "| c4 | 64 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "docs" / "results")
+                                        .glob("bench_attention_sweep_h200*.json")))
+def test_fastest_tiles_of_each_committed_sweep_is_a_valid_override(name, monkeypatch):
+    from dsv4kit.kernels import sparse_mla_decode as dec
+
+    result = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / name).read_text())
+    tiles = bench.fastest_tiles(result)
+    assert tiles is not None
+    monkeypatch.setenv(dec.TILES_ENV, tiles)
+    assert dec.default_config(64, (9, 0)).block_h == int(tiles.split(",")[0])

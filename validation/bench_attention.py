@@ -324,23 +324,17 @@ def sweep_variants(capability: tuple) -> list:
     """(name, DecodeConfig, num_splits for T=64 or None) tried by ``--sweep``."""
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
 
-    # Round 4 (the SASS of round 3's default showed each step's indices loaded in three layouts
-    # and, with P fed straight into the second dot, S computed by both warpgroups): indices
-    # loaded once, P and alpha through a scratch tile, more warps once S is no longer duplicated.
     variants = [("default", default_config(H, capability), None),
-                ("idx_once", D(64, 64, 8, 2, 2, True, idx_once=True), None),
-                ("pscr", D(64, 64, 8, 2, 2, True, p_scratch=True), None),
-                ("pscr_idx_once", D(64, 64, 8, 2, 2, True, p_scratch=True, idx_once=True), None),
-                ("pscr_idx_once_s3", D(64, 64, 8, 3, 2, True, p_scratch=True, idx_once=True), None),
-                ("pscr_idx_once_n32_s3", D(64, 32, 8, 3, 2, True, p_scratch=True, idx_once=True), None),
-                ("pscr_idx_once_w16", D(64, 64, 16, 2, 2, True, p_scratch=True, idx_once=True), None),
-                ("pscr_idx_once_no_idx_ahead", D(64, 64, 8, 2, 0, True, p_scratch=True, idx_once=True), None),
-                ("idx2_ahead", D(64, 64, 8, 2, 3, True), None),
-                ("idx2_ahead_s3", D(64, 64, 8, 3, 3, True), None),
-                ("pscr_idx_once_idx2_ahead", D(64, 64, 8, 2, 3, True, p_scratch=True, idx_once=True), None),
-                ("pscr_idx_once_idx2_ahead_s3", D(64, 64, 8, 3, 3, True, p_scratch=True, idx_once=True), None),
-                ("pscr_idx_once_s3_nosplit", D(64, 64, 8, 3, 2, True, p_scratch=True, idx_once=True), 1),
-                ("h32_n32_w8_pf", D(32, 32, 8, 1, 1), None)]
+                ("h64_wide_n64_w8_s3", D(64, 64, 8, 3, 0, True), None),
+                ("h64_wide_n64_w8_s2", D(64, 64, 8, 2, 0, True), None),
+                ("h64_wide_n32_w8_s3", D(64, 32, 8, 3, 0, True), None),
+                ("h64_wide_n32_w8_s2", D(64, 32, 8, 2, 0, True), None),
+                ("h64_wide_n64_w8_s2_idx_ahead", D(64, 64, 8, 2, 2, True), None),
+                ("h64_wide_n64_w8_s3_nosplit", D(64, 64, 8, 3, 0, True), 1),
+                ("h64_wide_n64_w8_s3_split3", D(64, 64, 8, 3, 0, True), 3),
+                ("h32_n32_w8_pf", D(32, 32, 8, 1, 1), None),
+                ("h16_n32_w4_pf", D(16, 32, 4, 1, 1), None),
+                ("h32_n16_w8_pf", D(32, 16, 8, 1, 1), None)]
     seen, out = set(), []
     for name, cfg, splits in variants:
         if (cfg, splits) not in seen:
@@ -444,12 +438,13 @@ def fastest_tiles(result: dict) -> Optional[str]:
     """``DSV4KIT_SPARSE_MLA_TILES`` value of the fastest correct variant at c4 T=64 among those
     with the automatic split count (the only kind the tiles variable can select)."""
     auto = [e for e in result["variants"] if e.get("num_splits_T64") == "auto" and "c4_T64_us" in e
-            and e["config"].get("dim_split", 1) == 1 and not e["config"].get("fused_combine")]  # run 3's extras
+            and e["config"].get("dim_split", 1) == 1 and not e["config"].get("fused_combine")  # run 3's extras
+            and not e["config"].get("p_scratch") and not e["config"].get("idx_once")  # run 4's extras
+            and int(e["config"].get("prefetch", 0)) <= 2]
     if not auto:
         return None
     c = min(auto, key=lambda e: e["c4_T64_us"])["config"]
-    return ",".join(str(int(c.get(k, 0))) for k in ("block_h", "block_n", "num_warps", "num_stages", "prefetch",
-                                                    "wide", "p_scratch", "idx_once"))
+    return ",".join(str(int(c[k])) for k in ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "wide"))
 
 
 def sweep_table(result: dict) -> str:
@@ -463,7 +458,8 @@ def sweep_table(result: dict) -> str:
     if extended:
         lines[0] = lines[0].replace("| wide |", "| wide | dim split | CTAs/SM | fused combine |")
         lines[1] = "|---" * (12 + len(cols)) + "|"
-    # Round 4 added P through a scratch tile and indices loaded once a step.
+    # Round 4 (bench_attention_sweep_h200_run4.json, commit 2b094cd) added P through a scratch
+    # tile and indices loaded once a step; those kernels were removed after it.
     round4 = any("p_scratch" in e["config"] for e in result["variants"])
     if round4:
         lines[0] = lines[0].replace("| wide |", "| wide | P scratch | idx once |")
