@@ -71,6 +71,19 @@ def test_sweep_bookkeeping_and_fastest_tiles(fake_gpu, tmp_path, capsys):
     assert len(tiles) == 6 and all(t.isdigit() for t in tiles)
 
 
+def test_mma_sync_sweep_times_the_sm120_shapes(fake_gpu):
+    result = bench.run_sweep(quick=True, mma_sync=True)
+    assert "--mma-sync" in result["command"] and "mma.sync" in result["mma"]
+    assert [e["config"]["wide"] for e in result["variants"]] == [False] * len(result["variants"])
+    assert result["variants"][0]["name"] == "default"
+
+
+def test_mma_sync_needs_sweep(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--mma-sync", "--out", "/nonexistent-never-written"])
+    assert exc.value.code == 2 and "--sweep" in capsys.readouterr().err
+
+
 def test_compare_renders_before_and_after(fake_gpu, tmp_path, capsys):
     result = bench.run_benchmark(quick=True)
     path = tmp_path / "b.json"

@@ -197,7 +197,8 @@ def _versions(props: dict) -> dict:
     from dsv4kit.kernels.sparse_mla_decode import TILES_ENV
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-            "host": platform.node(), TILES_ENV: os.environ.get(TILES_ENV), **props}
+            "host": platform.node(), TILES_ENV: os.environ.get(TILES_ENV),
+            MMA_SYNC_ENV: os.environ.get(MMA_SYNC_ENV), **props}
     try:
         from dsv4kit import __version__
 
@@ -320,6 +321,35 @@ def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda parti
 # Variant sweep (diagnostics): several tile / pipelining variants timed in one run
 # --------------------------------------------------------------------------------------------
 
+MMA_SYNC_ENV = "DISABLE_MMA_V3"  # Triton: lower tl.dot to mma.sync (MMAv2) on sm_90, as on sm_120
+
+
+def mma_sync_variants() -> list:
+    """Variants of ``--sweep --mma-sync``: the sm_120 code path (tiled kernel) in shapes that fit
+    sm_120's 101376 bytes of shared memory a block (``tests/test_attention_aot.py`` builds each for
+    sm_120). Timed with mma.sync on an sm_90 GPU, as the nearest stand-in for the RTX PRO 6000."""
+    from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
+
+    variants = [("default", default_config(H, (12, 0)), None),
+                ("h32_n16_w8_pf", D(32, 16, 8, 1, 1), None),
+                ("h32_n32_w8_s2", D(32, 32, 8, 2, 0), None),
+                ("h32_n32_w8_no_prefetch", D(32, 32, 8, 1, 0), None),
+                ("h16_n32_w4_pf", D(16, 32, 4, 1, 1), None),
+                ("h32_n16_w4_pf", D(32, 16, 4, 1, 1), None),
+                ("h32_n32_w4_pf", D(32, 32, 4, 1, 1), None),
+                ("h32_n32_w8_pf_nosplit", default_config(H, (12, 0)), 1)]
+    return _unique(variants)
+
+
+def _unique(variants: list) -> list:
+    seen, out = set(), []
+    for name, cfg, splits in variants:
+        if (cfg, splits) not in seen:
+            seen.add((cfg, splits))
+            out.append((name, cfg, splits))
+    return out
+
+
 def sweep_variants(capability: tuple) -> list:
     """(name, DecodeConfig, num_splits for T=64 or None) tried by ``--sweep``."""
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
@@ -335,12 +365,7 @@ def sweep_variants(capability: tuple) -> list:
                 ("h32_n32_w8_pf", D(32, 32, 8, 1, 1), None),
                 ("h16_n32_w4_pf", D(16, 32, 4, 1, 1), None),
                 ("h32_n16_w8_pf", D(32, 16, 8, 1, 1), None)]
-    seen, out = set(), []
-    for name, cfg, splits in variants:
-        if (cfg, splits) not in seen:
-            seen.add((cfg, splits))
-            out.append((name, cfg, splits))
-    return out
+    return _unique(variants)
 
 
 def _zero_length(layers):
@@ -356,7 +381,8 @@ def _zero_length(layers):
     return out
 
 
-def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda partial: None) -> dict:
+def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda partial: None,
+              mma_sync: bool = False) -> dict:
     """Each variant is checked against the float32 reference (c4 T=64 and T=1) before it is timed.
 
     Times per layer call under graph replay: c4 at T = 64 / 16 / 1 over layers spread across
@@ -376,7 +402,8 @@ def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda p
     small = layers[64][:1]
     zero = _zero_length(layers[64][:1])
     results = []
-    for name, cfg, splits in sweep_variants(cap)[: 4 if quick else None]:
+    variants = mma_sync_variants() if mma_sync else sweep_variants(cap)
+    for name, cfg, splits in variants[: 4 if quick else None]:
         def fn(cfg=cfg, splits=splits, **kw):
             return dec.flash_mla_with_kvcache_sm120(config=cfg, num_splits=splits, **kw)
 
@@ -428,7 +455,9 @@ def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda p
         del c128
         torch.cuda.empty_cache()
     return {"schema": 1, "kind": "dsv4kit-bench-attention-sweep",
-            "command": "python -m dsv4kit.validation.bench_attention --sweep" + (" --quick" if quick else ""),
+            "command": "python -m dsv4kit.validation.bench_attention --sweep" + (" --mma-sync" if mma_sync else "")
+            + (" --quick" if quick else ""),
+            "mma": "mma.sync (DISABLE_MMA_V3=1: the sm_120 code path)" if mma_sync else "default for the GPU",
             "started_unix": started, "seconds": round(time.time() - started, 1),
             "environment": _versions(props), "variants": results,
             "fastest_c4_T64": timed[0]["name"] if timed else None}
@@ -598,6 +627,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true",
                         help="time the kernel variants (tiles, pipelining, splits) instead of the benchmark; "
                              "writes bench_attention_sweep.json/.md")
+    parser.add_argument("--mma-sync", action="store_true",
+                        help="with --sweep: time the sm_120 code path (the tiled kernel in sm_120-sized tiles) "
+                             "with mma.sync instead of wgmma (sets Triton's DISABLE_MMA_V3=1; needs sm_90)")
     parser.add_argument("--fastest-tiles", metavar="SWEEP_JSON", default=None,
                         help="print the DSV4KIT_SPARSE_MLA_TILES value of a sweep's fastest variant and exit")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"), default=None,
@@ -605,6 +637,8 @@ def main(argv=None) -> int:
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="print the table of a committed result JSON and exit (no GPU needed)")
     args = parser.parse_args(argv)
+    if args.mma_sync and not args.sweep:
+        parser.error("--mma-sync only applies to --sweep")
     if args.fastest_tiles:
         try:
             with open(args.fastest_tiles) as fh:
@@ -652,7 +686,13 @@ def main(argv=None) -> int:
         _write_atomic(partial_path, json.dumps(partial, indent=2, default=str) + "\n")
 
     if args.sweep:
-        result = run_sweep(args.quick, checkpoint)
+        if args.mma_sync:
+            if torch.cuda.get_device_capability(0)[0] != 9:
+                print("error: --mma-sync emulates sm_120's mma.sync on an sm_90 GPU; this GPU is sm_%d%d"
+                      % torch.cuda.get_device_capability(0), file=sys.stderr)
+                return 2
+            os.environ[MMA_SYNC_ENV] = "1"  # read by Triton when it compiles, before the first launch
+        result = run_sweep(args.quick, checkpoint, mma_sync=args.mma_sync)
         if os.path.exists(partial_path):
             os.remove(partial_path)
         _write_result(args.out, "bench_attention_sweep", result, sweep_table(result))
