@@ -74,6 +74,7 @@ def test_sweep_bookkeeping_and_fastest_tiles(fake_gpu, tmp_path, capsys):
 def test_mma_sync_sweep_times_the_sm120_shapes(fake_gpu):
     result = bench.run_sweep(quick=True, mma_sync=True)
     assert "--mma-sync" in result["command"] and "mma.sync" in result["mma"]
+    assert isinstance(result["compiled_mma_kinds"], dict)
     assert [e["config"]["wide"] for e in result["variants"]] == [False] * len(result["variants"])
     assert result["variants"][0]["name"] == "default"
 

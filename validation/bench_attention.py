@@ -368,6 +368,22 @@ def sweep_variants(capability: tuple) -> list:
     return _unique(variants)
 
 
+def compiled_mma_kinds() -> dict:
+    """Which MMA instructions the decode kernels compiled in this process use, from their PTX:
+    ``{"mma.sync": bool, "wgmma": bool}`` (``--mma-sync`` records it to show the flag took effect).
+    Reads Triton's per-device kernel caches; empty when this Triton keeps them elsewhere."""
+    from dsv4kit.kernels import sparse_mla_decode as dec
+
+    kinds = {}
+    for fn in (dec._sparse_mla_decode_kernel, dec._sparse_mla_decode_wide_kernel):
+        for caches in getattr(fn, "device_caches", {}).values():
+            for compiled in (caches[0].values() if caches else ()):
+                ptx = compiled.asm.get("ptx", "")
+                kinds["mma.sync"] = kinds.get("mma.sync", False) or "mma.sync" in ptx
+                kinds["wgmma"] = kinds.get("wgmma", False) or "wgmma" in ptx
+    return kinds
+
+
 def _zero_length(layers):
     """The same layers with every length 0: the launch + prologue/epilogue cost of a call."""
     import torch
@@ -458,6 +474,7 @@ def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda p
             "command": "python -m dsv4kit.validation.bench_attention --sweep" + (" --mma-sync" if mma_sync else "")
             + (" --quick" if quick else ""),
             "mma": "mma.sync (DISABLE_MMA_V3=1: the sm_120 code path)" if mma_sync else "default for the GPU",
+            "compiled_mma_kinds": compiled_mma_kinds(),
             "started_unix": started, "seconds": round(time.time() - started, 1),
             "environment": _versions(props), "variants": results,
             "fastest_c4_T64": timed[0]["name"] if timed else None}
