@@ -27,6 +27,7 @@ def _load(name: str) -> dict:
     ("bench_attention_sweep_h200_run1", "bench_attention_sweep_h200_run1.json"),
     ("bench_attention_sweep_h200_run3", "bench_attention_sweep_h200_run3.json"),
     ("bench_attention_sweep_h200_run4", "bench_attention_sweep_h200_run4.json"),
+    ("bench_attention_sweep_h200_mma_sync", "bench_attention_sweep_h200_mma_sync.json"),
 ])
 def test_doc_tables_are_generated_from_the_committed_json(block, source):
     doc = (ROOT / "docs" / "attention.md").read_text()
@@ -64,3 +65,9 @@ def test_fp8_q_table_is_generated_from_the_committed_json():
     # What the doc concludes from it: single e4m3 q fails the bar, the hi + lo pair passes.
     assert all(not r["within_bar"] for r in result["rows"] if r["mode"] != "hi_lo")
     assert all(r["within_bar"] for r in result["rows"] if r["mode"] == "hi_lo")
+
+
+def test_mma_sync_sweep_compiled_mma_sync_only():
+    result = _load("bench_attention_sweep_h200_mma_sync.json")
+    assert "--mma-sync" in result["command"]
+    assert result["compiled_mma_kinds"] == {"mma.sync": True, "wgmma": False}
