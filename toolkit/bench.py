@@ -49,12 +49,8 @@ CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_O
               "PYTHONUNBUFFERED": "1"}
 
 
-class BenchAbort(Exception):
+class BenchAbort(exitcodes.Abort):
     """Stop the sweep: nothing is recorded. ``exit_code`` from dsv4kit.exitcodes."""
-
-    def __init__(self, exit_code: int, message: str):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass

@@ -18,3 +18,11 @@ ENVIRONMENT = 5
 TOOL_FAILED = 6
 #: Interrupted by the user (Ctrl-C); nothing half-written was left behind.
 INTERRUPTED = 130
+
+
+class Abort(Exception):
+    """Stop a command with one of the exit codes above and a message for the user."""
+
+    def __init__(self, exit_code: int, message: str):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -44,12 +44,8 @@ REPORT_NAME = "report.json"
 _NVIDIA_SMI_LINE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: [^)]*\))?\s*$")
 
 
-class ValidationAbort(Exception):
+class ValidationAbort(exitcodes.Abort):
     """Stop the remote validation with this exit code and message."""
-
-    def __init__(self, exit_code: int, message: str):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass
