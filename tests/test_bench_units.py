@@ -207,3 +207,14 @@ def test_the_restart_reruns_the_serving_tag_with_the_new_context_length(monkeypa
     with pytest.raises(BenchAbort) as info:  # stopped by the timeout: exit 4, as documented
         default_restart(tmp_path / "hosts.yml", host, 131072, lambda line: None, 900.0)
     assert info.value.exit_code == 4
+
+
+def test_launch_command_string_keeps_quoted_arguments_whole():
+    from dsv4kit.provenance import _launch_args
+
+    quoted = "python -m sglang.launch_server --model-path '/models/DeepSeek V4' --tp 4"
+    assert _launch_args({"launch_command": quoted}, []) == [
+        "python", "-m", "sglang.launch_server", "--model-path", "/models/DeepSeek V4", "--tp", "4"]
+    assert _launch_args({"launch_command": "python -m x --flag 'unbalanced"}, []) == [
+        "python", "-m", "x", "--flag", "'unbalanced"]
+    assert _launch_args({}, [{"argv": ["python", "-m", "sglang.launch_server"]}])[-1] == "sglang.launch_server"

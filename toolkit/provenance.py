@@ -9,6 +9,7 @@ turns its JSON plus the inventory and ``/server_info`` into the record's ``toolk
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +52,10 @@ def _launch_args(server_info: dict, processes: list[dict]) -> list[str]:
     if isinstance(launch, list):
         return [str(a) for a in launch]
     if isinstance(launch, str) and launch:
-        return launch.split()
+        try:
+            return shlex.split(launch)  # a quoted argument stays one argument
+        except ValueError:  # unbalanced quotes: keep the words rather than lose the record
+            return launch.split()
     for proc in processes:
         if any("launch_server" in a for a in proc.get("argv") or []):
             return list(proc["argv"])
