@@ -95,6 +95,19 @@ def test_overlapping_gpu_split(tmp_path):
         load_inventory(path)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("dsv4_venv_dir", "/opt/my venv", "dsv4_venv_dir must not contain whitespace"),
+    ("dsv4_model_path", "/models/DeepSeek$V4", "dsv4_model_path must not contain"),
+    ("dsv4_model_path", "models/DeepSeek-V4-Flash", "dsv4_model_path must be an absolute path"),
+    ("dsv4_package_timeout", 0, "dsv4_package_timeout must be a positive number of seconds"),
+    ("dsv4_health_timeout", -5, "dsv4_health_timeout must be a positive"),
+])
+def test_unusable_paths_and_timeouts_are_named(tmp_path, field, value, message):
+    path = write_inventory(tmp_path, {"box1": {field: value}})
+    with pytest.raises(InventoryError, match=message):
+        load_inventory(path)
+
+
 def test_bad_key_path(tmp_path):
     inv = load_inventory(write_inventory(tmp_path, {"box1": {"ansible_ssh_private_key_file": str(tmp_path / "nokey")}}))
     with pytest.raises(InventoryError, match="does not exist"):

@@ -247,7 +247,15 @@ def _check_layout(path: Path, host: str, values: dict) -> None:
     gpu = values.get("dsv4_validate_gpu")
     if gpu is not None and count is not None and not 0 <= gpu < count:
         raise InventoryError(f"{path}: host {host!r}: dsv4_validate_gpu {gpu} is not in [0, {count})")
-    for name in ("dsv4_venv_dir", "dsv4_state_dir", "dsv4_prefix"):
+    for name in ("dsv4_venv_dir", "dsv4_state_dir", "dsv4_prefix", "dsv4_model_path"):
         value = values.get(name)
         if value is not None and not str(value).startswith("/"):
             raise InventoryError(f"{path}: host {host!r}: {name} must be an absolute path, got {value!r}")
+        # The systemd units and the box-side scripts use these paths as single words.
+        if value is not None and any(c.isspace() or c in "\"'\\$`%" for c in str(value)):
+            raise InventoryError(f"{path}: host {host!r}: {name} must not contain whitespace, quotes, '\\', "
+                                 f"'$', '`' or '%' (systemd units use it unquoted), got {value!r}")
+    for name in ("dsv4_health_timeout", "dsv4_package_timeout", "dsv4_connect_timeout"):
+        value = values.get(name)
+        if value is not None and value <= 0:
+            raise InventoryError(f"{path}: host {host!r}: {name} must be a positive number of seconds, got {value!r}")
