@@ -46,6 +46,21 @@ def test_env_and_cwd_are_set_and_secrets_never_shown(session, tmp_path):
     assert "HF_TOKEN='***'" in str(info.value) or "HF_TOKEN=***" in str(info.value)
 
 
+def test_env_values_never_reach_a_command_line(session):
+    # Every user of the box can read command lines (ps); the value must reach the command only.
+    secret = f"tok-{time.time():.6f}"
+    # The command lines are listed before anything puts the value in an argument (grep would).
+    script = ("snap=$(mktemp); for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done "
+              "> \"$snap\"; grep -c -F \"$SECRET_TOKEN\" \"$snap\"; rm -f \"$snap\"; "
+              "echo \"value=$SECRET_TOKEN\"; cat; echo stdin-closed")
+    result = session.run(script, timeout=20, env={"SECRET_TOKEN": secret, "OTHER": "x y"}, check=False)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "0", f"the value is on a command line: {result.stdout}"
+    assert lines[1:] == [f"value={secret}", "stdin-closed"]
+    with pytest.raises(ValueError, match="SECRET_TOKEN: the value must be one line"):
+        session.run("true", timeout=20, env={"SECRET_TOKEN": "two\nlines"})
+
+
 def test_timeout_kills_the_remote_process_group(session):
     marker = f"{time.time() % 1000:.3f}".replace(".", "")  # a sleep length no one else uses
     started = time.monotonic()

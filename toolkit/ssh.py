@@ -112,13 +112,30 @@ def redact_env(env: Optional[dict]) -> dict:
     return {k: ("***" if _SECRET_NAME.search(k) else v) for k, v in (env or {}).items()}
 
 
-def _env_prefix(env: Optional[dict]) -> str:
-    if not env:
-        return ""
-    for name in env:
+def _check_env(env: dict) -> None:
+    for name, value in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ValueError(f"not a valid environment variable name: {name!r}")
+        if any(c in str(value) for c in "\n\r\0"):
+            raise ValueError(f"environment variable {name}: the value must be one line")
+
+
+def _env_prefix(env: Optional[dict]) -> str:
+    """``export NAME=value; ...`` as text: what a command with ``env`` is shown as (values masked
+    by the caller). The command itself gets the values through stdin, see :func:`_env_reader`."""
+    if not env:
+        return ""
+    _check_env(env)
     return "".join(f"export {k}={shlex.quote(str(v))}; " for k, v in env.items())
+
+
+def _env_reader(env: Optional[dict]) -> str:
+    """Shell text that reads ``env``'s values from stdin, one line each, and exports them: the
+    values never appear on a command line (which every user of the box can read in ``ps``)."""
+    if not env:
+        return ""
+    _check_env(env)
+    return "".join(f"IFS= read -r {k}; export {k}; " for k in env)
 
 
 def _host_key_policy(session: "RemoteSession"):
@@ -297,12 +314,13 @@ class RemoteSession:
         The command runs in a new session under ``setsid`` and box-side ``timeout``; past the local
         deadline its whole process group is killed (TERM, then KILL) and RemoteTimeout is raised.
         ``stream`` gets each output line (stdout and stderr) as it arrives. With ``check`` a non-zero
-        exit raises RemoteCommandFailed. ``env`` is set for the command only; values of names that
-        look secret are masked in every message.
+        exit raises RemoteCommandFailed. ``env`` is set for the command only, passed through stdin
+        (not the command line); values of names that look secret are masked in every message.
+        The command's stdin is at end of file.
         """
         if not 0 < timeout < float("inf"):  # also refuses NaN; int(inf) below would overflow
             raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
-        inner = _env_prefix(env) + command
+        inner = _env_reader(env) + command
         if cwd:
             inner = f"cd {shlex.quote(cwd)} && {inner}"
         remote_limit = int(timeout) + _REMOTE_GRACE_S
@@ -330,6 +348,9 @@ class RemoteSession:
         out, err = _LineBuffer(stream), _LineBuffer(stream, drop=marker)
         try:
             channel.exec_command(wrapped)
+            if env:
+                channel.sendall("".join(f"{v}\n" for v in env.values()).encode())
+            channel.shutdown_write()  # the command's stdin: the env values, then end of file
             while True:
                 got = False
                 while channel.recv_ready():
