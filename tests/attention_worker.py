@@ -96,9 +96,9 @@ def _aot() -> dict:
                                                           extra_page_size=64, split=True))
     results["sm90_c4_nosplit_H32"] = summary(compile_decode(90, default_config(32, (9, 0)), page_size=64,
                                                             extra_page_size=64, split=False))
-    from dsv4kit.validation.bench_attention import mma_sync_variants
+    from dsv4kit.validation.bench_attention import sm120_variants
 
-    for name, cfg, _ in mma_sync_variants():  # what `bench_attention --sweep --mma-sync` times
+    for name, cfg, _ in sm120_variants():  # what `bench_attention --sweep --mma-sync` times
         if cfg != cfg64:
             results[f"sm120_sweep_{name}"] = summary(compile_decode(120, cfg, page_size=256, extra_page_size=64,
                                                                     split=True))

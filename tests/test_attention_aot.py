@@ -44,9 +44,9 @@ def test_sm120_combine_build(aot_results):
 def test_every_mma_sync_sweep_variant_builds_for_sm120(aot_results):
     """``bench_attention --sweep --mma-sync`` stands in for the RTX PRO 6000: each shape it times must
     be one sm_120 can run (mma.sync, within the shared-memory budget)."""
-    from dsv4kit.validation.bench_attention import mma_sync_variants
+    from dsv4kit.validation.bench_attention import sm120_variants
 
-    names = [f"sm120_sweep_{name}" for name, cfg, _ in mma_sync_variants()[1:] if f"sm120_sweep_{name}" in aot_results]
+    names = [f"sm120_sweep_{name}" for name, cfg, _ in sm120_variants()[1:] if f"sm120_sweep_{name}" in aot_results]
     assert len(names) >= 5
     for name in names:
         r = aot_results[name]

@@ -79,6 +79,11 @@ def test_mma_sync_sweep_times_the_sm120_shapes(fake_gpu):
     assert result["variants"][0]["name"] == "default"
 
 
+def test_the_sweep_on_sm120_times_only_shapes_that_fit_it():
+    assert bench.sweep_variants((12, 0)) == bench.sm120_variants()
+    assert any(cfg.wide for _, cfg, _ in bench.sweep_variants((9, 0)))
+
+
 def test_mma_sync_needs_sweep(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--mma-sync", "--out", "/nonexistent-never-written"])

@@ -324,10 +324,10 @@ def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda parti
 MMA_SYNC_ENV = "DISABLE_MMA_V3"  # Triton: lower tl.dot to mma.sync (MMAv2) on sm_90, as on sm_120
 
 
-def mma_sync_variants() -> list:
-    """Variants of ``--sweep --mma-sync``: the sm_120 code path (tiled kernel) in shapes that fit
-    sm_120's 101376 bytes of shared memory a block (``tests/test_attention_aot.py`` builds each for
-    sm_120). Timed with mma.sync on an sm_90 GPU, as the nearest stand-in for the RTX PRO 6000."""
+def sm120_variants() -> list:
+    """Variants of ``--sweep`` on sm_120 and of ``--sweep --mma-sync`` on sm_90: the sm_120 code path
+    (tiled kernel) in shapes that fit sm_120's 101376 bytes of shared memory a block
+    (``tests/test_attention_aot.py`` builds each for sm_120)."""
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
 
     variants = [("default", default_config(H, (12, 0)), None),
@@ -351,8 +351,11 @@ def _unique(variants: list) -> list:
 
 
 def sweep_variants(capability: tuple) -> list:
-    """(name, DecodeConfig, num_splits for T=64 or None) tried by ``--sweep``."""
+    """(name, DecodeConfig, num_splits for T=64 or None) tried by ``--sweep`` on this GPU."""
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
+
+    if capability[0] == 12:  # the RTX PRO 6000 itself: only shapes that fit its shared memory
+        return sm120_variants()
 
     variants = [("default", default_config(H, capability), None),
                 ("h64_wide_n64_w8_s3", D(64, 64, 8, 3, 0, True), None),
@@ -418,7 +421,7 @@ def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda p
     small = layers[64][:1]
     zero = _zero_length(layers[64][:1])
     results = []
-    variants = mma_sync_variants() if mma_sync else sweep_variants(cap)
+    variants = sm120_variants() if mma_sync else sweep_variants(cap)
     for name, cfg, splits in variants[: 4 if quick else None]:
         def fn(cfg=cfg, splits=splits, **kw):
             return dec.flash_mla_with_kvcache_sm120(config=cfg, num_splits=splits, **kw)
@@ -486,7 +489,7 @@ def fastest_tiles(result: dict) -> Optional[str]:
     auto = [e for e in result["variants"] if e.get("num_splits_T64") == "auto" and "c4_T64_us" in e
             and e["config"].get("dim_split", 1) == 1 and not e["config"].get("fused_combine")  # run 3's extras
             and not e["config"].get("p_scratch") and not e["config"].get("idx_once")  # run 4's extras
-            and int(e["config"].get("prefetch", 0)) <= 2]
+            and int(e["config"].get("prefetch", 0)) <= 2]  # run 4's indices two steps ahead
     if not auto:
         return None
     c = min(auto, key=lambda e: e["c4_T64_us"])["config"]
