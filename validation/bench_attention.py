@@ -358,6 +358,10 @@ def sweep_variants(capability: tuple) -> list:
         return sm120_variants()
 
     variants = [("default", default_config(H, capability), None),
+                ("dimsplit_n16_w4_s1", D(64, 16, 4, 1, 2, True, True), None),
+                ("dimsplit_n16_w4_s2", D(64, 16, 4, 2, 2, True, True), None),
+                ("dimsplit_n16_w4_s2_split1", D(64, 16, 4, 2, 2, True, True), 1),
+                ("dimsplit_n32_w4_s1", D(64, 32, 4, 1, 2, True, True), None),
                 ("h64_wide_n64_w8_s3", D(64, 64, 8, 3, 0, True), None),
                 ("h64_wide_n64_w8_s2", D(64, 64, 8, 2, 0, True), None),
                 ("h64_wide_n32_w8_s3", D(64, 32, 8, 3, 0, True), None),
@@ -483,11 +487,17 @@ def run_sweep(quick: bool = False, checkpoint: Callable[[dict], None] = lambda p
             "fastest_c4_T64": timed[0]["name"] if timed else None}
 
 
+def _dim_split(config: dict) -> int:
+    """Programs the 512 output dims are spread over (run 3 recorded a count, run 5 a flag)."""
+    value = config.get("dim_split", 1)
+    return (2 if value else 1) if isinstance(value, bool) else int(value)
+
+
 def fastest_tiles(result: dict) -> Optional[str]:
     """``DSV4KIT_SPARSE_MLA_TILES`` value of the fastest correct variant at c4 T=64 among those
     with the automatic split count (the only kind the tiles variable can select)."""
     auto = [e for e in result["variants"] if e.get("num_splits_T64") == "auto" and "c4_T64_us" in e
-            and e["config"].get("dim_split", 1) == 1 and not e["config"].get("fused_combine")  # run 3's extras
+            and _dim_split(e["config"]) == 1 and not e["config"].get("fused_combine")  # run 3's extras
             and not e["config"].get("p_scratch") and not e["config"].get("idx_once")  # run 4's extras
             and int(e["config"].get("prefetch", 0)) <= 2]  # run 4's indices two steps ahead
     if not auto:
@@ -517,7 +527,8 @@ def sweep_table(result: dict) -> str:
         cfg = e["config"]
         cells = [f"{e[c]:.1f}" if c in e else "-" for c in cols]
         rel = f"{e['rel_T64']:.1e}" if "rel_T64" in e else e.get("error", "-")[:60]
-        ext = (f"{cfg.get('dim_split', 1)} | {cfg.get('ctas_per_sm', 1)} | "
+        dim_split = _dim_split(cfg)
+        ext = (f"{dim_split} | {cfg.get('ctas_per_sm', 1)} | "
                f"{'yes' if cfg.get('fused_combine') else 'no'} | ") if extended else ""
         if round4:
             ext += f"{'yes' if cfg.get('p_scratch') else 'no'} | {'yes' if cfg.get('idx_once') else 'no'} | "
