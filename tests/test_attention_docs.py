@@ -28,6 +28,7 @@ def _load(name: str) -> dict:
     ("bench_attention_sweep_h200_run3", "bench_attention_sweep_h200_run3.json"),
     ("bench_attention_sweep_h200_run4", "bench_attention_sweep_h200_run4.json"),
     ("bench_attention_sweep_h200_mma_sync", "bench_attention_sweep_h200_mma_sync.json"),
+    ("bench_attention_sweep_h200_run5", "bench_attention_sweep_h200_run5.json"),
 ])
 def test_doc_tables_are_generated_from_the_committed_json(block, source):
     doc = (ROOT / "docs" / "attention.md").read_text()
