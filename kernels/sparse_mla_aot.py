@@ -63,8 +63,6 @@ def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
              if n in div16 or (sig[n].startswith("*"))}
     fn = mod._sparse_mla_decode_wide_kernel if cfg.wide else mod._sparse_mla_decode_kernel
-    if cfg.dim_split:
-        fn = mod._sparse_mla_decode_dimsplit_kernel
     src = ASTSource(fn, sig, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})

@@ -85,7 +85,6 @@ class DecodeConfig:
     # indices one step ahead, gathers pipelined by Triton; 0: neither.
     prefetch: int = 1
     wide: bool = False  # one [BLOCK_N, 512] KV tile and two dots a step instead of 8 + 8 tiles
-    dim_split: bool = False  # wide kernel: 512 output dims over two programs (experimental)
 
 
 def interpreting() -> bool:
@@ -472,108 +471,6 @@ def _sparse_mla_decode_wide_kernel(
 
 
 @triton.jit
-def _load_half_wide(kv_ptr, valid, data, HALF):
-    """This program's half of the row for P V: fp8 tiles ``HALF*4 .. HALF*4+3`` (tile 7 is the rope,
-    not loaded here) as ``[BLOCK_N, 4, 64]`` bytes."""
-    tiles = HALF * 4 + tl.arange(0, 4)
-    c = tl.arange(0, 64)
-    row = kv_ptr + data
-    return tl.load(row[:, None, None] + (tiles * 64)[None, :, None] + c[None, None, :],
-                   mask=valid[:, None, None] & (tiles < 7)[None, :, None], other=0)
-
-
-@triton.jit
-def _dequant_half(sw, nope4, rp, HALF, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """``[BLOCK_N, 256]``: dims ``HALF*256 ..`` of the dequantised row (tile 7 = the rope)."""
-    tiles = HALF * 4 + tl.arange(0, 4)
-    half = tl.where(tiles < 4, sw[:, None].to(tl.int32), (sw[:, None] >> 32).to(tl.int32))
-    e = ((half >> (8 * (tiles % 4))[None, :]) & 0xFF).to(tl.float32)
-    scale = tl.exp2(e - 127.0).to(DOT_DTYPE)
-    deq = nope4.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE) * scale[:, :, None]
-    kv3 = tl.where((tiles < 7)[None, :, None], deq, rp.to(DOT_DTYPE)[:, None, :])
-    return tl.reshape(kv3, [BLOCK_N, 256])
-
-
-@triton.jit
-def _sparse_mla_decode_dimsplit_kernel(
-    q_ptr, stride_qt, stride_qh, stride_qd,
-    kv_ptr, kv_page_stride, kv_num_slots,
-    idx_ptr, stride_it, stride_ij, len_ptr, width,
-    ex_delta, ex_page_stride, ex_num_slots,
-    ex_idx_ptr, stride_et, stride_ej, ex_len_ptr, ex_width,
-    sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
-    part_o_ptr, part_lse_ptr,
-    H, num_splits, qk_scale_log2,
-    PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    """The wide kernel with the 512 output dims over two programs (``program_id(1) = 2*hb + half``):
-    each computes the whole S but accumulates only its 256 dims, so its accumulator is half as big
-    and two programs fit an SM."""
-    t = tl.program_id(0)
-    hb = tl.program_id(1) // 2
-    HALF = tl.program_id(1) % 2
-    sp = tl.program_id(2)
-    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    head_ok = heads < H
-    cols = tl.arange(0, 512)
-    q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + cols[None, :] * stride_qd,
-                mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-
-    n_swa, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
-    chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
-    v_lo = tl.minimum(sp * chunk, total)
-    v_hi = tl.minimum(v_lo + chunk, total)
-
-    idx_row = idx_ptr + t.to(tl.int64) * stride_it
-    ex_row = ex_idx_ptr + t.to(tl.int64) * stride_et
-    acc = tl.zeros([BLOCK_H, 256], dtype=tl.float32)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    ar = tl.arange(0, BLOCK_N)
-    idx_c = _load_idx(idx_row, stride_ij, ex_row, stride_ej, v_lo + ar, v_hi, n_swa, HAS_EXTRA)
-    for start in range(v_lo, v_hi, BLOCK_N):
-        j = start + ar
-        idx_n = _load_idx(idx_row, stride_ij, ex_row, stride_ej, j + BLOCK_N, v_hi, n_swa, HAS_EXTRA)
-        valid_c, data_c, scale_c = _row_offsets(idx_c, j, n_swa, kv_num_slots, kv_page_stride, ex_delta,
-                                                ex_num_slots, ex_page_stride, PS, EX_PS, HAS_EXTRA)
-        sw_c, nope_c, rp_c = _load_rows_wide(kv_ptr, valid_c, data_c, scale_c)
-        nope4 = _load_half_wide(kv_ptr, valid_c, data_c, HALF)
-        idx_c = idx_n
-        kv = _dequant_wide(sw_c, nope_c, rp_c, BLOCK_N, DOT_DTYPE)
-        v = _dequant_half(sw_c, nope4, rp_c, HALF, BLOCK_N, DOT_DTYPE)
-        s = tl.dot(q, tl.trans(kv))
-        s = tl.where(valid_c[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
-        acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])
-
-    has_any = l_i > 0.0
-    ocols = HALF * 256 + tl.arange(0, 256)
-    if SPLIT:
-        inv = tl.where(has_any, 1.0 / tl.where(has_any, l_i, 1.0), 0.0)
-        lse2 = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
-        row = (t * num_splits + sp).to(tl.int64) * H + heads
-        tl.store(part_o_ptr + row[:, None] * 512 + ocols[None, :],
-                 (acc * inv[:, None]).to(part_o_ptr.dtype.element_ty), mask=head_ok[:, None])
-        tl.store(part_lse_ptr + row, lse2, mask=head_ok & ((heads * 0 + HALF) == 0))
-    else:
-        sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
-        m_safe = tl.where(has_any, m_i, 0.0)
-        denom = l_i + tl.exp2(sink2 - m_safe)
-        inv = tl.where(has_any, 1.0 / tl.where(has_any, denom, 1.0), 0.0)
-        tl.store(out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + ocols[None, :],
-                 (acc * inv[:, None]).to(tl.bfloat16), mask=head_ok[:, None])
-        lse = tl.where(has_any, (m_i + tl.log2(tl.where(has_any, l_i, 1.0))) * 0.6931471805599453,
-                       float("-inf"))
-        tl.store(lse_ptr + t * H + heads, lse, mask=head_ok & ((heads * 0 + HALF) == 0))
-
-
-@triton.jit
 def _combine_splits_kernel(
     part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
     len_ptr, width, ex_len_ptr, ex_width, H, num_splits,
@@ -842,8 +739,7 @@ def flash_mla_with_kvcache_sm120(
     width = indices.shape[2]
     ex_width = extra_indices_in_kvcache.shape[2] if has_extra else 0
     if num_splits is None:
-        num_splits = choose_num_splits(T, head_blocks * (2 if cfg.dim_split else 1), width + ex_width, cfg.block_n,
-                                       _sm_count(device) * (2 if cfg.dim_split else 1))
+        num_splits = choose_num_splits(T, head_blocks, width + ex_width, cfg.block_n, _sm_count(device))
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     split = num_splits > 1
@@ -860,9 +756,6 @@ def flash_mla_with_kvcache_sm120(
     ex_len = extra_topk_length if has_extra else topk_length
     grid = (T, head_blocks, num_splits)
     kernel = _sparse_mla_decode_wide_kernel if cfg.wide else _sparse_mla_decode_kernel
-    if cfg.dim_split:
-        kernel = _sparse_mla_decode_dimsplit_kernel
-        grid = (T, head_blocks * 2, num_splits)
     kernel[grid](
         q, q.stride(0), q.stride(2), q.stride(3),
         k_cache, k_cache.stride(0), k_cache.shape[0] * k_cache.shape[1],

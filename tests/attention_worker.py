@@ -50,8 +50,6 @@ def _interp() -> dict:
     check("c4_wide_prefetch", c4, config=DecodeConfig(32, 16, 4, 1, True, True), num_splits=2)
     check("c4_wide", c4, config=DecodeConfig(16, 32, 4, 2, 0, True))
     check("c4_wide_idx_ahead", c4, config=DecodeConfig(16, 16, 4, 2, 2, True), num_splits=2)
-    check("c4_wide_dim_split", c4, config=DecodeConfig(16, 16, 4, 1, 2, True, True), num_splits=2)
-    check("c4_wide_dim_split_nosplit", c4, config=DecodeConfig(16, 32, 4, 1, 2, True, True), num_splits=1)
     h64 = make_inputs(T=2, heads=64, padded_heads=64, swa_page_size=256, extra="c4", extra_width=64,
                       seq_lens=[400, 90], seed=5, holes=True)
     check("c4_H64_default_tiles", h64)  # the interpreter gets sm_120's tiles
