@@ -198,6 +198,31 @@ def _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA: tl.conste
 
 
 @triton.jit
+def _epilogue(l_i, m_i, t, sp, heads, head_ok, H, num_splits, sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
+              part_o_ptr, part_lse_ptr, SPLIT: tl.constexpr):
+    """``(inv, o_row)``: the factor that normalises each head's accumulator and the pointers to the
+    start of each head's 512-dim output row. With ``SPLIT``: this split's partial, ``o / l`` (the
+    combine applies the sink), and its base-2 log-sum-exp is stored; otherwise the sink enters the
+    denominator, ``o / (l + e^(sink - m))``, and the natural-log lse without the sink is stored."""
+    has_any = l_i > 0.0
+    l_safe = tl.where(has_any, l_i, 1.0)
+    if SPLIT:
+        row = (t * num_splits + sp).to(tl.int64) * H + heads
+        tl.store(part_lse_ptr + row, tl.where(has_any, m_i + tl.log2(l_safe), float("-inf")), mask=head_ok)
+        inv = tl.where(has_any, 1.0 / l_safe, 0.0)
+        o_row = part_o_ptr + row * 512
+    else:
+        sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
+        m_safe = tl.where(has_any, m_i, 0.0)
+        denom = l_i + tl.exp2(sink2 - m_safe)
+        inv = tl.where(has_any, 1.0 / tl.where(has_any, denom, 1.0), 0.0)
+        lse = tl.where(has_any, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
+        o_row = out_ptr + t.to(tl.int64) * stride_ot + heads * stride_oh
+    return inv, o_row
+
+
+@triton.jit
 def _sparse_mla_decode_kernel(
     q_ptr, stride_qt, stride_qh, stride_qd,
     kv_ptr, kv_page_stride, kv_num_slots,
@@ -316,23 +341,8 @@ def _sparse_mla_decode_kernel(
             r6 = n6
             rp = np_
 
-    has_any = l_i > 0.0
-    if SPLIT:
-        # Partial state of this split: normalised o (fp32) and its base-2 log-sum-exp.
-        inv = tl.where(has_any, 1.0 / tl.where(has_any, l_i, 1.0), 0.0)
-        lse2 = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
-        row = (t * num_splits + sp).to(tl.int64) * H + heads
-        o_row = part_o_ptr + row * 512
-        tl.store(part_lse_ptr + row, lse2, mask=head_ok)
-    else:
-        sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
-        m_safe = tl.where(has_any, m_i, 0.0)
-        denom = l_i + tl.exp2(sink2 - m_safe)
-        inv = tl.where(has_any, 1.0 / tl.where(has_any, denom, 1.0), 0.0)
-        o_row = out_ptr + t.to(tl.int64) * stride_ot + heads * stride_oh
-        lse = tl.where(has_any, (m_i + tl.log2(tl.where(has_any, l_i, 1.0))) * 0.6931471805599453,
-                       float("-inf"))
-        tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
+    inv, o_row = _epilogue(l_i, m_i, t, sp, heads, head_ok, H, num_splits, sink_ptr, out_ptr, stride_ot,
+                           stride_oh, lse_ptr, part_o_ptr, part_lse_ptr, SPLIT)
     _store_tile(o_row, head_ok, a0 * inv[:, None], 0)
     _store_tile(o_row, head_ok, a1 * inv[:, None], 1)
     _store_tile(o_row, head_ok, a2 * inv[:, None], 2)
@@ -450,24 +460,9 @@ def _sparse_mla_decode_wide_kernel(
             nope_c = nope_n
             rp_c = rp_n
 
-    has_any = l_i > 0.0
-    if SPLIT:
-        inv = tl.where(has_any, 1.0 / tl.where(has_any, l_i, 1.0), 0.0)
-        lse2 = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
-        row = (t * num_splits + sp).to(tl.int64) * H + heads
-        tl.store(part_o_ptr + row[:, None] * 512 + cols[None, :], (acc * inv[:, None]).to(part_o_ptr.dtype.element_ty),
-                 mask=head_ok[:, None])
-        tl.store(part_lse_ptr + row, lse2, mask=head_ok)
-    else:
-        sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
-        m_safe = tl.where(has_any, m_i, 0.0)
-        denom = l_i + tl.exp2(sink2 - m_safe)
-        inv = tl.where(has_any, 1.0 / tl.where(has_any, denom, 1.0), 0.0)
-        tl.store(out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + cols[None, :],
-                 (acc * inv[:, None]).to(tl.bfloat16), mask=head_ok[:, None])
-        lse = tl.where(has_any, (m_i + tl.log2(tl.where(has_any, l_i, 1.0))) * 0.6931471805599453,
-                       float("-inf"))
-        tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
+    inv, o_row = _epilogue(l_i, m_i, t, sp, heads, head_ok, H, num_splits, sink_ptr, out_ptr, stride_ot,
+                           stride_oh, lse_ptr, part_o_ptr, part_lse_ptr, SPLIT)
+    tl.store(o_row[:, None] + cols[None, :], (acc * inv[:, None]).to(o_row.dtype.element_ty), mask=head_ok[:, None])
 
 
 @triton.jit
