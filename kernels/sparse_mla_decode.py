@@ -198,6 +198,13 @@ def _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA: tl.conste
 
 
 @triton.jit
+def _split_chunk(total, num_splits, BLOCK_N: tl.constexpr):
+    """Virtual entries per split (a multiple of BLOCK_N): split ``s`` takes ``[s*chunk, (s+1)*chunk)``.
+    The main kernels and the combine (which reads only the splits that got work) must agree."""
+    return tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
 def _epilogue(l_i, m_i, t, sp, heads, head_ok, H, num_splits, sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
               part_o_ptr, part_lse_ptr, SPLIT: tl.constexpr):
     """``(inv, o_row)``: the factor that normalises each head's accumulator and the pointers to the
@@ -254,7 +261,7 @@ def _sparse_mla_decode_kernel(
     q7 = _q_tile(q_row, stride_qd, head_ok, 7, DOT_DTYPE)
 
     n_swa, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
-    chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
+    chunk = _split_chunk(total, num_splits, BLOCK_N)
     v_lo = tl.minimum(sp * chunk, total)
     v_hi = tl.minimum(v_lo + chunk, total)
 
@@ -404,7 +411,7 @@ def _sparse_mla_decode_wide_kernel(
                 mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
 
     n_swa, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
-    chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
+    chunk = _split_chunk(total, num_splits, BLOCK_N)
     v_lo = tl.minimum(sp * chunk, total)
     v_hi = tl.minimum(v_lo + chunk, total)
 
@@ -480,7 +487,7 @@ def _combine_splits_kernel(
     cols = db * BLOCK_D + tl.arange(0, BLOCK_D)
     # Only the splits that received work (same chunking as the main kernel) are read.
     _, total = _valid_lengths(len_ptr, width, ex_len_ptr, ex_width, t, HAS_EXTRA)
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N, 1)
+    chunk = tl.maximum(_split_chunk(total, num_splits, BLOCK_N), 1)
     active = tl.minimum(tl.cdiv(total, chunk), num_splits)
 
     big = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
