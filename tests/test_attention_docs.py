@@ -35,6 +35,14 @@ def test_doc_tables_are_generated_from_the_committed_json(block, source):
     assert _block(doc, block) == render(_load(source))
 
 
+def test_doc_budget_is_generated_from_the_committed_json():
+    from dsv4kit.validation.attention_budget import budget_table
+
+    doc = (ROOT / "docs" / "attention.md").read_text()
+    expected = budget_table(_load("bench_attention_h200.json"), _load("bench_attention_sweep_h200_run5.json"))
+    assert _block(doc, "attention_budget_c4_t64") == expected
+
+
 def test_doc_comparison_is_generated_from_the_committed_json():
     doc = (ROOT / "docs" / "attention.md").read_text()
     expected = comparison_table(_load("bench_attention_h200_before.json"), _load("bench_attention_h200.json"))
