@@ -61,7 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4kit.kernels.sparse_mla_reference import HEAD_DIM, TOKEN_BYTES, sparse_mla_reference
+from dsv4kit.kernels.sparse_mla_reference import HEAD_DIM, TOKEN_BYTES, as_bytes, sparse_mla_reference
 
 logger = logging.getLogger(__name__)
 
@@ -729,6 +729,21 @@ def flash_mla_with_kvcache_sm120(
     if T == 0:
         return out, lse
 
+    # The kernels read the V4 bytes through a uint8 pointer (an fp8 view from SGLang's
+    # get_key_buffer is the same bytes) and index the per-token lengths and the sink with
+    # unit stride: strided or broadcast ones are compacted here ([T] and [H] elements, a
+    # graph-capturable copy).
+    k_cache = as_bytes(k_cache)
+    if extra_k_cache is not None:
+        extra_k_cache = as_bytes(extra_k_cache)
+        extra_topk_length = extra_topk_length.contiguous()
+    topk_length = topk_length.contiguous()
+    if attn_sink is not None:
+        attn_sink = attn_sink.contiguous()
+
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(f"q is on {device}: the kernel needs a CUDA device (or TRITON_INTERPRET=1 for "
+                         "Triton's CPU interpreter)")
     if attn_sink is None:
         attn_sink = torch.full((H,), float("-inf"), dtype=torch.float32, device=device)  # e^-inf = 0
     cfg = config or default_config(H, device_capability(device))

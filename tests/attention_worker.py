@@ -78,6 +78,18 @@ def _interp() -> dict:
     wide[:, :, ::2] = kw["indices"]
     kw["indices"] = wide[:, :, ::2]
     check("bad_slots_lengths_strided_indices", odd)
+
+    # SGLang may pass fp8 views of the caches (get_key_buffer) and lengths / sinks that are
+    # strided or broadcast views; the kernel and the reference must read the same bytes.
+    views = make_inputs(T=3, heads=16, padded_heads=16, extra="c4", extra_width=64, seq_lens=[500, 200, 30],
+                        seed=6, holes=True)
+    kw = views.kwargs
+    kw["k_cache"] = kw["k_cache"].view(torch.float8_e4m3fn)
+    kw["extra_k_cache"] = kw["extra_k_cache"].view(torch.float8_e4m3fn)
+    kw["topk_length"] = torch.stack([kw["topk_length"], torch.full_like(kw["topk_length"], -9)], 1)[:, 0]
+    kw["extra_topk_length"] = torch.tensor([40], dtype=torch.int32).expand(3)
+    kw["attn_sink"] = torch.stack([kw["attn_sink"], torch.full_like(kw["attn_sink"], 50.0)], 1)[:, 0]
+    check("fp8_views_strided_lengths_and_sink", views)
     return results
 
 
