@@ -234,6 +234,10 @@ def check_args(q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_
               f"got shape {tuple(kvcache.shape)}")
     if not kvcache.is_contiguous():
         _fail("kvcache must be contiguous")
+    if kvcache.data_ptr() % 4:
+        # Each page's 64 fp32 scales are read as 4-byte words.
+        _fail(f"kvcache must start 4-byte aligned (its fp32 scales are read as words), "
+              f"data_ptr % 4 = {kvcache.data_ptr() % 4}")
     num_pages = kvcache.shape[0]
     if num_pages < 1:
         _fail("kvcache holds no pages")

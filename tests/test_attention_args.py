@@ -159,3 +159,29 @@ def test_profile_target_rejects_bad_arguments_and_needs_a_gpu(monkeypatch, capsy
 def test_misspelt_keyword_is_an_error_not_ignored(good):
     with pytest.raises(TypeError, match="extra_topk_lenght"):
         _call(good, extra_topk_lenght=good["extra_topk_length"])
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused_clearly(good, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        _call(good)
+
+
+def test_infinite_outputs_fail_the_comparison():
+    from dsv4kit.kernels.sparse_mla_reference import compare
+
+    ref = torch.randn(2, 1, 4, 512)
+    out = ref.clone()
+    assert compare(out, ref, 4)["rel"] == 0.0
+    out[1, 0, 2] = float("inf")
+    stats = compare(out, ref, 4)
+    assert stats["nan_free"] and not stats["rel"] <= 1e-2
+    out[1, 0, 2] = float("nan")
+    assert not compare(out, ref, 4)["nan_free"]
+
+
+def test_reference_reads_fp8_views_of_the_cache_as_bytes(good):
+    slots = torch.tensor([[0, 5, 17]])
+    as_u8 = dequantize_v4(good["k_cache"], slots)
+    as_fp8 = dequantize_v4(good["k_cache"].view(torch.float8_e4m3fn), slots)
+    assert torch.equal(as_u8, as_fp8) and torch.isfinite(as_fp8).all()

@@ -145,6 +145,7 @@ BAD_ARGS = [
     ({"kvcache": torch.zeros(4, 64, 132, dtype=torch.uint8)}, "kvcache must be [num_pages"),
     ({"kvcache": torch.zeros(4, 64, 1, 264, dtype=torch.uint8)[..., ::2]}, "kvcache must be contiguous"),
     ({"kvcache": torch.zeros(0, 64, 1, 132, dtype=torch.uint8)}, "kvcache holds no pages"),
+    ({"kvcache": torch.zeros(4 * 8448 + 2, dtype=torch.uint8)[2:].view(4, 8448)}, "4-byte aligned"),
     ({"weight": torch.zeros(2, 64, dtype=torch.bfloat16)}, "weight must be float32"),
     ({"weight": torch.zeros(2, 32)}, "weight must be [B, H]"),
     ({"weight": torch.zeros(64, 2).t()}, "weight must be contiguous"),
