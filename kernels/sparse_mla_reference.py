@@ -335,6 +335,21 @@ def make_inputs(
     return AttentionInputs(kwargs=kwargs, real_heads=heads)
 
 
+def as_sglang_views(kwargs: dict) -> dict:
+    """The same call with the tensor kinds SGLang may hand over: the caches as fp8 views of their
+    bytes (``get_key_buffer``) and ``topk_length`` / ``extra_topk_length`` / ``attn_sink`` as
+    stride-2 views of wider buffers (junk in the other column). Values are unchanged."""
+    out = dict(kwargs)
+    for key in ("k_cache", "extra_k_cache"):
+        if out.get(key) is not None:
+            out[key] = as_bytes(out[key]).view(torch.float8_e4m3fn)
+    for key, junk in (("topk_length", -9), ("extra_topk_length", -9), ("attn_sink", 50.0)):
+        if out.get(key) is not None:
+            value = out[key]
+            out[key] = torch.stack([value, torch.full_like(value, junk)], 1)[:, 0]
+    return out
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, real_heads: int) -> dict:
     """rel / max_abs over the real heads, and whether any real head holds a NaN.
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4kit.kernels.sparse_mla_reference import HEAD_DIM
+from dsv4kit.kernels.sparse_mla_reference import HEAD_DIM, as_bytes
 
 
 @triton.jit
@@ -75,6 +75,8 @@ def _simt_scope_kernel(
 
 def _run_scope(q, cache, indices, length, softmax_scale, block_t):
     T, _, H, _ = q.shape
+    cache = as_bytes(cache)  # an fp8 view is the same bytes; the kernel reads them as uint8
+    length = length.contiguous()  # indexed with unit stride
     out = torch.empty(T, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     _simt_scope_kernel[(T, H)](

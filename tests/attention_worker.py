@@ -15,7 +15,7 @@ def _interp() -> dict:
     import torch
 
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig, default_config, flash_mla_with_kvcache_sm120
-    from dsv4kit.kernels.sparse_mla_reference import compare, make_inputs, sparse_mla_reference
+    from dsv4kit.kernels.sparse_mla_reference import as_sglang_views, compare, make_inputs, sparse_mla_reference
 
     results = {}
 
@@ -83,12 +83,8 @@ def _interp() -> dict:
     # strided or broadcast views; the kernel and the reference must read the same bytes.
     views = make_inputs(T=3, heads=16, padded_heads=16, extra="c4", extra_width=64, seq_lens=[500, 200, 30],
                         seed=6, holes=True)
-    kw = views.kwargs
-    kw["k_cache"] = kw["k_cache"].view(torch.float8_e4m3fn)
-    kw["extra_k_cache"] = kw["extra_k_cache"].view(torch.float8_e4m3fn)
-    kw["topk_length"] = torch.stack([kw["topk_length"], torch.full_like(kw["topk_length"], -9)], 1)[:, 0]
-    kw["extra_topk_length"] = torch.tensor([40], dtype=torch.int32).expand(3)
-    kw["attn_sink"] = torch.stack([kw["attn_sink"], torch.full_like(kw["attn_sink"], 50.0)], 1)[:, 0]
+    views.kwargs = as_sglang_views(views.kwargs)
+    views.kwargs["extra_topk_length"] = torch.tensor([40], dtype=torch.int32).expand(3)  # broadcast
     check("fp8_views_strided_lengths_and_sink", views)
     return results
 

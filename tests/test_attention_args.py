@@ -111,7 +111,7 @@ def test_tiles_env_override(monkeypatch):
 
 
 @pytest.mark.parametrize("spec", ["c4-T16-H64", "c128-T1-H16of64-ps64-x8256-L131072-holes-empty",
-                                  "swa-T4-H32of64-L60"])
+                                  "swa-T4-H32of64-L60", "c4-T3-H16-ps64-x64-views"])
 def test_suite_parses_specs(spec):
     case = attention_suite.parse_case(spec)
     assert case.T >= 1 and case.heads <= case.padded_heads

@@ -3,7 +3,7 @@
 Protocol in harness.py. A case spec is dash-separated::
 
     KIND-T<tokens>-H<heads>[of<padded>][-ps<swa page size>][-x<extra width>][-L<max seq_len>]
-        [-holes][-empty][-seed<n>]
+        [-holes][-empty][-views][-seed<n>]
 
 ``KIND`` is ``swa`` (SWA only), ``c4`` (SWA 128 + top-512 of 64-slot pages) or ``c128`` (SWA 128 +
 ``x`` ascending slots of 2-slot pages, default 8256 = 1M context). ``H16of64`` means 16 real heads
@@ -11,8 +11,9 @@ padded to 64 with NaN in the padded heads of q (their outputs are not compared, 
 reach a real head). ``L`` bounds the per-row ``seq_len`` (row 0 gets exactly L, the others random
 below it), which sets ``topk_length = min(L, 128)`` and the extra lengths (``L//4`` capped at the
 width for c4, ``L//128`` for c128; both clamped to >= 1). ``holes`` punches -1 holes inside the
-lengths, ``empty`` makes the last row's only index -1 in every scope. ``T > 64`` exercises the
-documented delegation to the float32 reference.
+lengths, ``empty`` makes the last row's only index -1 in every scope, ``views`` passes the caches
+as fp8 views and the lengths and the sink as strided views (as SGLang may). ``T > 64`` exercises
+the documented delegation to the float32 reference.
 
 Rows per case: the kernel vs the float32 reference (bar ``KERNEL_REL_BAR``; ``pattern_ok`` = no NaN
 in a real head and exact zeros for rows with no valid entry), the SIMT baseline vs the reference
@@ -43,7 +44,7 @@ _GPU_CASES = [
     "swa-T8-H16of64-ps64-holes-empty",
     "swa-T4-H32of64-ps256-L60",
     "c4-T16-H64-ps256-holes-empty",
-    "c4-T64-H64-ps64-L4096",
+    "c4-T64-H64-ps64-L4096-views",
     "c4-T3-H16of64-ps256-L300",
     "c4-T5-H24-ps64-L1500-holes",
     "c128-T8-H64-ps256-L131072",
@@ -54,7 +55,7 @@ _GPU_CASES = [
 ]
 _CPU_CASES = [
     "swa-T2-H16of32-ps256-holes-empty",
-    "c4-T3-H16-ps64-x64-L300-holes-empty",
+    "c4-T3-H16-ps64-x64-L300-holes-empty-views",
     "c128-T2-H24-ps64-x128-L9000-holes",
 ]
 
@@ -71,6 +72,7 @@ class AttentionCase:
     max_len: Optional[int] = None
     holes: bool = False
     empty: bool = False
+    views: bool = False
     seed: int = 0
 
     @property
@@ -83,10 +85,11 @@ class AttentionCase:
             text += f" x={self.extra_width}"
         if self.max_len is not None:
             text += f" L<={self.max_len}"
-        return text + ("".join(f" {f}" for f, on in (("holes", self.holes), ("empty", self.empty)) if on))
+        flags = (("holes", self.holes), ("empty", self.empty), ("views", self.views))
+        return text + "".join(f" {f}" for f, on in flags if on)
 
     def inputs(self, device: str, seed_offset: int = 0):
-        from dsv4kit.kernels.sparse_mla_reference import make_inputs
+        from dsv4kit.kernels.sparse_mla_reference import as_sglang_views, make_inputs
         import torch
 
         seed = self.seed or zlib.crc32(self.spec.encode())
@@ -95,11 +98,14 @@ class AttentionCase:
             gen = torch.Generator().manual_seed(seed + seed_offset)
             seq_lens = torch.randint(1, self.max_len + 1, (self.T,), generator=gen).tolist()
             seq_lens[0] = self.max_len
-        return make_inputs(T=self.T, heads=self.heads, padded_heads=self.padded_heads,
-                           swa_page_size=self.swa_page_size,
-                           extra=None if self.kind == "swa" else self.kind,
-                           extra_width=self.extra_width, seq_lens=seq_lens, holes=self.holes,
-                           empty_rows=1 if self.empty else 0, seed=seed + seed_offset, device=device)
+        inputs = make_inputs(T=self.T, heads=self.heads, padded_heads=self.padded_heads,
+                             swa_page_size=self.swa_page_size,
+                             extra=None if self.kind == "swa" else self.kind,
+                             extra_width=self.extra_width, seq_lens=seq_lens, holes=self.holes,
+                             empty_rows=1 if self.empty else 0, seed=seed + seed_offset, device=device)
+        if self.views:
+            inputs.kwargs = as_sglang_views(inputs.kwargs)
+        return inputs
 
 
 def default_cases(profile: str) -> list[str]:
@@ -128,11 +134,11 @@ def parse_case(spec: str) -> AttentionCase:
             fields["max_len"] = int(m.group(1))
         elif m := re.fullmatch(r"seed(\d+)", tok):
             fields["seed"] = int(m.group(1))
-        elif tok in ("holes", "empty"):
+        elif tok in ("holes", "empty", "views"):
             fields[tok] = True
         else:
             raise ValueError(f"attention case {spec!r}: unknown part {tok!r} (expected T<n>, H<n>[of<n>], "
-                             "ps<n>, x<n>, L<n>, holes, empty, seed<n>)")
+                             "ps<n>, x<n>, L<n>, holes, empty, views, seed<n>)")
     for required in ("T", "heads"):
         if required not in fields:
             raise ValueError(f"attention case {spec!r}: missing {'T<n>' if required == 'T' else 'H<n>'}")
