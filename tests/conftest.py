@@ -9,3 +9,17 @@ def loopback_ssh(tmp_path_factory):
     server = LoopbackSSHD(tmp_path_factory.mktemp("sshd")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """A directory nothing can be created in (root ignores modes, so /proc for root)."""
+    import os
+
+    if os.geteuid() == 0:
+        from pathlib import Path
+
+        return Path("/proc")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    return ro

@@ -286,7 +286,8 @@ def test_a_context_length_mismatch_restarts_the_servers(box, tmp_path, loopback_
 def test_bad_input_fails_before_connecting(tmp_path, loopback_ssh):
     from tests.remote_inventory import write_inventory
 
-    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_port=1)  # nothing listens there
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_port=1,  # nothing listens there
+                                dsv4_model_path="/models/DeepSeek-V4-Flash")
     proc = dsv4kit("bench", "--ctx", "4096", "--input-len", "4000", "--output-len", "512", "-i", str(inventory),
                    "--results-repo", str(tmp_path / "r"))
     assert proc.returncode == 2 and "exceeds --ctx 4096" in proc.stderr
@@ -306,3 +307,19 @@ def test_bad_input_fails_before_connecting(tmp_path, loopback_ssh):
                    "--results-repo", str(tmp_path / "r"))
     assert proc.returncode == 3  # unreachable, and nothing recorded
     repo_is_untouched(tmp_path / "r")
+
+
+def test_a_record_of_the_same_settings_is_a_comparable_baseline(box, tmp_path):
+    # The early comparability check (before connecting) must agree with the record a real sweep
+    # writes: the second sweep runs, and the comparison after it has a verdict.
+    server, inventory = box(context_length=4096)
+    repo = tmp_path / "results"
+    args = ["bench", "--ctx", "4096", "--concurrency", "2", "--repeat", "1", *SMALL, "-i", str(inventory),
+            "--results-repo", str(repo), "--json"]
+    first = dsv4kit(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = dsv4kit(*args, "--baseline", json.loads(first.stdout)["run_id"])
+    assert second.returncode in (0, 1), second.stderr[-3000:]
+    out = json.loads(second.stdout)
+    assert out["validity_passed"] and out["comparison"]["comparable"] is True, out["comparison"]
+    assert out["comparison"]["rows"] and out["exit_code"] == second.returncode

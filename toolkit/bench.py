@@ -2,7 +2,9 @@
 
 Steps (each remote step has a timeout; see docs/benchmarking.md):
 
-1. Check the arguments (lengths fit the context, concurrency list) before anything runs.
+1. Check the arguments (lengths fit the context, concurrency list, enough prompts for the
+   concurrency gate) before anything runs; ``dsv4kit bench`` also checks the inventory, the
+   results repository, the restart's playbook and the baseline's key (``planned_key``) then.
 2. Connect (``dsv4kit.ssh``), make a scratch directory on the box, copy ``bench_remote.py`` there.
 3. Read ``/server_info`` of the decode server on the box. If its ``context_length`` differs from
    ``--ctx``, re-run the playbook's ``sglang_service`` tag with ``dsv4_context_length=<ctx>``
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import shlex
@@ -47,6 +50,10 @@ PROBE_TIMEOUT_S = 120.0
 LONG_INPUT = 32768
 CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
               "PYTHONUNBUFFERED": "1"}
+#: The playbook tag that (re)starts the serving units; a context-length restart runs only it.
+RESTART_TAG = "sglang_service"
+#: Comparability-key fields that only the box can tell (the probe), not known before a sweep.
+BOX_KEY_FIELDS = ("gpu_model", "client_tool_version")
 
 
 class BenchAbort(exitcodes.Abort):
@@ -109,8 +116,45 @@ def check_config(cfg: SweepConfig) -> None:
         problems.append(f"--repeat must be >= 1, got {cfg.repeat}")
     if cfg.num_prompts is not None and cfg.num_prompts < 1:
         problems.append(f"--num-prompts must be >= 1, got {cfg.num_prompts}")
+    elif cfg.num_prompts is not None:
+        # At most num_prompts requests are ever in flight, so the achieved concurrency of a point
+        # cannot exceed it: below ratio x C the concurrency gate fails whatever the server does.
+        ratio = cfg.gates.min_concurrency_ratio
+        short = [c for c in cfg.concurrency if cfg.num_prompts < ratio * c]
+        if short:
+            problems.append(
+                f"--num-prompts {cfg.num_prompts} is too few for --concurrency {', '.join(map(str, short))}: "
+                f"at most {cfg.num_prompts} requests can be in flight, below --min-concurrency-ratio {ratio:g} "
+                f"x C, so every such point would fail the concurrency gate (give at least "
+                f"{math.ceil(ratio * max(short))} prompts, or leave --num-prompts out)")
     if problems:
         raise BenchAbort(exitcodes.USAGE, "; ".join(problems))
+
+
+def check_host(host) -> None:
+    """Inventory values the sweep needs beyond the schema's required ones (exit 2, before connecting)."""
+    if not host.get("dsv4_model_path"):
+        raise BenchAbort(exitcodes.USAGE, f"{host.source}: host {host.name!r} has no dsv4_model_path "
+                                          f"(the tokenizer is read from the model directory)")
+
+
+def check_restart_tools(host, context_length: int) -> None:
+    """Before connecting: when a restart is likely (``--ctx`` differs from the inventory's
+    ``dsv4_context_length``), raise BenchAbort if it could not run (no ansible-playbook, no
+    playbook, or a playbook without the ``sglang_service`` tag)."""
+    from dsv4kit import provision
+
+    if host.get("dsv4_context_length") == context_length:
+        return
+    try:
+        provision.check_tools()
+        provision.check_tags(provision.default_playbook(), tags=[RESTART_TAG])
+    except provision.ProvisionError as exc:
+        raise BenchAbort(exc.exit_code,
+                         f"--ctx {context_length} differs from the inventory's dsv4_context_length "
+                         f"{host.get('dsv4_context_length')}, so the serving units may need a restart, which "
+                         f"runs the playbook: {exc}. Pass --no-restart if the server already runs with "
+                         f"{context_length}.") from None
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -283,9 +327,13 @@ def default_restart(inventory_path, host, context_length: int, progress: Callabl
     """Re-run the playbook's serving tag with the new context length (same settings as provision)."""
     from dsv4kit import provision
 
-    summary = provision.run_playbook(inventory_path, limit=host.name, tags=["sglang_service"],
-                                     extra_vars={"dsv4_context_length": context_length},
-                                     progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
+    try:
+        summary = provision.run_playbook(inventory_path, limit=host.name, tags=[RESTART_TAG],
+                                         extra_vars={"dsv4_context_length": context_length},
+                                         progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
+    except provision.ProvisionError as exc:  # no ansible-playbook, no playbook: nothing ran
+        raise BenchAbort(exc.exit_code, f"cannot restart the serving units with context length "
+                                        f"{context_length}: {exc}") from None
     if summary.failed:
         raise BenchAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
                          f"restarting the serving units with context length {context_length} failed "
@@ -306,10 +354,8 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
     decode_port = int(host["dsv4_decode_port"])
     router_port = int(host.get("dsv4_router_port") or decode_port)
     serving_ports = sorted({p for p in (router_port, host.get("dsv4_prefill_port"), decode_port) if p})
-    model_path = str(host.get("dsv4_model_path") or "")
-    if not model_path:
-        raise BenchAbort(exitcodes.USAGE, f"{host.source}: host {host.name!r} has no dsv4_model_path "
-                                          f"(the tokenizer is read from the model directory)")
+    check_host(host)
+    model_path = str(host["dsv4_model_path"])
     env = dict(CLIENT_ENV)
     if os.environ.get("DSV4KIT_API_KEY"):
         env["OPENAI_API_KEY"] = os.environ["DSV4KIT_API_KEY"]
@@ -420,25 +466,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
         "toolkit": toolkit_info(argv),
         **sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
                    restarted=restarted, prefill_server_info=prefill_info),
-        "client": {
-            "tool": CLIENT_MODULE,
-            "tool_version": (probe.get("packages") or {}).get("sglang"),
-            "backend": "sglang",
-            "base_url": base_url,
-            "dataset": {"name": DATASET, "input_len": cfg.input_len, "output_len": cfg.output_len,
-                        "range_ratio": 1.0},
-            "seed": cfg.seed,
-            "tokenize_prompt": True,
-            "flush_cache": True,
-            "cache_report": True,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "request_rate": "inf",
-            "tokenizer": "model directory (dsv4_model_path), HF_HUB_OFFLINE=1",
-            "env": dict(CLIENT_ENV),
-            "num_prompts": {str(c): cfg.prompts_for(c) for c in cfg.concurrency},
-            "warmup_requests": {str(c): cfg.warmup_for(c) for c in cfg.concurrency},
-        },
+        "client": client_section(cfg, tool_version=(probe.get("packages") or {}).get("sglang"), base_url=base_url),
         "sweep": {"concurrency": list(cfg.concurrency), "repeat": cfg.repeat, "order": "repetition-major",
                   "point_timeout_s": cfg.point_timeout_s, "gates": cfg.gates.to_dict()},
         "points": points,
@@ -449,6 +477,45 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
     }
     record["comparability_key"] = comparability_key(record)
     return SweepResult(record=scrub(record), details=details)
+
+
+def client_section(cfg: SweepConfig, *, tool_version: Optional[str], base_url: str) -> dict:
+    """The record's ``client`` section: how the client was driven."""
+    return {
+        "tool": CLIENT_MODULE,
+        "tool_version": tool_version,
+        "backend": "sglang",
+        "base_url": base_url,
+        "dataset": {"name": DATASET, "input_len": cfg.input_len, "output_len": cfg.output_len,
+                    "range_ratio": 1.0},
+        "seed": cfg.seed,
+        "tokenize_prompt": True,
+        "flush_cache": True,
+        "cache_report": True,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "request_rate": "inf",
+        "tokenizer": "model directory (dsv4_model_path), HF_HUB_OFFLINE=1",
+        "env": dict(CLIENT_ENV),
+        "num_prompts": {str(c): cfg.prompts_for(c) for c in cfg.concurrency},
+        "warmup_requests": {str(c): cfg.warmup_for(c) for c in cfg.concurrency},
+    }
+
+
+def planned_key(cfg: SweepConfig, host) -> dict:
+    """The comparability key a sweep of ``cfg`` on ``host`` will record, as far as it is known before
+    it runs: every field except the GPU model and the client version (``BOX_KEY_FIELDS``), which
+    only the box's probe tells. Built the way the record is, so the two cannot drift apart."""
+    from dsv4kit.provenance import model_section, serving_gpu_count
+
+    skeleton = {
+        "client": client_section(cfg, tool_version=None, base_url=""),
+        "sweep": {"concurrency": list(cfg.concurrency)},
+        "server": {"context_length": cfg.context_length},
+        "model": model_section(host, {}, {}),
+        "gpus": {"serving_count": serving_gpu_count(host)},
+    }
+    return {k: v for k, v in comparability_key(scrub(skeleton)).items() if k not in BOX_KEY_FIELDS}
 
 
 def format_summary(record: dict) -> str:

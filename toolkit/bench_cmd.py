@@ -1,11 +1,13 @@
 """``dsv4kit bench``: the throughput sweep, recorded as one commit + tag in the results repository.
 
 Exit codes: 0 every point valid (and no regression against the baseline); 1 a point failed a
-validity gate or the baseline comparison found a regression (the record is still published,
-with the invalid points marked); 2 bad input (arguments, inventory, baseline, results path, or a
-baseline that is not comparable); 3 box unreachable; 4 a point or the restart timed out; 5 the
-box lacks something (venv, SGLang, a running server); 6 the client or ansible or git failed;
-130 interrupted. On 2-6 and 130 nothing is recorded.
+validity gate, or the baseline comparison found a regression or could give no verdict because a
+fact only the box tells (GPU model, client version) differs (the record is still published, with
+the invalid points marked); 2 bad input (arguments, inventory, baseline, results path, or a
+baseline that is not comparable, all found before connecting); 3 box unreachable; 4 a point or
+the restart timed out; 5 something is missing (git or ansible-playbook here; venv, SGLang, a
+running server on the box); 6 the client or ansible or git failed; 130 interrupted. On 2-6 and
+130 nothing is recorded, except a Ctrl-C after the record was committed, which says so.
 """
 
 from __future__ import annotations
@@ -53,14 +55,14 @@ def bench(
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens per request (fixed). Default: ctx - max(1024, output-len)."),
     output_len: Optional[int] = typer.Option(None, "--output-len", help="Generated tokens per request (fixed, ignore_eos). Default 512."),
     repeat: int = typer.Option(3, "--repeat", min=1, help="Repetitions of every point (>= 2 gives intervals; 3 recommended)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Requests per point. Default: max(32, 10*C), or max(8, 2*C) when input-len >= 32768."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Requests per point. Default: max(32, 10*C), or max(8, 2*C) when input-len >= 32768. Fewer than --min-concurrency-ratio x C is refused (the concurrency gate could not pass)."),
     warmup_requests: Optional[int] = typer.Option(None, "--warmup-requests", min=0, help="Warm-up requests per point (default max(C, 8))."),
     seed: int = typer.Option(42, "--seed", help="Client seed (prompts are identical across points; the cache is flushed)."),
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare against this record (run id, tag or record.json path); exit 1 on a regression."),
-    baseline_ctx: Optional[int] = typer.Option(None, "--baseline-ctx", help="Compare against the newest record of this host at this context length (the context length may differ; nothing else may)."),
-    results_repo_path: Path = typer.Option(None, "--results-repo", help="Results git repository (created if absent). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
+    baseline_ctx: Optional[int] = typer.Option(None, "--baseline-ctx", help="Compare against the newest record of this host at this context length (the context length may differ; nothing else may, so give --input-len/--output-len that fit both). Checked before connecting."),
+    results_repo_path: Path = typer.Option(None, "--results-repo", help="Results git repository (created if absent; git and write access are checked before connecting). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress stays on stderr)."),
     point_timeout: float = typer.Option(3600.0, "--point-timeout", min=1.0, help="Seconds one point may run before its remote process group is killed (the sweep then aborts)."),
     server_timeout: float = typer.Option(1800.0, "--server-timeout", min=1.0, help="Seconds to wait for the servers after a restart."),
@@ -81,7 +83,7 @@ def bench(
     from dsv4kit import bench as sweep
     from dsv4kit import results_repo
     from dsv4kit.bench_gates import GateConfig
-    from dsv4kit.compare import compare, format_comparison
+    from dsv4kit.compare import compare, format_comparison, planned_differences
     from dsv4kit.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.records import RecordError
 
@@ -108,15 +110,22 @@ def bench(
     if baseline and baseline_ctx is not None:
         _fail(exitcodes.USAGE, "give --baseline or --baseline-ctx, not both")
     try:
-        results_repo.check_path(repo)  # before the sweep: a bad path must not cost a sweep
+        results_repo.check_writable(repo)  # before the sweep: a bad path must not cost a sweep
+    except results_repo.GitNotFound as exc:
+        _fail(exitcodes.ENVIRONMENT, f"--results-repo: {exc}")
     except results_repo.ResultsRepoError as exc:
         _fail(exitcodes.USAGE, f"--results-repo: {exc}")
     try:
         inv = load_inventory(inventory_path)
         target = inv.host(host)
         target.check_connectable()
+        sweep.check_host(target)
+        if restart:
+            sweep.check_restart_tools(target, ctx)
     except InventoryError as exc:
         _fail(exitcodes.USAGE, str(exc))
+    except sweep.BenchAbort as exc:
+        _fail(exc.exit_code, str(exc))
 
     old = None
     ignore: tuple[str, ...] = ()
@@ -128,6 +137,14 @@ def bench(
             ignore = ("context_length",)
     except (RecordError, results_repo.ResultsRepoError) as exc:
         _fail(exitcodes.USAGE, f"baseline: {exc}")
+    if old is not None:
+        differences = planned_differences(old, sweep.planned_key(cfg, target), ignore)
+        if differences:
+            hint = (" With --baseline-ctx give --input-len and --output-len that fit both context lengths "
+                    "(the default input length is --ctx minus 1024)." if ignore else "")
+            _fail(exitcodes.USAGE, f"baseline {old['run_id']} is not comparable with this sweep, so nothing was run: "
+                                   + "; ".join(f"{d['field']} {d['old']!r} there, {d['new']!r} here" for d in differences)
+                                   + "." + hint)
 
     from dsv4kit.ssh import RemoteError, open_session
 
@@ -154,16 +171,25 @@ def bench(
         _fail(exitcodes.INTERRUPTED, "interrupted before the record was published; nothing was recorded")
     except results_repo.ResultsRepoError as exc:
         _fail(exitcodes.TOOL_FAILED, f"{exc} (nothing was recorded)")
+    recorded = f"recorded {result.run_id}: commit {published.commit[:12]}, tag {published.tag} in {repo}"
+    if published.worktree_warning:
+        progress(f"warning: {recorded}, but the work tree of {repo} was not updated "
+                 f"(`git -C {repo} reset --hard` brings it along): {published.worktree_warning}")
+    if published.interrupted:
+        progress(recorded)
+        _fail(exitcodes.INTERRUPTED, "interrupted after the record was committed: it is published and complete "
+                                     "(the summary and any comparison were skipped)")
 
     comparison = None
     if old is not None:
         comparison = compare(old, record, ignore=ignore)
 
+    # A baseline that turns out not comparable on a field only the box tells (GPU model, client
+    # version) gives no verdict: a failed check (1), like a regression; it never masks an invalid point.
     code = exitcodes.OK
-    if not record["validity_passed"] or (comparison is not None and comparison.regressions):
+    if not record["validity_passed"] or (comparison is not None
+                                         and (comparison.regressions or not comparison.comparable)):
         code = exitcodes.CHECK_FAILED
-    if comparison is not None and not comparison.comparable:
-        code = exitcodes.USAGE
 
     if json_out:
         typer.echo(json.dumps({
@@ -179,7 +205,7 @@ def bench(
         }, indent=2))
     else:
         typer.echo(sweep.format_summary(record))
-        typer.echo(f"recorded {result.run_id}: commit {published.commit[:12]}, tag {published.tag} in {repo}")
+        typer.echo(recorded)
         if not record["validity_passed"]:
             typer.echo(f"{record['invalid_points']} point(s) INVALID (see the gates above); they are marked "
                        f"invalid in the record and left out of the summary")

@@ -73,6 +73,33 @@ def _server_args(server_info: dict, processes: list[dict]) -> dict:
     }
 
 
+def decode_process(processes: list[dict], decode_port) -> Optional[dict]:
+    """The decode server among the serving processes: ``sglang.launch_server`` with ``--port`` equal to
+    ``dsv4_decode_port`` (its lowest PID: the parent of its own workers), else None."""
+    if decode_port is None:
+        return None
+    port = str(decode_port)
+    for proc in sorted(processes, key=lambda p: p.get("pid") or 0):
+        argv = [str(a) for a in proc.get("argv") or []]
+        if not any("launch_server" in a for a in argv):
+            continue
+        if any((a == "--port" and argv[i + 1:i + 2] == [port]) or a == f"--port={port}"
+               for i, a in enumerate(argv)):
+            return proc
+    return None
+
+
+def model_section(host, probe: dict, server_info: dict) -> dict:
+    """The record's ``model`` section (``bench.planned_key`` builds it before the probe, from the inventory)."""
+    model_path = host.get("dsv4_model_path") or server_info.get("model_path") or ""
+    return {
+        "name": os.path.basename(str(model_path).rstrip("/")) or None,
+        "path": model_path,
+        "revision": host.get("dsv4_model_revision"),
+        **{k: v for k, v in (probe.get("model") or {}).items() if k not in ("local_path",)},
+    }
+
+
 def sections(*, host, probe: dict, server_info: dict, context_length: int, restarted: bool,
              prefill_server_info: Optional[dict] = None) -> dict:
     """The record sections that describe where and on what the sweep ran (scrubbed).
@@ -89,22 +116,26 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
     units = probe.get("units") or {}
     server_env: dict = {}
     env_reasons = []
-    for proc in processes:
-        if proc.get("env") is not None:
-            server_env.update(proc["env"])
-        elif proc.get("env_reason"):
-            env_reasons.append(proc["env_reason"])
-    env_source = "process environment (/proc/<pid>/environ)" if server_env else None
-    if not server_env and units:
-        # The running processes' environment is not readable as the SSH user: take what the
-        # units (and their environment files) give the decode server.
+    env_source = None
+    # The decode server's own environment (each process's is kept in server.processes[].env):
+    # merging them would take e.g. CUDA_VISIBLE_DEVICES from whichever process came last.
+    decode = decode_process(processes, host.get("dsv4_decode_port"))
+    if decode is not None and decode.get("env") is not None:
+        server_env = dict(decode["env"])
+        env_source = f"process environment of the decode server (/proc/{decode.get('pid')}/environ)"
+    elif decode is not None and decode.get("env_reason"):
+        env_reasons.append(decode["env_reason"])
+    elif processes:
+        env_reasons.append(f"none of the {len(processes)} serving process(es) is the decode server "
+                           f"(--port {host.get('dsv4_decode_port')}); see server.processes[].env")
+    if env_source is None and units:
+        # The decode process's environment is not readable as the SSH user (or it was not found):
+        # take what the units (and their environment files) give the decode server.
         unit = units.get("dsv4-decode") or next(iter(units.values()))
         server_env = dict(unit.get("env") or {})
         env_source = f"unit {unit.get('path')} and its environment files"
     if not server_env and not env_reasons and not processes and not units:
         env_reasons.append("no serving process or dsv4-*.service unit found on the box")
-    model_probe = probe.get("model") or {}
-    model_path = host.get("dsv4_model_path") or server_info.get("model_path") or ""
     host_info = {"name": host.name, **(probe.get("host") or {})}
     software = {
         "sglang_version": packages.get("sglang") or server_info.get("version"),
@@ -121,12 +152,7 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
         "client_env": probe.get("client_env"),
         "kernel_flags": host.get("dsv4_kernel_flags"),
     }
-    model = {
-        "name": os.path.basename(str(model_path).rstrip("/")) or None,
-        "path": model_path,
-        "revision": host.get("dsv4_model_revision"),
-        **{k: v for k, v in model_probe.items() if k not in ("local_path",)},
-    }
+    model = model_section(host, probe, server_info)
     server = {
         "context_length": context_length,
         "router_port": host.get("dsv4_router_port"),
@@ -139,7 +165,8 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
         "max_total_num_tokens": server_info.get("max_total_num_tokens"),
         "max_running_requests": server_info.get("max_running_requests"),
         "restarted_for_context_length": restarted,
-        "processes": [{"pid": p.get("pid"), "argv": p.get("argv")} for p in processes],
+        "processes": [{"pid": p.get("pid"), "argv": p.get("argv"), "env": p.get("env"),
+                       **({"env_reason": p["env_reason"]} if p.get("env_reason") else {})} for p in processes],
         "units": {name: {"path": u.get("path"), "exec_start": u.get("exec_start"), "env": u.get("env"),
                          "env_files": u.get("env_files"), "missing_env_files": u.get("missing_env_files")}
                   for name, u in units.items()},

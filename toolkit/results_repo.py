@@ -11,6 +11,13 @@ then moves the branch and creates the tag in ONE ``git update-ref --stdin`` tran
 (both or neither). An exception or Ctrl-C before that leaves no commit, no tag and no file
 (only unreferenced objects, which ``git gc`` drops). Tags are created, never moved: a tag name
 that exists is refused. Afterwards the work tree (if any) is fast-forwarded to the new commit.
+
+The transaction is the commit point. From just before it until the work tree has been updated,
+Ctrl-C is held back (and the git processes run in their own session, out of the terminal's reach):
+``Published.interrupted`` then says that an interrupt came, and the record is complete.
+
+``check_writable`` runs before a sweep: it finds git and makes sure the repository can be
+created or written, so that a bad path never costs a sweep.
 """
 
 from __future__ import annotations
@@ -18,11 +25,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from dsv4kit.records import RecordError, check
 
@@ -32,10 +43,15 @@ ZERO_OID = "0" * 40
 _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 _FALLBACK_IDENTITY = {"GIT_AUTHOR_NAME": "dsv4kit", "GIT_AUTHOR_EMAIL": "dsv4kit@localhost",
                       "GIT_COMMITTER_NAME": "dsv4kit", "GIT_COMMITTER_EMAIL": "dsv4kit@localhost"}
+GIT_TIMEOUT_S = 120
 
 
 class ResultsRepoError(RuntimeError):
     """The results repository cannot be used or updated (message says why)."""
+
+
+class GitNotFound(ResultsRepoError):
+    """There is no ``git`` executable on this machine (an environment problem, not bad input)."""
 
 
 @dataclass
@@ -44,6 +60,10 @@ class Published:
     tag: str
     run_id: str
     paths: list[str]
+    #: Ctrl-C came after the commit point; the record is published and complete all the same.
+    interrupted: bool = False
+    #: Why the work tree could not be fast-forwarded (the branch and the tag are fine), if so.
+    worktree_warning: Optional[str] = None
 
 
 @dataclass
@@ -53,12 +73,31 @@ class RecordEntry:
     path: str
 
 
+def git_executable() -> str:
+    """The ``git`` on PATH; GitNotFound when there is none."""
+    found = shutil.which("git")
+    if found is None:
+        raise GitNotFound("git not found on PATH: the results repository needs git (install it, e.g. "
+                          "`apt-get install git`)")
+    return found
+
+
 def _git(repo: Path, *args: str, input: Optional[bytes] = None, env: Optional[dict] = None,
-         check: bool = True) -> subprocess.CompletedProcess:
+         check: bool = True, own_session: bool = False) -> subprocess.CompletedProcess:
+    """Run git in ``repo``. Failing to start it, or a timeout, is a ResultsRepoError too.
+
+    ``own_session``: the process runs in a new session, so a Ctrl-C at the terminal cannot reach it.
+    """
     full_env = dict(os.environ)
     full_env.update(env or {})
-    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True, env=full_env,
-                          timeout=120)
+    try:
+        proc = subprocess.run([git_executable(), "-C", str(repo), *args], input=input, capture_output=True,
+                              env=full_env, timeout=GIT_TIMEOUT_S, start_new_session=own_session)
+    except subprocess.TimeoutExpired:
+        raise ResultsRepoError(f"git {' '.join(args[:3])} did not finish within {GIT_TIMEOUT_S} s in {repo} "
+                               f"(it was stopped)") from None
+    except OSError as exc:
+        raise ResultsRepoError(f"could not run git {' '.join(args[:3])} in {repo}: {exc}") from None
     if check and proc.returncode != 0:
         raise ResultsRepoError(f"git {' '.join(args[:3])} failed in {repo}: "
                                f"{proc.stderr.decode(errors='replace').strip()}")
@@ -82,12 +121,61 @@ def check_path(path: os.PathLike | str) -> bool:
     return False
 
 
+def _probe_dir(directory: Path, what: str) -> None:
+    """Raise ResultsRepoError unless a file can be created (and removed) in ``directory``."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".dsv4kit-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise ResultsRepoError(f"{what} {str(directory)!r} is not writable: {exc.strerror or exc}") from None
+
+
+def check_writable(path: os.PathLike | str) -> bool:
+    """Before a sweep: git is there, and the repository at ``path`` can be created or written.
+
+    Returns whether it already is a repository. Raises GitNotFound (no git) or ResultsRepoError
+    (a file in the way, a non-empty non-repository, an unwritable directory, a repository git
+    refuses). Creates nothing.
+    """
+    path = Path(path)
+    git_executable()
+    exists = check_path(path)
+    if exists:
+        proc = _git(path, "rev-parse", "--absolute-git-dir", check=False)
+        if proc.returncode != 0:
+            raise ResultsRepoError(f"git cannot use the results repository {str(path)!r}: "
+                                   f"{proc.stderr.decode(errors='replace').strip()}")
+        git_dir = Path(_out(proc))
+        for directory in (git_dir, git_dir / "objects", git_dir / "refs" / "tags"):
+            if directory.is_dir():
+                _probe_dir(directory, "results repository directory")
+        if not _bare(path):
+            _probe_dir(path, "results repository work tree")
+        return True
+    if path.is_dir():  # empty: git init writes into it
+        _probe_dir(path, "results repository directory")
+        return False
+    # Absent: the nearest existing ancestor must be a directory we may create it in.
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ResultsRepoError(f"cannot create the results repository {str(path)!r}: {str(ancestor)!r} is a "
+                               f"file, not a directory")
+    _probe_dir(ancestor, f"cannot create the results repository {str(path)!r}: directory")
+    return False
+
+
 def ensure_repo(path: os.PathLike | str) -> Path:
     """The results repository at ``path``, created (``git init -b main``) when absent or empty."""
     path = Path(path)
     if check_path(path):
         return path
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ResultsRepoError(f"cannot create the results repository {str(path)!r}: {exc}") from None
     _git(path, "init", "-q", "-b", "main")
     return path
 
@@ -144,14 +232,45 @@ def publish(repo: os.PathLike | str, *, run_id: str, tag: str, files: dict[str, 
         f"update {branch} {commit} {head or ZERO_OID}\n"
         f"create refs/tags/{tag} {tag_obj}\n"
     )
-    proc = _git(repo, "update-ref", "--stdin", input=transaction.encode(), check=False)
-    if proc.returncode != 0:
-        raise ResultsRepoError(f"could not publish {run_id} in {repo} (nothing was changed): "
-                               f"{proc.stderr.decode(errors='replace').strip()}")
-    if not _bare(repo):
-        # Fast-forward the index and the files to the new commit; the record is already safe.
-        _git(repo, "read-tree", "-m", "-u", head or _EMPTY_TREE, commit, check=False)
-    return Published(commit=commit, tag=tag, run_id=run_id, paths=sorted(files))
+    bare = _bare(repo)
+    published = Published(commit=commit, tag=tag, run_id=run_id, paths=sorted(files))
+    with _sigint_held() as interrupts:
+        try:
+            proc = _git(repo, "update-ref", "--stdin", input=transaction.encode(), check=False, own_session=True)
+        except ResultsRepoError:
+            if not tag_exists(repo, tag):  # a transaction that timed out may still have committed
+                raise
+            proc = subprocess.CompletedProcess([], 0, b"", b"")
+        if proc.returncode != 0:
+            if interrupts:
+                raise KeyboardInterrupt  # nothing was changed; the user asked to stop
+            raise ResultsRepoError(f"could not publish {run_id} in {repo} (nothing was changed): "
+                                   f"{proc.stderr.decode(errors='replace').strip()}")
+        # Committed: the branch and the tag exist. The rest only brings the work tree along.
+        if not bare:
+            try:
+                updated = _git(repo, "read-tree", "-m", "-u", head or _EMPTY_TREE, commit, check=False,
+                               own_session=True)
+                if updated.returncode != 0:
+                    published.worktree_warning = updated.stderr.decode(errors="replace").strip()
+            except ResultsRepoError as exc:
+                published.worktree_warning = str(exc)
+    published.interrupted = bool(interrupts)
+    return published
+
+
+@contextmanager
+def _sigint_held() -> Iterator[list[int]]:
+    """Hold Ctrl-C back inside the block; the yielded list says whether one came (main thread only)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 # ------------------------------------------------------------------------------------ reading
