@@ -10,6 +10,7 @@ extra_vars={"dsv4_context_length": N})``.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from dsv4kit import exitcodes
 from dsv4kit.inventory import InventoryError, load_inventory
@@ -34,10 +35,12 @@ _TASK = re.compile(r"^(?:TASK|RUNNING HANDLER) \[(?P<name>.*)\]")
 _FATAL = re.compile(r"^(?:fatal|failed): \[(?P<host>[^\]]+?)(?: -> [^\]]+)?\]: (?P<kind>UNREACHABLE|FAILED)!")
 _PATTERN_CHARS = set("*?:!&~[]^")
 TAIL_LINES = 200
+#: Tags Ansible gives a meaning of its own; always valid in --tags/--skip-tags.
+SPECIAL_TAGS = ("all", "always", "never", "tagged", "untagged")
 
 
 class ProvisionError(RuntimeError):
-    """ansible-playbook or the playbook cannot be found; ``exit_code`` says which kind of problem."""
+    """ansible-playbook or the playbook cannot be found, or a tag is unknown; ``exit_code`` says which."""
 
     def __init__(self, message: str, exit_code: int = exitcodes.ENVIRONMENT):
         super().__init__(message)
@@ -113,6 +116,66 @@ def ansible_playbook_executable() -> str:
     return found
 
 
+def check_tools(playbook: Optional[os.PathLike | str] = None) -> tuple[str, Path]:
+    """(ansible-playbook, playbook) when both exist; ProvisionError (exit 5) naming what is missing."""
+    executable = ansible_playbook_executable()
+    path = Path(playbook) if playbook is not None else default_playbook()
+    if not path.is_file():
+        raise ProvisionError(f"playbook {str(path)!r} not found (set DSV4KIT_PLAYBOOK or run from a dsv4kit checkout)")
+    return executable, path
+
+
+def _collect_tags(node: Any, found: set[str]) -> None:
+    """Every value of a ``tags`` key anywhere in a parsed playbook or task file."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "tags":
+                found.update(_split([str(v) for v in value] if isinstance(value, list) else [str(value)]))
+            else:
+                _collect_tags(value, found)
+    elif isinstance(node, list):
+        for item in node:
+            _collect_tags(item, found)
+
+
+def playbook_tags(playbook: os.PathLike | str) -> list[str]:
+    """The tags the playbook uses: its plays, roles and tasks, and the tasks of its roles."""
+    import yaml
+
+    playbook = Path(playbook)
+    files = [playbook]
+    roles = playbook.parent / "roles"
+    if roles.is_dir():
+        files += sorted(f for f in roles.glob("*/*/*.y*ml") if f.parent.name in ("tasks", "handlers"))
+    found: set[str] = set()
+    for file in files:
+        try:
+            _collect_tags(yaml.safe_load(file.read_text()), found)
+        except (OSError, yaml.YAMLError) as exc:
+            raise ProvisionError(f"cannot read the tags of {file}: {exc}") from None
+    return sorted(found)
+
+
+def check_tags(playbook: os.PathLike | str, *, tags: Optional[Iterable[str] | str] = None,
+               skip_tags: Optional[Iterable[str] | str] = None) -> None:
+    """Every --tags/--skip-tags name must be a tag of the playbook or one of Ansible's special tags.
+
+    Ansible itself accepts any name and then runs (or skips) nothing: ``--skip-tags flash-attn``
+    would skip nothing and start the hours-long build. ProvisionError (exit 2) names the bad tag.
+    """
+    known = playbook_tags(playbook)
+    for option, values in (("--tags", tags), ("--skip-tags", skip_tags)):
+        for name in _split(values):
+            if name in known or name in SPECIAL_TAGS:
+                continue
+            hint = difflib.get_close_matches(name, known, n=1)
+            raise ProvisionError(
+                f"{option} {name!r} is not a tag of {playbook}"
+                + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                + f"; valid tags: {', '.join(known)} (and Ansible's {', '.join(SPECIAL_TAGS)})",
+                exit_code=exitcodes.USAGE)
+
+
 def _split(values: Optional[Iterable[str] | str]) -> list[str]:
     if values is None:
         return []
@@ -170,14 +233,14 @@ def run_playbook(
     """Run the playbook; stream its output to ``progress``; return the per-host summary.
 
     Raises InventoryError (bad inventory or --limit, nothing run), ProvisionError (no
-    ansible-playbook or playbook), KeyboardInterrupt (after stopping ansible-playbook).
+    ansible-playbook or playbook: exit 5; a tag the playbook does not have: exit 2; nothing run),
+    KeyboardInterrupt (after stopping ansible-playbook).
     A ``timeout`` (seconds) stops the whole run; the summary then fails with the timeout named.
     """
     load_inventory(inventory_path)  # early, clear errors for a malformed inventory
     check_limit(inventory_path, limit)
-    playbook = Path(playbook) if playbook is not None else default_playbook()
-    if not playbook.is_file():
-        raise ProvisionError(f"playbook {str(playbook)!r} not found (set DSV4KIT_PLAYBOOK or run from a dsv4kit checkout)")
+    _, playbook = check_tools(playbook)
+    check_tags(playbook, tags=tags, skip_tags=skip_tags)
     command = build_command(inventory_path, playbook, limit=limit, tags=tags, skip_tags=skip_tags,
                             extra_vars=extra_vars, check=check, diff=diff)
     env = dict(os.environ)

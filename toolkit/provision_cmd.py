@@ -20,9 +20,10 @@ def provision(
     tags: Optional[List[str]] = typer.Option(
         None, "--tags", "-t",
         help="Only these stages: preflight, nvidia_driver, cuda_toolkit, host_tuning, sglang_venv, "
-        "flash_attn, kernel_rollout, sglang_service.",
+        "flash_attn, kernel_rollout, sglang_service. A name that is not a tag of the playbook (or Ansible's "
+        "all/always/never/tagged/untagged) is refused (exit 2).",
     ),
-    skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn)."),
+    skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn; checked like --tags)."),
     check: bool = typer.Option(False, "--check", help="Dry run: report what would change, change nothing."),
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
@@ -30,7 +31,7 @@ def provision(
     """Provision the box(es) in the inventory with Ansible, showing every task as it runs.
 
     Ends with a per-host table (ok / changed / failed / unreachable). Exit codes: 0 ok, 2 bad
-    inventory or option, 3 a host was unreachable, 5 ansible-playbook missing, 6 a task failed,
+    inventory or option (e.g. an unknown tag), 3 a host was unreachable, 5 ansible-playbook missing, 6 a task failed,
     130 interrupted.
     """
     from dsv4kit.inventory import InventoryError, default_inventory_path
