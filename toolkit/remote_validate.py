@@ -2,7 +2,8 @@
 
 Steps, each bounded by a timeout:
 
-1. Load the host from the inventory; check ``--cases`` here (bad input fails before any SSH).
+1. Load the host from the inventory (and, without ``--gpu``, its ``dsv4_validate_gpu``); check
+   ``--cases``, ``--results-dir`` and ``--json`` here (bad input fails before any build or SSH).
 2. Build this checkout's wheel (or take ``--wheel``; nothing with ``--installed``).
 3. Connect (host key verified against known_hosts; see ``dsv4kit.ssh``).
 4. Preflight on the box: the venv directory and its python exist, which GPUs exist
@@ -18,13 +19,15 @@ Steps, each bounded by a timeout:
 8. Remove the scratch directory.
 
 Exit codes (``dsv4kit.exitcodes``): 0 all cases passed, 1 a case failed, 2 bad input (inventory,
---cases, --wheel), 3 unreachable / authentication / host key, 4 timeout, 5 environment (no venv,
-no python, GPU absent), 6 a driven tool failed (wheel build, pip, harness crash), 130 interrupted.
+no GPU given or configured, --cases, --wheel, an unwritable --results-dir or --json), 3 unreachable /
+authentication / host key, 4 timeout, 5 environment (no venv, no python, GPU absent, a report that
+cannot be written), 6 a driven tool failed (wheel build, pip, harness crash), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shlex
@@ -226,12 +229,14 @@ def _default_output() -> Output:
     return Output(out=lambda s: print(s, flush=True), err=lambda s: print(s, file=sys.stderr, flush=True))
 
 
-def run(*, gpu: int, host: Optional[str] = None, inventory: Optional[Path] = None, timeout: float = 1800.0,
+def run(*, gpu: Optional[int], host: Optional[str] = None, inventory: Optional[Path] = None, timeout: float = 1800.0,
         cases: Optional[str] = None, json_path: Optional[Path] = None, interpret: bool = False,
         installed: bool = False, trust_new_host_key: bool = False,
         results_dir: Path = Path("results/validation"), wheel: Optional[Path] = None,
         output: Optional[Output] = None, _test_remote_sleep_s: Optional[float] = None) -> int:
     """Validate on ``gpu`` of an inventory host. Returns the exit code; prints progress and table.
+
+    ``gpu`` None: the host's ``dsv4_validate_gpu`` (exit 2 when it has none).
 
     ``_test_remote_sleep_s`` (tests only, not reachable from the CLI) makes the box sleep before
     the harness starts, to exercise the timeout path.
@@ -286,6 +291,7 @@ class _Run:
         self._check_cases()
         if self.installed and self.wheel_arg is not None:
             raise ValidationAbort(exitcodes.USAGE, "--installed and --wheel exclude each other")
+        self._check_outputs()
         with tempfile.TemporaryDirectory(prefix="dsv4kit-validate-") as local_tmp:
             built = None if self.installed else self._wheel(Path(local_tmp))
             try:
@@ -312,6 +318,42 @@ class _Run:
             raise ValidationAbort(exitcodes.USAGE, str(exc)) from None
         state = str(self.host.get("dsv4_state_dir") or "/tmp/dsv4kit").rstrip("/")
         self.scratch_root = f"{state}/scratch"
+        if self.gpu is None:
+            default = self.host.get("dsv4_validate_gpu")
+            if default is None:
+                raise ValidationAbort(exitcodes.USAGE,
+                                      f"no GPU to validate on: pass --gpu N, or set dsv4_validate_gpu for host "
+                                      f"{self.host.name!r} in {self.host.source} (or its group_vars/host_vars)")
+            self.gpu = int(default)
+            self.say(f"GPU {self.gpu}: dsv4_validate_gpu of {self.host.name} (--gpu N picks another)")
+
+    def _check_outputs(self) -> None:
+        """--results-dir and --json must be writable before anything runs (exit 2 naming the path)."""
+        try:
+            self.results_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValidationAbort(exitcodes.USAGE, f"--results-dir {str(self.results_dir)!r} cannot be created: "
+                                                   f"{exc.strerror or exc}") from None
+        targets = [("--results-dir", self.results_dir)]
+        if self.json_path is not None:
+            json_path = Path(self.json_path)
+            if json_path.is_dir():
+                raise ValidationAbort(exitcodes.USAGE, f"--json {str(json_path)!r} is a directory; give a file path")
+            parent = json_path.absolute().parent
+            try:
+                parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ValidationAbort(exitcodes.USAGE, f"--json {str(json_path)!r}: its directory cannot be "
+                                                       f"created: {exc.strerror or exc}") from None
+            targets.append(("--json", parent))
+        for option, directory in targets:
+            try:
+                fd, probe = tempfile.mkstemp(prefix=".dsv4kit-probe-", dir=directory)
+                os.close(fd)
+                os.unlink(probe)
+            except OSError as exc:
+                raise ValidationAbort(exitcodes.USAGE, f"{option}: cannot write into {str(directory)!r}: "
+                                                       f"{exc.strerror or exc}") from None
 
     def _check_cases(self) -> None:
         from dsv4kit.validation.harness import parse_cases
@@ -496,9 +538,17 @@ class _Run:
         while path.exists():
             path = self.results_dir / name.replace(".json", f"-{n}.json")
             n += 1
-        write_json_atomic(path, report)
+        try:
+            write_json_atomic(str(path), report)
+        except OSError as exc:
+            raise ValidationAbort(exitcodes.ENVIRONMENT, f"the report could not be written to {path}: "
+                                                         f"{exc.strerror or exc}; no report was kept") from None
+        json_error = None
         if self.json_path:
-            write_json_atomic(Path(self.json_path), report)
+            try:
+                write_json_atomic(str(self.json_path), report)
+            except OSError as exc:
+                json_error = f"the report could not be written to --json {self.json_path}: {exc.strerror or exc}"
         env = report.get("environment", {})
         self.io.out("")
         self.io.out(f"validation table: {self.host.name} GPU {self.gpu} "
@@ -508,7 +558,10 @@ class _Run:
             self.io.out(line)
         passed = bool(report.get("passed"))
         self.io.out(f"VERDICT: {'PASS' if passed else 'FAIL'}")
-        self.io.out(f"report: {path}" + (f" (and {self.json_path})" if self.json_path else ""))
+        self.io.out(f"report: {path}" + (f" (and {self.json_path})" if self.json_path and not json_error else ""))
+        if json_error:  # the report is kept all the same; a failed case still says 1
+            self.io.err(f"error: {json_error}")
+            return exitcodes.CHECK_FAILED if not passed else exitcodes.ENVIRONMENT
         return exitcodes.OK if passed else exitcodes.CHECK_FAILED
 
     def _cleanup(self) -> None:

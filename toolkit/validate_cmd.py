@@ -12,8 +12,8 @@ from dsv4kit import exitcodes
 
 def validate(
     local: bool = typer.Option(False, "--local", help="Run on this machine: its GPU, or the Triton CPU interpreter when there is none."),
-    gpu: Optional[int] = typer.Option(None, "--gpu", min=0, help="Run on this GPU index of the box (CUDA_VISIBLE_DEVICES=N)."),
-    host: Optional[str] = typer.Option(None, "--host", help="Inventory host name to validate on (default: the only host)."),
+    gpu: Optional[int] = typer.Option(None, "--gpu", min=0, help="Run on this GPU index of the box (CUDA_VISIBLE_DEVICES=N). With --host and no --gpu: the host's dsv4_validate_gpu."),
+    host: Optional[str] = typer.Option(None, "--host", help="Inventory host name to validate on (default with --gpu: the only host). Without --gpu, runs on its dsv4_validate_gpu."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
     timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Hard timeout in seconds for the remote run; the remote process group is killed past it."),
     cases: Optional[str] = typer.Option(None, "--cases", help="Comma-separated SUITE or SUITE:SPEC items, e.g. 'indexer' or 'indexer:16x32x2048'. Default: every suite's default cases."),
@@ -26,14 +26,19 @@ def validate(
 ) -> None:
     """Run the kernel validation table and exit non-zero on any failed case.
 
-    --local runs here. --gpu N runs on the box over SSH, in its SGLang venv, on GPU N.
+    --local runs here. --gpu N runs on the box over SSH, in its SGLang venv, on GPU N;
+    --host H alone runs on H's inventory dsv4_validate_gpu.
 
     Remote: this checkout's wheel goes to a scratch dir on the box (--installed: the rolled-out one).
 
     Host keys are checked against known_hosts; reports go to --results-dir. See docs/validation.md.
     """
-    if local == (gpu is not None):
+    if local and gpu is not None:
         typer.echo("error: give exactly one of --local or --gpu N", err=True)
+        raise typer.Exit(exitcodes.USAGE)
+    if not local and gpu is None and host is None:
+        typer.echo("error: give --local, --gpu N, or --host NAME (which runs on that host's "
+                   "dsv4_validate_gpu from the inventory)", err=True)
         raise typer.Exit(exitcodes.USAGE)
     if local:
         from dsv4kit.validation.harness import run_cli
