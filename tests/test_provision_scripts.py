@@ -1,19 +1,23 @@
 """The box-side helper scripts of the sglang_service role, run for real: the health wait against a
-local HTTP server answering like SGLang's /server_info, and the unit verifier on good and broken
-units. (On the GPU-less test box the units are never started, so this is where the health wait's
-checks are exercised.)"""
+local HTTP server answering like SGLang's /server_info, the unit verifier on good and broken
+units, and the units' ExecStartPre preflight against a fake nvidia-smi. (On the GPU-less test box
+the units are never started, so this is where these checks are exercised.)"""
 
 import json
 import os
+import shlex
+import socket
 import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import jinja2
 import pytest
 
 FILES = Path(__file__).resolve().parents[1] / "playbooks/roles/sglang_service/files"
+TEMPLATES = FILES.parent / "templates"
 SERVER_INFO = {"context_length": 131072, "cuda_graph_max_bs_decode": 64, "disaggregation_mode": "decode",
                "version": "0.5.23"}
 
@@ -85,3 +89,99 @@ def test_unit_verifier(tmp_path):
     assert broken.returncode == 1
     problems = " ".join(json.loads(broken.stdout)["problems"])
     assert "/nonexistent/python" in problems and "[Install]" in problems
+
+
+# Behaves like nvidia-smi of driver 580.159.04 (checked on a real one) on an 8-GPU box: `-i` together
+# with `-L` is rejected (rc 2); the query form prints one index per GPU that exists and leaves the
+# others out, "No devices were found" with rc 6 when none exists.
+FAKE_NVIDIA_SMI = r"""#!/bin/bash
+ids="" query=0 list=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -i) ids=$2; shift ;;
+    -L) list=1 ;;
+    --query-gpu=index) query=1 ;;
+  esac
+  shift
+done
+if [ -n "$ids" ] && [ "$list" = 1 ]; then echo "ERROR: Option -i is not valid for this command"; exit 2; fi
+if [ "$query" = 1 ]; then
+  out=""
+  for id in ${ids//,/ }; do
+    if [ "$id" -ge 0 ] 2>/dev/null && [ "$id" -lt "${FAKE_GPU_COUNT:-8}" ]; then out="$out$id"$'\n'; fi
+  done
+  [ -n "$out" ] || { echo "No devices were found"; exit 6; }
+  printf '%s' "$out"
+  exit 0
+fi
+exit 0
+"""
+
+
+@pytest.fixture
+def serve_preflight(tmp_path):
+    """The rendered dsv4-serve-preflight, a venv python that reports SGLang 0.5.23, a model directory
+    and a fake nvidia-smi first on PATH; returns run(gpus, visible, **env)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin/python"
+    python.write_text(f"#!/bin/bash\n[ \"$1\" = -c ] && {{ echo 0.5.23; exit 0; }}\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.chmod(0o755)
+    (tmp_path / "model").mkdir()
+    fake_bin = tmp_path / "fakebin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined)
+    env.filters["quote"] = shlex.quote  # Ansible's quote filter
+    script = tmp_path / "dsv4-serve-preflight"
+    script.write_text(env.get_template("dsv4-serve-preflight.j2").render(
+        ansible_managed="test", dsv4_venv_dir=str(venv), dsv4_model_path=str(tmp_path / "model"),
+        dsv4_sglang_version="0.5.23"))
+    script.chmod(0o755)
+
+    def run(gpus, visible, **extra):
+        with socket.socket() as sock:  # a free port
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        environ = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", **extra)
+        environ.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            environ["CUDA_VISIBLE_DEVICES"] = visible
+        return subprocess.run([str(script), "decode", str(port), str(gpus)], capture_output=True, text=True,
+                              timeout=60, env=environ)
+
+    run.fake_bin = fake_bin
+    return run
+
+
+def test_fake_nvidia_smi_rejects_the_list_form(serve_preflight):
+    smi = str(serve_preflight.fake_bin / "nvidia-smi")
+    rejected = subprocess.run([smi, "-i", "4,5", "-L"], capture_output=True, text=True)
+    assert rejected.returncode == 2 and "Option -i is not valid" in rejected.stdout
+    listed = subprocess.run([smi, "-i", "4,5,9", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True)
+    assert listed.returncode == 0 and listed.stdout.split() == ["4", "5"]
+
+
+def test_serve_preflight_accepts_the_units_gpus(serve_preflight):
+    result = serve_preflight(4, "4,5,6,7")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
+def test_serve_preflight_names_missing_gpus(serve_preflight):
+    result = serve_preflight(4, "4,5,6,7", FAKE_GPU_COUNT="6")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "dsv4 preflight (decode): nvidia-smi sees 2 of the 4 GPUs 4,5,6,7"
+    result = serve_preflight(4, "4,5,6,7", FAKE_GPU_COUNT="4")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "dsv4 preflight (decode): nvidia-smi cannot list GPUs 4,5,6,7 (rc 6): No devices were found"
+
+
+def test_serve_preflight_names_a_gpu_count_mismatch_and_unset_devices(serve_preflight):
+    result = serve_preflight(4, "4,5")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "dsv4 preflight (decode): nvidia-smi sees 2 of the 4 GPUs 4,5"
+    result = serve_preflight(4, None)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "dsv4 preflight (decode): CUDA_VISIBLE_DEVICES is not set in the unit"
