@@ -101,7 +101,8 @@ def test_first_run_provisions_the_gpu_less_box(box):
                                 "import importlib.metadata as m; print(m.version('dsv4kit'))"],
                                capture_output=True, text=True, check=True).stdout.strip()
     assert installed
-    assert (state / "dsv4kit.installed").read_text().strip()
+    # The marker lives in the venv: a recreated venv gets the wheel again.
+    assert (venv / ".dsv4kit-wheel.installed").read_text().strip()
     assert "plugin installed in" in log
     flags = (prefix / "etc/dsv4kit/kernel-flags.env").read_text()
     assert "SGLANG_SM120_TRITON_INDEXER=1" in flags and "SGLANG_SM120_MMA_ATTENTION=1" in flags
@@ -136,6 +137,22 @@ def test_second_run_changes_nothing(box, env):
     assert second.returncode == 0, second.stderr[-6000:]
     assert summary["hosts"]["loop"]["changed"] == 0, second.stderr[-8000:]
     assert "provision: ok, 0 changed" in second.stderr
+
+
+def test_recreated_venv_gets_the_dsv4kit_wheel_again(box, env):
+    """The docs say to remove the venv when its Python is wrong: the next run must reinstall dsv4kit."""
+    inventory, prefix, first = box
+    assert first.returncode == 0
+    venv = prefix / "opt/dsv4/venv"
+    shutil.rmtree(venv)
+    lines: list[str] = []
+    summary = run_in_process(inventory, env, lines, tags=["sglang_venv", "kernel_rollout"])
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    installed = subprocess.run([str(venv / "bin/python"), "-c",
+                                "import importlib.metadata as m; print(m.version('dsv4kit'))"],
+                               capture_output=True, text=True)
+    assert installed.returncode == 0 and installed.stdout.strip(), installed.stderr
+    assert (venv / ".dsv4kit-wheel.installed").is_file()
 
 
 def test_serving_tag_rerenders_units_with_another_context_length(box, env):
@@ -193,15 +210,23 @@ def test_unreachable_host_gives_summary_and_exit_3(loopback_ssh, env, tmp_path):
 
 
 def test_failing_task_gives_summary_and_exit_6(loopback_ssh, env, tmp_path):
-    # A box that claims 8 GPUs: preflight's GPU count check fails on this GPU-less machine.
+    # A box that claims 8 GPUs: this Debian 12 machine is refused as a GPU box (no python3.12,
+    # no deadsnakes), and with the OS let through, preflight's GPU count check fails.
     inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, tmp_path / "prefix",
                                          overrides={"dsv4_gpu_present": True})
     result = provision(inventory, env, "--tags", "preflight", "--json")
     assert result.returncode == 6, result.stderr[-3000:]
     summary = json.loads(result.stdout)
     assert summary["hosts"]["loop"]["failed"] == 1
-    assert summary["failures"] == [{"host": "loop", "task": "preflight : Check the GPU count", "kind": "FAILED"}]
-    assert "expected dsv4_gpu_count=8" in result.stderr  # the assert's own message, not hidden
+    assert summary["failures"] == [{"host": "loop", "task": "preflight : Fail clearly on an unsupported operating system",
+                                    "kind": "FAILED"}]
+    assert "Debian 12 is not supported; dsv4kit provisions Ubuntu 22.04, Ubuntu 24.04" in result.stderr
+    lines: list[str] = []
+    summary = run_in_process(inventory, env, lines, tags=["preflight"],
+                             extra_vars={"preflight_supported_os": ["Debian 12"]})
+    assert summary.exit_code == 6
+    assert [(f.host, f.task, f.kind) for f in summary.failures] == [("loop", "preflight : Check the GPU count", "FAILED")]
+    assert "expected dsv4_gpu_count=8" in "\n".join(lines)  # the assert's own message, not hidden
     assert not (tmp_path / "prefix").exists()  # preflight changes nothing
 
 

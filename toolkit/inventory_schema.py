@@ -33,7 +33,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_prefill_gpus": (list, "GPU indices of the prefill server."),
     "dsv4_decode_gpus": (list, "GPU indices of the decode server."),
     "dsv4_validate_gpu": (int, "GPU `dsv4kit validate --host H` runs on when --gpu is not given (a decode GPU)."),
-    "dsv4_driver_skip_reboot": (bool, "Install the driver but never reboot; the playbook then says a reboot is pending."),
+    "dsv4_driver_skip_reboot": (bool, "Install the driver but never reboot; while a reboot is pending the playbook stops that host with a message."),
     "dsv4_flash_attn_nvcc_threads": (int, "NVCC_THREADS for the flash-attn build; MAX_JOBS is derived from RAM (~5 GB per nvcc thread)."),
     # --- host tuning ---
     "dsv4_nvidia_uvm_options": (str, "Options line for the nvidia_uvm module (modprobe.d), e.g. 'uvm_disable_hmm=1'."),
