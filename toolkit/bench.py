@@ -138,23 +138,24 @@ def check_host(host) -> None:
                                           f"(the tokenizer is read from the model directory)")
 
 
-def check_restart_tools(host, context_length: int) -> None:
-    """Before connecting: when a restart is likely (``--ctx`` differs from the inventory's
-    ``dsv4_context_length``), raise BenchAbort if it could not run (no ansible-playbook, no
-    playbook, or a playbook without the ``sglang_service`` tag)."""
+def check_restart_tools(host, context_length: int) -> Optional[str]:
+    """Before connecting: a warning when a restart is likely (``--ctx`` differs from the inventory's
+    ``dsv4_context_length``) but could not run (no ansible-playbook, no playbook, or a playbook
+    without the ``sglang_service`` tag); None otherwise. Only a warning: a server restarted to this
+    length by an earlier bench (``-e``, the inventory keeps its value) needs no restart, and a
+    restart that is needed fails cleanly (BenchAbort) before the sweep starts."""
     from dsv4kit import provision
 
     if host.get("dsv4_context_length") == context_length:
-        return
+        return None
     try:
         provision.check_tools()
         provision.check_tags(provision.default_playbook(), tags=[RESTART_TAG])
     except provision.ProvisionError as exc:
-        raise BenchAbort(exc.exit_code,
-                         f"--ctx {context_length} differs from the inventory's dsv4_context_length "
-                         f"{host.get('dsv4_context_length')}, so the serving units may need a restart, which "
-                         f"runs the playbook: {exc}. Pass --no-restart if the server already runs with "
-                         f"{context_length}.") from None
+        return (f"--ctx {context_length} differs from the inventory's dsv4_context_length "
+                f"{host.get('dsv4_context_length')}; if the server does not already run with {context_length}, "
+                f"the restart (which runs the playbook) will fail: {exc}")
+    return None
 
 
 def parse_concurrency(text: str) -> list[int]:

@@ -121,7 +121,9 @@ def bench(
         target.check_connectable()
         sweep.check_host(target)
         if restart:
-            sweep.check_restart_tools(target, ctx)
+            warning = sweep.check_restart_tools(target, ctx)
+            if warning:
+                typer.echo(f"warning: {warning}", err=True)
     except InventoryError as exc:
         _fail(exitcodes.USAGE, str(exc))
     except sweep.BenchAbort as exc:
