@@ -158,7 +158,34 @@ def _attention_call(T: int, dtype=None) -> dict:
             "max_abs_diff": float((out.float() - ref.float()).abs().max())}
 
 
+def _indexer_later_calls() -> dict:
+    """After a good first call: a call the kernel's own checks refuse (a non-contiguous weight,
+    which SGLang's function accepts), then a kernel that breaks (a compile variant failing)."""
+    import torch
+
+    from dsv4kit.kernels.indexer_reference import make_indexer_inputs
+
+    inputs = make_indexer_inputs(batch=3, heads=64, pages_per_row=2, max_len=100, seed=1)
+    fn = _attr("indexer")
+    args = list(inputs.args())
+    fn(*args)  # the first call passes the guard
+    strided = list(args)
+    strided[2] = torch.cat([args[2], args[2][:, :1]], 1)[:, :64]  # same values, not contiguous
+    refused = fn(*strided)
+    guard = _hook_of(fn)
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("a compile variant failed")
+
+    guard.kernel = broken
+    after_break = fn(*args)
+    stock = _stock_of(fn)
+    return {"refused_equals_original": bool(torch.equal(refused, stock(*strided))),
+            "broken_equals_original": bool(torch.equal(after_break, stock(*args)))}
+
+
 CALLS = {
+    "indexer_later_calls": _indexer_later_calls,
     "indexer_good": lambda: _indexer_call(64),
     "indexer_bad": lambda: _indexer_call(32),
     "attention_good": lambda: _attention_call(2),

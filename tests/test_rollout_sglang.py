@@ -63,6 +63,7 @@ def _scenarios(base: Path) -> dict:
         "on": (venv, stock, dict(FLAGS_ON, ROLLOUT_STANDIN_TILELANG="1"), GOOD_CALLS),
         "bad_first_call": (venv, stock, dict(FLAGS_ON),
                            ["indexer_bad", "indexer_good", "attention_bad", "attention_good"]),
+        "later_calls": (venv, stock, dict(FLAGS_ON), ["indexer_later_calls"]),
         "flags_unset": (venv, stock, {"ROLLOUT_STANDIN_TILELANG": "1"},
                         ["indexer_good", "attention_good"]),
         "unsupported_version": (venv, newer, dict(FLAGS_ON, ROLLOUT_STANDIN_TILELANG="1"),
@@ -179,6 +180,23 @@ def test_first_call_contract_mismatch_falls_back_to_the_original_for_good(scenar
     assert any(INDEXER in w and "falls back to SGLang's original" in w for w in warnings)
     assert any(ATTENTION in w and "falls back to SGLang's original" in w for w in warnings)
     assert all("\n" not in w for w in warnings)
+    _no_tracebacks(result)
+
+
+def test_later_calls_the_kernel_refuses_or_breaks_go_to_the_original(scenarios):
+    result = _get(scenarios, "later_calls")
+    calls = result["calls"]["indexer_later_calls"]
+    assert "error" not in calls, calls  # SGLang never sees our exception
+    assert calls["refused_equals_original"] and calls["broken_equals_original"]
+    state = result["plugin_state"]["indexer"]
+    # A refused call is served by the original and the kernel stays on; a kernel that breaks
+    # hands the target back to the original for the rest of the process.
+    assert state["refused_calls"] == 1 and "weight must be contiguous" in state["last_refusal"]
+    assert state["status"] == "fallback" and "a later call" in state["reason"]
+    assert "a compile variant failed" in state["reason"]
+    assert state["kernel_calls"] == 1 and state["original_calls"] == 2
+    warnings = [r["message"] for r in _ours(result, "WARNING")]
+    assert any("refused a call" in w for w in warnings) and any("falls back" in w for w in warnings)
     _no_tracebacks(result)
 
 

@@ -52,7 +52,8 @@ from dsv4kit.rollout_targets import (
 logger = logging.getLogger(__name__)
 _PREFIX = "dsv4kit rollout:"
 
-# Per target key: {"status": ..., "reason": ..., "kernel_calls": n, "original_calls": n}.
+# Per target key: {"status": ..., "reason": ..., "kernel_calls": n, "original_calls": n}, and
+# "refused_calls" / "last_refusal" once the kernel has refused later calls.
 # status: "stock" (not hooked), "hooked" (hook registered, no call yet), "kernel" (first call
 # passed, served by dsv4kit), "fallback" (first call failed its guard: the original serves).
 _STATE: dict = {}
@@ -238,6 +239,27 @@ class _Guard:
     def call_kernel(self, args: tuple, kwargs: dict):
         return self.kernel(*args, **kwargs)
 
+    def _later_call(self, args: tuple, kwargs: dict):
+        """A call after the first one passed. The first call checks one shape; later ones may bring
+        arguments the kernel refuses (its own checks raise ValueError / TypeError before any
+        launch: the original serves that call) or a compile variant that fails (anything else:
+        the original serves this process from now on). SGLang never sees the exception."""
+        try:
+            result = self.call_kernel(args, kwargs)
+        except (ValueError, TypeError) as exc:
+            self.state["refused_calls"] = self.state.get("refused_calls", 0) + 1
+            message = _first_line(exc)
+            if message != self.state.get("last_refusal"):
+                self.state["last_refusal"] = message
+                logger.warning("%s %s: %s refused a call, SGLang's original serves it: %s", _PREFIX,
+                               self.target.dotted, self.target.kernel, message)
+            return self._original(args, kwargs)
+        except Exception as exc:
+            return self._fall_back(f"a later call: {self.target.kernel} raised {type(exc).__name__}: "
+                                   f"{_first_line(exc)}", args, kwargs)
+        self.state["kernel_calls"] += 1
+        return result
+
 
 class _IndexerGuard(_Guard):
     """fp8 paged MQA logits: the eight positional arguments of spec 2.2."""
@@ -245,8 +267,7 @@ class _IndexerGuard(_Guard):
     def __call__(self, *args, **kwargs):
         status = self.state.get("status")
         if status == "kernel":
-            self.state["kernel_calls"] += 1
-            return self.kernel(*args, **kwargs)
+            return self._later_call(args, kwargs)
         if status == "fallback":
             return self._original(args, kwargs)
         return self._first_call(args, kwargs)
@@ -317,8 +338,7 @@ class _AttentionGuard(_Guard):
         if not shape or shape[0] > self.max_tokens:
             return self._original(args, kwargs)
         if status == "kernel":
-            self.state["kernel_calls"] += 1
-            return self.kernel(**kwargs)
+            return self._later_call(args, kwargs)
         return self._first_call(args, kwargs)
 
     def call_kernel(self, args, kwargs):
