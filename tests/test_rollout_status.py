@@ -164,6 +164,30 @@ def test_status_flags_on_in_the_sglang_venv(sglang_venv, site):
     assert "tilelang is not importable" in tilelang["reasons"][0]
 
 
+@pytest.mark.parametrize("env, route", [
+    ({}, "tilelang"),  # SGLang's sm_120 defaults
+    ({"SGLANG_OPT_USE_TILELANG_INDEXER": "0"}, "torch"),
+    ({"SGLANG_OPT_USE_TILELANG_INDEXER": "false", "SGLANG_OPT_USE_AITER_INDEXER": "1"}, "aiter"),
+    ({"SGLANG_OPT_USE_TILELANG_INDEXER": "0", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "0"}, "deepgemm"),
+])
+def test_indexer_route_follows_sglangs_switches(env, route):
+    from dsv4kit.rollout import indexer_route
+
+    assert indexer_route(env) == route
+
+
+def test_status_flags_on_but_indexer_routed_elsewhere_is_a_problem(sglang_venv, site):
+    rc, report = _status(sglang_venv, site, dict(FLAGS_ON, SGLANG_OPT_USE_TILELANG_INDEXER="0",
+                                                 SGLANG_FP8_PAGED_MQA_LOGITS_TORCH="0"))
+    assert rc == exitcodes.CHECK_FAILED
+    assert report["indexer_route"] == "deepgemm"
+    assert any("send the indexer to deepgemm" in p for p in report["problems"])
+    # The torch route is the one the torch target serves: no problem there.
+    rc, report = _status(sglang_venv, site, dict(FLAGS_ON, SGLANG_OPT_USE_TILELANG_INDEXER="0"))
+    assert rc == exitcodes.OK, report["problems"]
+    assert _target(report, "indexer")["on_route"]
+
+
 def test_status_flags_unset_is_stock_and_ok(sglang_venv, site):
     rc, report = _status(sglang_venv, site, {"SGLANG_OPT_USE_TILELANG_INDEXER": "0"})
     assert rc == exitcodes.OK
@@ -239,10 +263,16 @@ def test_wheel_installs_no_deps_and_runs_without_cli_dependencies(bare_venv, sit
     location, imported, available = json.loads(done.stdout)
     assert "site-packages" in location  # the installed wheel, not this checkout
     assert imported == [] and available == []
-    # With SGLang's files on the path (a CPU control box, or the box): a full report, no torch.
+    # With SGLang's files on the path (a CPU control box, or the box): a full report without
+    # importing torch. The flags are on but this venv has no torch, so the kernels cannot import:
+    # the plugin would fall back, and status says so (the import is probed in a child process).
     rc, report = _status(bare_venv, site, FLAGS_ON)
-    assert rc == exitcodes.OK, report["problems"]
+    assert rc == exitcodes.CHECK_FAILED
     assert report["plugin"]["installed"]
+    assert report["problems"] and all("does not import here (ModuleNotFoundError: No module named 'torch')" in p
+                                      for p in report["problems"])
+    rc, report = _status(bare_venv, site, {})  # flags off: nothing to replace, nothing imported
+    assert rc == exitcodes.OK, report["problems"]
 
 
 # --- dsv4kit rollout status (the CLI) ----------------------------------------------------------
@@ -260,6 +290,12 @@ def test_cli_status_python_renders_the_venv_report(sglang_venv, site, monkeypatc
     result = CliRunner().invoke(app, ["rollout", "status", "--json", "--python", str(sglang_venv)])
     assert result.exit_code == exitcodes.OK
     assert json.loads(result.output)["python"] == str(sglang_venv)
+
+    # A relative --python is taken from here, although the report runs from "/".
+    monkeypatch.chdir(sglang_venv.parent.parent)
+    relative = sglang_venv.relative_to(sglang_venv.parent.parent)
+    result = CliRunner().invoke(app, ["rollout", "status", "--json", "--python", str(relative)])
+    assert result.exit_code == exitcodes.OK, result.output
 
 
 def test_cli_status_python_errors(tmp_path, base):

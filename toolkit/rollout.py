@@ -24,6 +24,7 @@ from typing import Optional
 from dsv4kit import exitcodes
 from dsv4kit.rollout_targets import (
     FLAGS,
+    INDEXER_FLAG,
     PLUGIN_GROUP,
     PLUGIN_NAME,
     PLUGIN_VALUE,
@@ -37,8 +38,8 @@ from dsv4kit.rollout_targets import (
 )
 
 
-SGLANG_CONTEXT_ENV = ("SGLANG_OPT_USE_TILELANG_INDEXER", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH",
-                      "SGLANG_SM120_FLASHMLA_BACKEND", "SGLANG_PLUGINS")
+SGLANG_CONTEXT_ENV = ("SGLANG_OPT_USE_TILELANG_INDEXER", "SGLANG_OPT_USE_AITER_INDEXER",
+                      "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "SGLANG_SM120_FLASHMLA_BACKEND", "SGLANG_PLUGINS")
 
 
 def _sglang_dir() -> Optional[str]:
@@ -155,6 +156,70 @@ def _plugin_report(environ) -> dict:
     return report
 
 
+KERNEL_IMPORT_TIMEOUT_S = 45
+
+_IMPORT_PROBE = """
+import importlib, json, sys
+errors = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        text = str(exc).strip().splitlines()
+        errors[name] = type(exc).__name__ + (": " + text[0] if text else "")
+print(json.dumps(errors))
+"""
+
+
+def kernel_import_problems(modules) -> dict:
+    """``{module: why}`` for the dsv4kit kernel modules this interpreter cannot import.
+
+    The plugin imports them on the first call and falls back to SGLang's original when that
+    fails, so status must know. They import torch and triton, so the import runs in a child
+    process (this report stays standard-library only and fast to start) with a timeout."""
+    import subprocess
+
+    modules = sorted(set(modules))
+    if not modules:
+        return {}
+    try:
+        done = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *modules], capture_output=True, text=True,
+                              timeout=KERNEL_IMPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {m: f"importing it did not finish within {KERNEL_IMPORT_TIMEOUT_S} s" for m in modules}
+    except OSError as exc:
+        return {m: f"cannot run {sys.executable}: {exc}" for m in modules}
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {m: f"the import probe failed (rc {done.returncode}): {tail}" for m in modules}
+
+
+def _env_bool(environ, name: str, default: bool) -> bool:
+    value = environ.get(name)
+    if value is None or not value.strip():
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+
+
+def indexer_route(environ) -> str:
+    """Which indexer SGLang 0.5.23 calls on sm_120 (spec 3.1), from its own switches: "tilelang",
+    "aiter", "torch" or "deepgemm". Unset switches take the sm_120 defaults that SGLang's model
+    hook applies (TileLang and torch on), so only explicit settings move the route."""
+    if _env_bool(environ, "SGLANG_OPT_USE_TILELANG_INDEXER", True):
+        return "tilelang"
+    if _env_bool(environ, "SGLANG_OPT_USE_AITER_INDEXER", False):
+        return "aiter"
+    if _env_bool(environ, "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", True):
+        return "torch"
+    return "deepgemm"
+
+
+# The indexer route each indexer target serves.
+_ROUTE_OF_TARGET = {"indexer": "torch", "indexer_tilelang": "tilelang"}
+
+
 def status_report(environ=None) -> dict:
     """The full report as a JSON-able dict; ``exit_code`` says how a script should read it."""
     environ = os.environ if environ is None else environ
@@ -182,6 +247,11 @@ def status_report(environ=None) -> dict:
         report["exit_code"] = exitcodes.ENVIRONMENT
         return report
 
+    route = indexer_route(environ)
+    report["indexer_route"] = route
+    import_problems = kernel_import_problems(
+        t.kernel_module for t in TARGETS
+        if flags[t.flag].enabled and importlib.util.find_spec(t.kernel_module) is not None)
     targets = []
     for target in TARGETS:
         flag = flags[target.flag]
@@ -210,7 +280,13 @@ def status_report(environ=None) -> dict:
             entry["reasons"].append(source_problem)
         if importlib.util.find_spec(target.kernel_module) is None:
             entry["reasons"].append(f"the dsv4kit kernel module {target.kernel_module} is not installed")
+        elif target.kernel_module in import_problems:
+            entry["reasons"].append(f"the dsv4kit kernel module {target.kernel_module} does not import here "
+                                    f"({import_problems[target.kernel_module]}); the plugin would fall back to "
+                                    "SGLang's original")
         entry["replaced"] = not entry["reasons"]
+        # Replaced, but does SGLang call it? Only the indexer target on SGLang's route runs.
+        entry["on_route"] = _ROUTE_OF_TARGET.get(target.key, route) == route
         targets.append(entry)
     report["targets"] = targets
 
@@ -222,6 +298,11 @@ def status_report(environ=None) -> dict:
         # A flag that is on must replace every applicable target it governs.
         if flags[entry["flag"]].enabled and entry["applicable"] and not entry["replaced"]:
             problems.append(f"{entry['target']}: " + "; ".join(entry["reasons"]))
+    indexer_flag = flags[INDEXER_FLAG]
+    if indexer_flag.enabled and route not in _ROUTE_OF_TARGET.values():
+        problems.append(f"{INDEXER_FLAG} is on but SGLang's switches send the indexer to {route} "
+                        f"(SGLANG_OPT_USE_TILELANG_INDEXER, SGLANG_OPT_USE_AITER_INDEXER, "
+                        f"SGLANG_FP8_PAGED_MQA_LOGITS_TORCH), which dsv4kit does not replace: the kernel never runs")
     report["problems"] = problems
     report["exit_code"] = exitcodes.CHECK_FAILED if problems else exitcodes.OK
     return report
@@ -251,6 +332,8 @@ def render(report: dict) -> str:
     for entry in report["targets"]:
         if entry["replaced"]:
             verdict = f"REPLACED by {entry['kernel']} (first call checked against the contract)"
+            if not entry.get("on_route", True):
+                verdict += f"; not on SGLang's indexer route ({report.get('indexer_route')})"
         elif not entry["applicable"]:
             verdict = "not applicable: " + "; ".join(entry["reasons"])
         else:

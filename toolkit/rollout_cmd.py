@@ -29,6 +29,8 @@ def _fail(message: str, code: int) -> None:
 
 
 def _report_from(python: Path, timeout: float) -> dict:
+    # Absolute (not resolved: a venv's python is a symlink out of the venv), since it runs from "/".
+    python = python.absolute()
     if not python.exists():
         _fail(f"--python {python}: no such file", exitcodes.USAGE)
     if python.is_dir() or not os.access(python, os.X_OK):
