@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROLES = REPO / "playbooks" / "roles"
 STAGES = ["preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
           "kernel_rollout", "sglang_service"]
-PLAY_VARS = {"dsv4_root", "dsv4_etc_dir"}  # derived in playbooks/site.yml
+PLAY_VARS = {"dsv4_root", "dsv4_etc_dir", "dsv4_restart_flag"}  # derived in playbooks/site.yml
 
 
 def _tool(name):
@@ -38,6 +38,26 @@ def test_syntax_check():
                            "playbooks/site.yml"], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**__import__("os").environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_failed_run_never_flushes_handlers():
+    """force_handlers would restart the servers into what a failed run left half-done: a restart is
+    kept in dsv4_restart_flag for the next successful run instead (tests/test_provision_run.py)."""
+    play = yaml.safe_load((REPO / "playbooks/site.yml").read_text())[0]
+    assert "force_handlers" not in play
+    assert play["vars"]["dsv4_restart_flag"].startswith("{{ dsv4_state_dir }}/")
+
+
+def test_every_restart_notification_also_records_the_flag():
+    """Each task notifying "Restart the serving units" has a flag write right before or after it."""
+    for tasks_file in ROLES.glob("*/tasks/*.yml"):
+        tasks = yaml.safe_load(tasks_file.read_text()) or []
+        for index, task in enumerate(tasks):
+            if task.get("notify") != "Restart the serving units" or "ansible.builtin.debug" in task:
+                continue
+            nearby = tasks[max(0, index - 1):index + 6]
+            writes = [t for t in nearby if t.get("ansible.builtin.copy", {}).get("dest") == "{{ dsv4_restart_flag }}"]
+            assert writes, f"{tasks_file}: {task['name']!r} notifies a restart but records no dsv4_restart_flag"
 
 
 def test_every_stage_is_a_tagged_role():

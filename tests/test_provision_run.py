@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dsv4kit.provision import run_playbook
 from tests.provision_inventory import TINY_PACKAGES, write_loopback_inventory
@@ -104,6 +105,9 @@ def test_first_run_provisions_the_gpu_less_box(box):
     # The marker lives in the venv: a recreated venv gets the wheel again.
     assert (venv / ".dsv4kit-wheel.installed").read_text().strip()
     assert "plugin installed in" in log
+    # The restart the changes asked for was recorded, then carried out (no unit runs here) and forgotten.
+    assert "RUNNING HANDLER [sglang_service : Forget the pending restart (done)]" in log
+    assert not (state / "restart-pending").exists()
     flags = (prefix / "etc/dsv4kit/kernel-flags.env").read_text()
     assert "SGLANG_SM120_TRITON_INDEXER=1" in flags and "SGLANG_SM120_MMA_ATTENTION=1" in flags
 
@@ -153,6 +157,81 @@ def test_recreated_venv_gets_the_dsv4kit_wheel_again(box, env):
                                capture_output=True, text=True)
     assert installed.returncode == 0 and installed.stdout.strip(), installed.stderr
     assert (venv / ".dsv4kit-wheel.installed").is_file()
+
+
+def _task_outcome(lines: list[str], task: str) -> str:
+    """The first result line ("ok", "changed", "skipping", "fatal") after TASK [task]."""
+    start = lines.index(next(line for line in lines if line.startswith(f"TASK [{task}]")))
+    return next(line.split(":")[0] for line in lines[start + 1:] if line.split(":")[0] in ("ok", "changed", "skipping", "fatal"))
+
+
+def test_marker_of_an_earlier_version_is_taken_over(box, env):
+    """Earlier versions kept the dsv4kit marker in dsv4_state_dir: an upgraded box must not reinstall the
+    wheel (and restart the servers) for it, unless the venv was created after that marker."""
+    inventory, prefix, first = box
+    assert first.returncode == 0
+    venv = prefix / "opt/dsv4/venv"
+    marker, old = venv / ".dsv4kit-wheel.installed", prefix / "var/lib/dsv4kit/dsv4kit.installed"
+    flag = prefix / "var/lib/dsv4kit/restart-pending"
+    sha = marker.read_text()
+    old.write_text(sha)
+    marker.unlink()
+    lines: list[str] = []
+    summary = run_in_process(inventory, env, lines, tags=["kernel_rollout"])
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    assert _task_outcome(lines, "kernel_rollout : Install the wheel into the venv without dependencies") == "skipping"
+    assert marker.read_text() == sha and not old.exists() and not flag.exists()
+    assert not any(line.startswith("RUNNING HANDLER") for line in lines)
+    # A venv newer than the old marker (recreated since): the wheel goes in again.
+    old.write_text(sha)
+    created = (venv / "pyvenv.cfg").stat().st_mtime
+    os.utime(old, (created - 60, created - 60))
+    marker.unlink()
+    lines.clear()
+    summary = run_in_process(inventory, env, lines, tags=["kernel_rollout"])
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    assert _task_outcome(lines, "kernel_rollout : Install the wheel into the venv without dependencies") == "changed"
+    assert marker.read_text() == sha and not old.exists() and not flag.exists()
+
+
+def test_a_failed_run_leaves_the_restart_to_the_next_successful_run(box, env):
+    """No force_handlers: a run that fails after a change never restarts the servers; the restart it
+    asked for is kept in dsv4_state_dir/restart-pending and done by the next successful run."""
+    inventory, prefix, first = box
+    assert first.returncode == 0
+    venv = prefix / "opt/dsv4/venv"
+    flag = prefix / "var/lib/dsv4kit/restart-pending"
+    (venv / ".dsv4kit-wheel.installed").unlink()  # the wheel is installed again
+    nccl = {**yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())["dsv4_nccl_env"], "NCCL_DEBUG": "WARN"}
+    misspelt = {"SGLANG_SM120_TRITON_INDEXER": "1", "SGLANG_SM120_MMA_ATTENTON": "1"}
+    lines: list[str] = []
+    summary = run_in_process(inventory, env, lines, tags=["host_tuning", "kernel_rollout"],
+                             extra_vars={"dsv4_nccl_env": nccl, "dsv4_kernel_flags": misspelt})
+    assert summary.exit_code == 6
+    assert _task_outcome(lines, "kernel_rollout : Install the wheel into the venv without dependencies") == "changed"
+    assert not any(line.startswith("RUNNING HANDLER") for line in lines)  # nothing restarted
+    assert flag.is_file()
+    assert not (venv / ".dsv4kit-wheel.installed").exists()  # the failed rollout is retried
+    assert "NCCL_DEBUG=WARN" in (prefix / "etc/dsv4kit/nccl.env").read_text()
+
+    # The serving stage alone, nothing else changed: it carries out the pending restart.
+    lines.clear()
+    summary = run_in_process(inventory, env, lines, tags=["sglang_service"])
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    assert _task_outcome(lines, "sglang_service : Carry out the pending restart (from this run or an earlier one that did not finish)") == "changed"
+    assert any(line.startswith("RUNNING HANDLER [sglang_service : Forget the pending restart (done)]") for line in lines)
+    assert not flag.exists()
+
+    # Back to the inventory's settings with the two stages alone (no units here): the restart runs at
+    # the end of the play and is forgotten; a second such run changes nothing.
+    for expect_changes in (True, False):
+        lines.clear()
+        summary = run_in_process(inventory, env, lines, tags=["host_tuning", "kernel_rollout"])
+        assert summary.exit_code == 0, "\n".join(lines[-80:])
+        handled = any(line.startswith("RUNNING HANDLER [sglang_service : Forget the pending restart (done)]") for line in lines)
+        assert handled == expect_changes and (summary.hosts["loop"]["changed"] > 0) == expect_changes, "\n".join(lines[-80:])
+        assert not flag.exists() and (venv / ".dsv4kit-wheel.installed").is_file()
+    assert "NCCL_DEBUG" not in (prefix / "etc/dsv4kit/nccl.env").read_text()
 
 
 def test_serving_tag_rerenders_units_with_another_context_length(box, env):

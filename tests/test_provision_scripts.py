@@ -3,9 +3,11 @@ local HTTP server answering like SGLang's /server_info, the unit verifier on goo
 units, and the units' ExecStartPre preflight against a fake nvidia-smi. (On the GPU-less test box
 the units are never started, so this is where these checks are exercised.)"""
 
+import base64
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
+import yaml
 
 FILES = Path(__file__).resolve().parents[1] / "playbooks/roles/sglang_service/files"
 TEMPLATES = FILES.parent / "templates"
@@ -185,3 +188,90 @@ def test_serve_preflight_names_a_gpu_count_mismatch_and_unset_devices(serve_pref
     result = serve_preflight(4, None)
     assert result.returncode == 1
     assert result.stderr.strip() == "dsv4 preflight (decode): CUDA_VISIBLE_DEVICES is not set in the unit"
+
+
+# --- nvidia_driver: when is a driver reboot pending? ---------------------------------------------
+# The GPU-less test box runs nvidia_driver in check mode, so the decision is exercised here: the
+# role's own "Decide whether a reboot is pending" and GPU count tasks, run by ansible-playbook on
+# localhost with the registered results they read given as variables.
+
+ROLES = FILES.parents[1]
+NVIDIA_SMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                        "Make sure that the latest NVIDIA driver is installed and running.")
+REBOOT_CASES = {
+    # name: (install changed, /var/run/reboot-required.pkgs or None, nvidia-smi rc, its output, reasons)
+    "nothing": (False, None, 0, "GPU 0: NVIDIA RTX PRO 6000", []),
+    "driver_installed_now": (True, None, 0, "", ["the driver install changed"]),
+    "kernel_update_only": (False, "linux-image-6.8.0-60-generic\nlibc6\n", 0, "GPU 0: NVIDIA RTX PRO 6000", []),
+    "driver_upgraded": (False, "linux-base\nnvidia-kernel-common-580\nlibnvidia-compute-580\nnvidia-kernel-common-580\n",
+                        0, "GPU 0: NVIDIA RTX PRO 6000",
+                        ["/var/run/reboot-required.pkgs lists nvidia-kernel-common-580, libnvidia-compute-580"]),
+    "no_devices": (False, None, 6, "No devices were found", []),
+    "not_loaded": (False, None, 9, NVIDIA_SMI_NO_DRIVER, [f"nvidia-smi -L fails: {NVIDIA_SMI_NO_DRIVER}"]),
+    "mismatch": (False, None, 18, "Failed to initialize NVML: Driver/library version mismatch",
+                 ["nvidia-smi -L fails: Failed to initialize NVML: Driver/library version mismatch"]),
+}
+
+
+def _role_task(role: str, name: str) -> dict:
+    def walk(tasks):
+        for task in tasks:
+            if task.get("name") == name:
+                return task
+            found = walk(task.get("block", []))
+            if found:
+                return found
+        return None
+
+    task = walk(yaml.safe_load((ROLES / role / "tasks/main.yml").read_text()))
+    assert task is not None, f"{role}: no task {name!r}"
+    return task
+
+
+@pytest.fixture(scope="module")
+def reboot_decisions(tmp_path_factory):
+    playbook_tool = shutil.which("ansible-playbook")
+    if playbook_tool is None:
+        pytest.skip("ansible-playbook not installed")
+    tmp = tmp_path_factory.mktemp("reboot")
+    defaults = yaml.safe_load((ROLES / "nvidia_driver/defaults/main.yml").read_text())
+    decide = _role_task("nvidia_driver", "Decide whether a reboot is pending")
+    count = dict(_role_task("nvidia_driver", "Check the GPU count nvidia-smi lists is {{ dsv4_gpu_count }}"),
+                 ignore_errors=True, register="case_count")
+    count.pop("when", None)
+    plays = []
+    for case, (changed, pkgs, rc, output, _) in REBOOT_CASES.items():
+        smi = {"rc": rc, "stdout": output, "stderr": "", "stdout_lines": output.splitlines(), "changed": False}
+        plays.append({
+            "name": case, "hosts": "localhost", "connection": "local", "gather_facts": False,
+            "vars": {**defaults, "ansible_python_interpreter": sys.executable,
+                     "nvidia_driver_simulate": False, "dsv4_gpu_count": 8,
+                     "nvidia_driver_install": {"changed": changed},
+                     "nvidia_driver_reboot_pkgs": ({"content": base64.b64encode(pkgs.encode()).decode()}
+                                                   if pkgs is not None else {"failed": True, "msg": "file not found"}),
+                     "nvidia_driver_smi_before": smi, "nvidia_driver_smi": smi},
+            "tasks": [decide, count, {"name": "Keep the result", "ansible.builtin.copy": {
+                "dest": str(tmp / f"{case}.json"),
+                "content": "{{ {'reasons': nvidia_driver_reboot_reasons, 'count_msg': case_count.msg | default('')} | to_json }}",
+                "mode": "0644"}}],
+        })
+    (tmp / "play.yml").write_text(yaml.safe_dump(plays, sort_keys=False))
+    proc = subprocess.run([playbook_tool, "-i", "localhost,", str(tmp / "play.yml")], cwd=tmp, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return {case: json.loads((tmp / f"{case}.json").read_text()) for case in REBOOT_CASES}
+
+
+@pytest.mark.parametrize("case", list(REBOOT_CASES))
+def test_driver_reboot_is_pending_only_for_the_driver(reboot_decisions, case):
+    """A reboot only when this run's install changed, an NVIDIA package asks for it, or nvidia-smi says
+    the driver is not loaded: never for /var/run/reboot-required alone (kernel, libc updates) nor for
+    "No devices were found", which a reboot does not fix."""
+    assert reboot_decisions[case]["reasons"] == REBOOT_CASES[case][4]
+
+
+def test_no_devices_is_left_to_the_gpu_count_check(reboot_decisions):
+    assert reboot_decisions["no_devices"]["count_msg"].startswith(
+        "nvidia-smi lists 0 GPUs, expected 8 (nvidia-smi -L exits 6: No devices were found). "
+        "\"No devices were found\" on Blackwell means the proprietary")
+    assert reboot_decisions["nothing"]["count_msg"].startswith("nvidia-smi lists 1 GPUs, expected 8.")
