@@ -61,6 +61,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4kit.kernels.errors import KernelArgumentError
+
 PAGE_SIZE = 64  # compressed positions per index-K page
 HEAD_DIM = 128  # index head dim
 PAGE_BYTES = PAGE_SIZE * (HEAD_DIM + 4)  # 8448: 64*128 fp8 values then 64 fp32 scales
@@ -190,7 +192,7 @@ def programs_per_row(batch: int, num_table_pages: int, device: torch.device,
 
 
 def _fail(message: str) -> None:
-    raise ValueError(f"fp8_paged_mqa_logits: {message}")
+    raise KernelArgumentError(f"fp8_paged_mqa_logits: {message}")
 
 
 def check_args(q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits):

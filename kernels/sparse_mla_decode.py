@@ -61,6 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4kit.kernels.errors import KernelArgumentError
 from dsv4kit.kernels.sparse_mla_reference import HEAD_DIM, TOKEN_BYTES, as_bytes, sparse_mla_reference
 
 logger = logging.getLogger(__name__)
@@ -706,8 +707,11 @@ def flash_mla_with_kvcache_sm120(
     overrides; SGLang never passes them. Calls with ``T > SM120_DECODE_MAX_TOKENS`` go to the float32
     torch reference (logged once).
     """
-    check_arguments(q, k_cache, head_dim_v, softmax_scale, indices, topk_length, attn_sink,
-                    extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
+    try:
+        check_arguments(q, k_cache, head_dim_v, softmax_scale, indices, topk_length, attn_sink,
+                        extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
+    except (ValueError, TypeError) as exc:
+        raise KernelArgumentError(f"flash_mla_with_kvcache_sm120: {exc}") from None
     T, _, H, _ = q.shape
     device = q.device
     if T > SM120_DECODE_MAX_TOKENS:
@@ -742,8 +746,8 @@ def flash_mla_with_kvcache_sm120(
         attn_sink = attn_sink.contiguous()
 
     if device.type != "cuda" and not interpreting():
-        raise ValueError(f"q is on {device}: the kernel needs a CUDA device (or TRITON_INTERPRET=1 for "
-                         "Triton's CPU interpreter)")
+        raise KernelArgumentError(f"flash_mla_with_kvcache_sm120: q is on {device}: the kernel needs a CUDA "
+                                  "device (or TRITON_INTERPRET=1 for Triton's CPU interpreter)")
     if attn_sink is None:
         attn_sink = torch.full((H,), float("-inf"), dtype=torch.float32, device=device)  # e^-inf = 0
     cfg = config or default_config(H, device_capability(device))

@@ -185,3 +185,16 @@ def test_reference_reads_fp8_views_of_the_cache_as_bytes(good):
     as_u8 = dequantize_v4(good["k_cache"], slots)
     as_fp8 = dequantize_v4(good["k_cache"].view(torch.float8_e4m3fn), slots)
     assert torch.equal(as_u8, as_fp8) and torch.isfinite(as_fp8).all()
+
+
+def test_refusals_are_kernel_argument_errors_for_the_plugin(good):
+    from dsv4kit.kernels import indexer
+    from dsv4kit.kernels.errors import KernelArgumentError
+
+    assert issubclass(KernelArgumentError, ValueError) and issubclass(KernelArgumentError, TypeError)
+    with pytest.raises(KernelArgumentError, match="flash_mla_with_kvcache_sm120: head_dim_v"):
+        _call(good, head_dim_v=448)
+    with pytest.raises(KernelArgumentError, match="flash_mla_with_kvcache_sm120: softmax_scale must be a Python"):
+        _call(good, softmax_scale=torch.tensor(0.04))  # a TypeError in the checks
+    with pytest.raises(KernelArgumentError, match="fp8_paged_mqa_logits: "):
+        indexer.fp8_paged_mqa_logits(good["q"], None, None, None, None, None, 1, False)

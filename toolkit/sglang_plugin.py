@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 _PREFIX = "dsv4kit rollout:"
 
 # Per target key: {"status": ..., "reason": ..., "kernel_calls": n, "original_calls": n}, and
-# "refused_calls" / "last_refusal" once the kernel has refused later calls.
+# "refused_calls" / "last_refusal" / "refusals_logged" once the kernel has refused later calls.
 # status: "stock" (not hooked), "hooked" (hook registered, no call yet), "kernel" (first call
 # passed, served by dsv4kit), "fallback" (first call failed its guard: the original serves).
 _STATE: dict = {}
@@ -240,25 +240,54 @@ class _Guard:
         return self.kernel(*args, **kwargs)
 
     def _later_call(self, args: tuple, kwargs: dict):
-        """A call after the first one passed. The first call checks one shape; later ones may bring
-        arguments the kernel refuses (its own checks raise ValueError / TypeError before any
-        launch: the original serves that call) or a compile variant that fails (anything else:
-        the original serves this process from now on). SGLang never sees the exception."""
+        """A call after the first one passed. The first call checks one shape; a later one may
+        bring arguments the kernel refuses: its host checks raise KernelArgumentError before any
+        launch, and SGLang's original serves that call (also inside a CUDA-graph capture: nothing
+        of ours was recorded). Any other exception outside a capture (e.g. a compile variant first
+        met by a later shape) hands the target to the original for the calls still to come (graphs
+        captured earlier keep the kernel). Inside a capture, and for out-of-memory, the exception
+        is SGLang's to see: hiding it would hand SGLang a broken capture or a false diagnosis."""
+        from dsv4kit.kernels.errors import KernelArgumentError
+
         try:
-            result = self.call_kernel(args, kwargs)
-        except (ValueError, TypeError) as exc:
-            self.state["refused_calls"] = self.state.get("refused_calls", 0) + 1
-            message = _first_line(exc)
-            if message != self.state.get("last_refusal"):
-                self.state["last_refusal"] = message
-                logger.warning("%s %s: %s refused a call, SGLang's original serves it: %s", _PREFIX,
-                               self.target.dotted, self.target.kernel, message)
+            result = self.kernel(*args, **kwargs)
+        except KernelArgumentError as exc:
+            self._refused(exc)
             return self._original(args, kwargs)
         except Exception as exc:
+            if _capturing() or type(exc).__name__ == "OutOfMemoryError":
+                raise
             return self._fall_back(f"a later call: {self.target.kernel} raised {type(exc).__name__}: "
                                    f"{_first_line(exc)}", args, kwargs)
         self.state["kernel_calls"] += 1
         return result
+
+    def _refused(self, exc: Exception) -> None:
+        self.state["refused_calls"] = self.state.get("refused_calls", 0) + 1
+        message = _first_line(exc)
+        self.state["last_refusal"] = message
+        # Logged once per argument the kernel names (the text before the first comma / "got"),
+        # so a refusal that recurs at every batch size does not flood the log.
+        seen = self.state.setdefault("refusals_logged", [])
+        key = message.split(",")[0].split(" got ")[0][:120]
+        if key not in seen and len(seen) < _MAX_REFUSALS_LOGGED:
+            seen.append(key)
+            logger.warning("%s %s: %s refused a call, SGLang's original serves it (logged once per "
+                           "kind; 'refused_calls' counts them): %s", _PREFIX, self.target.dotted,
+                           self.target.kernel, message)
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without torch.cuda)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return False
+
+
+_MAX_REFUSALS_LOGGED = 8
 
 
 class _IndexerGuard(_Guard):
