@@ -167,6 +167,7 @@ def test_status_flags_on_in_the_sglang_venv(sglang_venv, site):
 @pytest.mark.parametrize("env, route", [
     ({}, "tilelang"),  # SGLang's sm_120 defaults
     ({"SGLANG_OPT_USE_TILELANG_INDEXER": "0"}, "torch"),
+    ({"SGLANG_OPT_USE_TILELANG_INDEXER": ""}, "torch"),  # set but empty: false, as SGLang reads it
     ({"SGLANG_OPT_USE_TILELANG_INDEXER": "false", "SGLANG_OPT_USE_AITER_INDEXER": "1"}, "aiter"),
     ({"SGLANG_OPT_USE_TILELANG_INDEXER": "0", "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "0"}, "deepgemm"),
 ])

@@ -2,8 +2,10 @@
 
 Runs in the SGLang venv on the box (or on any machine) with the standard library only: the
 SGLang version comes from its distribution metadata, the targets are found by parsing SGLang's
-source files with ``ast`` (nothing from SGLang, torch or tilelang is imported), and the plugin
-entry point is resolved the way SGLang resolves it (``importlib.metadata``).
+source files with ``ast`` (nothing from SGLang, torch or tilelang is imported into this
+process), and the plugin entry point is resolved the way SGLang resolves it
+(``importlib.metadata``). For a flag that is on, a child process checks that the dsv4kit kernel
+modules import (they need torch and triton).
 
 Exit codes (dsv4kit.exitcodes): 0 the report is consistent (every flagged target would be
 replaced, or no flag is set); 1 a flag is set but something keeps a target stock; 5 SGLang is
@@ -157,6 +159,7 @@ def _plugin_report(environ) -> dict:
 
 
 KERNEL_IMPORT_TIMEOUT_S = 45
+_SLOW_IMPORT = f"importing it did not finish within {KERNEL_IMPORT_TIMEOUT_S} s"
 
 _IMPORT_PROBE = """
 import importlib, json, sys
@@ -186,7 +189,7 @@ def kernel_import_problems(modules) -> dict:
         done = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *modules], capture_output=True, text=True,
                               timeout=KERNEL_IMPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return {m: f"importing it did not finish within {KERNEL_IMPORT_TIMEOUT_S} s" for m in modules}
+        return {m: _SLOW_IMPORT for m in modules}
     except OSError as exc:
         return {m: f"cannot run {sys.executable}: {exc}" for m in modules}
     try:
@@ -197,10 +200,11 @@ def kernel_import_problems(modules) -> dict:
 
 
 def _env_bool(environ, name: str, default: bool) -> bool:
-    value = environ.get(name)
-    if value is None or not value.strip():
+    """An SGLang switch: unset means SGLang's default; a set value reads like our own flags
+    (SGLang's EnvBool rules, so an empty value is false)."""
+    if environ.get(name) is None:
         return default
-    return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    return read_flag(name, environ).enabled
 
 
 def indexer_route(environ) -> str:
@@ -252,7 +256,7 @@ def status_report(environ=None) -> dict:
     import_problems = kernel_import_problems(
         t.kernel_module for t in TARGETS
         if flags[t.flag].enabled and importlib.util.find_spec(t.kernel_module) is not None)
-    targets = []
+    targets, warnings = [], []
     for target in TARGETS:
         flag = flags[target.flag]
         entry = {"key": target.key, "target": target.dotted, "flag": target.flag,
@@ -280,6 +284,9 @@ def status_report(environ=None) -> dict:
             entry["reasons"].append(source_problem)
         if importlib.util.find_spec(target.kernel_module) is None:
             entry["reasons"].append(f"the dsv4kit kernel module {target.kernel_module} is not installed")
+        elif import_problems.get(target.kernel_module) == _SLOW_IMPORT:
+            # Slow, not broken (a cold disk): said, but not a reason to call the target stock.
+            warnings.append(f"{target.dotted}: the import check of {target.kernel_module} {_SLOW_IMPORT}")
         elif target.kernel_module in import_problems:
             entry["reasons"].append(f"the dsv4kit kernel module {target.kernel_module} does not import here "
                                     f"({import_problems[target.kernel_module]}); the plugin would fall back to "
@@ -304,6 +311,7 @@ def status_report(environ=None) -> dict:
                         f"(SGLANG_OPT_USE_TILELANG_INDEXER, SGLANG_OPT_USE_AITER_INDEXER, "
                         f"SGLANG_FP8_PAGED_MQA_LOGITS_TORCH), which dsv4kit does not replace: the kernel never runs")
     report["problems"] = problems
+    report["warnings"] = warnings
     report["exit_code"] = exitcodes.CHECK_FAILED if problems else exitcodes.OK
     return report
 
@@ -339,6 +347,8 @@ def render(report: dict) -> str:
         else:
             verdict = "stock: " + "; ".join(entry["reasons"])
         lines.append(f"  {entry['target']}: {verdict}")
+    for warning in report.get("warnings", []):
+        lines.append(f"WARNING: {warning}")
     for problem in report.get("problems", []):
         lines.append(f"PROBLEM: {problem}")
     return "\n".join(lines)

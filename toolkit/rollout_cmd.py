@@ -71,7 +71,8 @@ def status(
     """Which SGLang version, whether the dsv4kit plugin is installed, which flags are set, and
     for each target whether it would be replaced or why not.
 
-    Reads files only (no SGLang, torch or tilelang import), so it also works on a CPU machine.
+    Reads SGLang's files (it imports nothing from SGLang); for a flag that is on, a child
+    process checks that the dsv4kit kernel modules import (they need torch and triton there).
     Flags are read from the environment of the command: run it with the server's environment.
     Exit codes: 0 consistent (flagged targets replaced, or no flag set), 1 a flag is set but a
     target would stay stock, 2 bad input, 4 timeout, 5 SGLang or dsv4kit missing there.
