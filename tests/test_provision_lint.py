@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 ROLES = REPO / "playbooks" / "roles"
 STAGES = ["preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
           "kernel_rollout", "sglang_service"]
-PLAY_VARS = {"dsv4_root", "dsv4_etc_dir", "dsv4_restart_flag"}  # derived in playbooks/site.yml
+PLAY_VARS = {"dsv4_root", "dsv4_etc_dir", "dsv4_restart_flag", "dsv4_rollout_unverified_flag"}  # playbooks/site.yml
+RESTART = "Restart the serving units"
 
 
 def _tool(name):
@@ -48,16 +49,73 @@ def test_a_failed_run_never_flushes_handlers():
     assert play["vars"]["dsv4_restart_flag"].startswith("{{ dsv4_state_dir }}/")
 
 
+def _writes(task: dict, flag: str) -> bool:
+    return task.get("ansible.builtin.copy", {}).get("dest") == "{{ %s }}" % flag
+
+
+def _restart_notifications(tasks: list, block: dict | None = None):
+    """(task, the block it is in or None, the list it is in, its index there) for every task, in
+    blocks too, that notifies the restart handler (the debug carrying out a pending one aside)."""
+    for index, task in enumerate(tasks):
+        if "block" in task:
+            yield from _restart_notifications(task["block"], task)
+            for part in ("rescue", "always"):
+                yield from _restart_notifications(task.get(part, []), None)
+        elif task.get("notify") == RESTART and "ansible.builtin.debug" not in task:
+            yield task, block, tasks, index
+
+
 def test_every_restart_notification_also_records_the_flag():
-    """Each task notifying "Restart the serving units" has a flag write right before or after it."""
+    """Each change that notifies "Restart the serving units" also writes dsv4_restart_flag, so a run
+    that fails after it leaves the restart to the next successful run. Either the change sits in a
+    block whose `always:` writes the flag when the task's registered result (guarded with default,
+    for a task a failure came before) changed, or the flag is written right before the task, under
+    the same condition (the wheel install: written before the change)."""
+    seen = 0
     for tasks_file in ROLES.glob("*/tasks/*.yml"):
         tasks = yaml.safe_load(tasks_file.read_text()) or []
-        for index, task in enumerate(tasks):
-            if task.get("notify") != "Restart the serving units" or "ansible.builtin.debug" in task:
-                continue
-            nearby = tasks[max(0, index - 1):index + 6]
-            writes = [t for t in nearby if t.get("ansible.builtin.copy", {}).get("dest") == "{{ dsv4_restart_flag }}"]
-            assert writes, f"{tasks_file}: {task['name']!r} notifies a restart but records no dsv4_restart_flag"
+        for task, block, siblings, index in _restart_notifications(tasks):
+            seen += 1
+            where = f"{tasks_file.relative_to(REPO)}: {task['name']!r}"
+            if block is not None:
+                register = task.get("register")
+                assert register, f"{where} notifies a restart inside a block but registers no result for its always:"
+                writes = [t for t in block.get("always", []) if _writes(t, "dsv4_restart_flag")]
+                assert writes, f"{where}: its block has no always: task writing dsv4_restart_flag"
+                assert any(re.search(rf"\(\s*{register}\s*\|\s*default\(\{{\}}\)\s*\)\s+is\s+changed", str(t.get("when")))
+                           for t in writes), f"{where}: the always: flag write does not test ({register} | default({{}})) is changed"
+            else:
+                before = siblings[max(0, index - 2):index]
+                writes = [t for t in before if _writes(t, "dsv4_restart_flag") and t.get("when") == task.get("when")]
+                assert writes, (f"{where} notifies a restart outside a block and records no dsv4_restart_flag right "
+                                "before it under the same condition")
+    assert seen >= 7  # preflight script, env file, 2 unit tasks, NCCL env, wheel, kernel flags
+
+
+def test_an_unverified_rollout_stops_every_restart():
+    """kernel_rollout marks the rollout unverified before the wheel install (and with new flags) and
+    clears the mark only after its status check; sglang_service and the restart handler refuse while
+    it is there."""
+    rollout = yaml.safe_load((ROLES / "kernel_rollout/tasks/main.yml").read_text())
+    names = [t["name"] for t in rollout]
+    install = names.index("Install the wheel into the venv without dependencies")
+    marks = [i for i, t in enumerate(rollout[:install]) if _writes(t, "dsv4_rollout_unverified_flag")]
+    assert marks and rollout[marks[0]]["when"] == rollout[install]["when"]
+    flags_block = next(t for t in rollout if "block" in t and any("kernel_rollout_flags" == b.get("register") for b in t["block"]))
+    assert any(_writes(t, "dsv4_rollout_unverified_flag") for t in flags_block["always"])
+    cleared = next(i for i, t in enumerate(rollout) if t.get("ansible.builtin.file", {}).get("path") == "{{ dsv4_rollout_unverified_flag }}")
+    assert cleared > names.index("Check the rollout status")
+    assert rollout[cleared]["ansible.builtin.file"]["state"] == "absent"
+
+    service = yaml.safe_load((ROLES / "sglang_service/tasks/main.yml").read_text())
+    assert service[0]["ansible.builtin.stat"]["path"] == "{{ dsv4_rollout_unverified_flag }}"
+    assert "ansible.builtin.fail" in service[1]
+    handlers = yaml.safe_load((ROLES / "sglang_service/handlers/main.yml").read_text())
+    assert all(h.get("listen") == RESTART for h in handlers)
+    assert handlers[0]["ansible.builtin.stat"]["path"] == "{{ dsv4_rollout_unverified_flag }}"
+    assert "ansible.builtin.fail" in handlers[1]
+    assert "--tags kernel_rollout" in yaml.safe_load((ROLES / "sglang_service/defaults/main.yml").read_text())[
+        "sglang_service_unverified_msg"]
 
 
 def test_every_stage_is_a_tagged_role():

@@ -194,44 +194,106 @@ def test_marker_of_an_earlier_version_is_taken_over(box, env):
     assert marker.read_text() == sha and not old.exists() and not flag.exists()
 
 
-def test_a_failed_run_leaves_the_restart_to_the_next_successful_run(box, env):
-    """No force_handlers: a run that fails after a change never restarts the servers; the restart it
-    asked for is kept in dsv4_state_dir/restart-pending and done by the next successful run."""
+def _handled(lines: list[str]) -> bool:
+    return any(line.startswith("RUNNING HANDLER [sglang_service : Forget the pending restart (done)]") for line in lines)
+
+
+def test_an_unverified_rollout_blocks_every_restart_until_kernel_rollout_passes(box, env):
+    """No force_handlers: a run that fails after a change never restarts the servers, the restart it
+    asked for is kept in dsv4_state_dir/restart-pending. A rollout that failed its status check (or
+    whose install stopped half-way) is also marked unverified, and no run without kernel_rollout
+    (bench's context-length restart, --tags host_tuning) restarts the units onto it: it fails naming
+    the stage to run, which checks the rollout again and then carries out the restart."""
     inventory, prefix, first = box
     assert first.returncode == 0
     venv = prefix / "opt/dsv4/venv"
-    flag = prefix / "var/lib/dsv4kit/restart-pending"
+    state = prefix / "var/lib/dsv4kit"
+    flag, unverified = state / "restart-pending", state / "rollout-unverified"
+    decode = prefix / "etc/systemd/system/dsv4-decode.service"
+    nccl_file = prefix / "etc/dsv4kit/nccl.env"
     (venv / ".dsv4kit-wheel.installed").unlink()  # the wheel is installed again
-    nccl = {**yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())["dsv4_nccl_env"], "NCCL_DEBUG": "WARN"}
+    nccl = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())["dsv4_nccl_env"]
     misspelt = {"SGLANG_SM120_TRITON_INDEXER": "1", "SGLANG_SM120_MMA_ATTENTON": "1"}
     lines: list[str] = []
     summary = run_in_process(inventory, env, lines, tags=["host_tuning", "kernel_rollout"],
-                             extra_vars={"dsv4_nccl_env": nccl, "dsv4_kernel_flags": misspelt})
+                             extra_vars={"dsv4_nccl_env": {**nccl, "NCCL_DEBUG": "WARN"}, "dsv4_kernel_flags": misspelt})
     assert summary.exit_code == 6
     assert _task_outcome(lines, "kernel_rollout : Install the wheel into the venv without dependencies") == "changed"
     assert not any(line.startswith("RUNNING HANDLER") for line in lines)  # nothing restarted
-    assert flag.is_file()
+    assert flag.is_file() and unverified.is_file()
+    assert "dsv4kit provision --tags kernel_rollout" in unverified.read_text()
     assert not (venv / ".dsv4kit-wheel.installed").exists()  # the failed rollout is retried
-    assert "NCCL_DEBUG=WARN" in (prefix / "etc/dsv4kit/nccl.env").read_text()
+    assert "NCCL_DEBUG=WARN" in nccl_file.read_text()
 
-    # The serving stage alone, nothing else changed: it carries out the pending restart.
+    # What `dsv4kit bench --ctx N` runs: sglang_service alone refuses before it changes anything.
+    unit = decode.read_text()
+    refusal = "sglang_service : Refuse to start or restart the serving units onto an unverified dsv4kit rollout"
     lines.clear()
-    summary = run_in_process(inventory, env, lines, tags=["sglang_service"])
-    assert summary.exit_code == 0, "\n".join(lines[-80:])
-    assert _task_outcome(lines, "sglang_service : Carry out the pending restart (from this run or an earlier one that did not finish)") == "changed"
-    assert any(line.startswith("RUNNING HANDLER [sglang_service : Forget the pending restart (done)]") for line in lines)
-    assert not flag.exists()
+    summary = run_in_process(inventory, env, lines, tags=["sglang_service"], extra_vars={"dsv4_context_length": 8192})
+    assert summary.exit_code == 6
+    assert [f.task for f in summary.failures] == [refusal]
+    log = "\n".join(lines)
+    assert f"{unverified} exists" in log and "`dsv4kit provision --tags kernel_rollout,sglang_service`" in log
+    assert decode.read_text() == unit and summary.hosts["loop"]["changed"] == 0
+    assert flag.is_file() and unverified.is_file() and not _handled(lines)
 
-    # Back to the inventory's settings with the two stages alone (no units here): the restart runs at
-    # the end of the play and is forgotten; a second such run changes nothing.
+    # Another stage alone whose change notifies the restart: the handler refuses as well.
+    lines.clear()
+    summary = run_in_process(inventory, env, lines, tags=["host_tuning"],
+                             extra_vars={"dsv4_nccl_env": {**nccl, "NCCL_DEBUG": "INFO"}})
+    assert summary.exit_code == 6
+    assert [f.task for f in summary.failures] == ["sglang_service : Refuse to restart the serving units onto an unverified dsv4kit rollout"]
+    assert not any("Restart the running serving units" in line for line in lines)
+    assert flag.is_file() and unverified.is_file() and "NCCL_DEBUG=INFO" in nccl_file.read_text()
+
+    # --check: without kernel_rollout it predicts the refusal; with it, the check that clears the file.
+    for tags, exit_code in ((["sglang_service"], 6), (["kernel_rollout", "sglang_service"], 0)):
+        lines.clear()
+        summary = run_in_process(inventory, env, lines, tags=tags, check=True)
+        assert summary.exit_code == exit_code, "\n".join(lines[-80:])
+        assert flag.is_file() and unverified.is_file()  # --check changes nothing
+
+    # The two stages with the inventory's settings (no units here): the rollout is checked, the file
+    # removed, the restart runs at the end of the play and is forgotten; a second run changes nothing.
     for expect_changes in (True, False):
         lines.clear()
         summary = run_in_process(inventory, env, lines, tags=["host_tuning", "kernel_rollout"])
         assert summary.exit_code == 0, "\n".join(lines[-80:])
-        handled = any(line.startswith("RUNNING HANDLER [sglang_service : Forget the pending restart (done)]") for line in lines)
-        assert handled == expect_changes and (summary.hosts["loop"]["changed"] > 0) == expect_changes, "\n".join(lines[-80:])
-        assert not flag.exists() and (venv / ".dsv4kit-wheel.installed").is_file()
-    assert "NCCL_DEBUG" not in (prefix / "etc/dsv4kit/nccl.env").read_text()
+        assert _handled(lines) == expect_changes and (summary.hosts["loop"]["changed"] > 0) == expect_changes, "\n".join(lines[-80:])
+        assert not flag.exists() and not unverified.exists() and (venv / ".dsv4kit-wheel.installed").is_file()
+    assert "NCCL_DEBUG" not in nccl_file.read_text()
+
+
+def test_a_template_failing_after_a_change_still_records_the_restart(box, env):
+    """The unit files are written in a block whose always: records the restart: a later template that
+    fails (here the router unit, after the decode unit changed) does not lose it, and the next
+    successful run of the serving stage carries it out with nothing else to change."""
+    inventory, prefix, first = box
+    assert first.returncode == 0
+    flag = prefix / "var/lib/dsv4kit/restart-pending"
+    decode = prefix / "etc/systemd/system/dsv4-decode.service"
+    lines: list[str] = []
+    summary = run_in_process(inventory, env, lines, tags=["sglang_service"],
+                             extra_vars={"dsv4_context_length": 4096,
+                                         "sglang_service_router_host": "{{ not_defined_anywhere_in_this_test }}"})
+    assert summary.exit_code == 6
+    assert [f.task for f in summary.failures] == ["sglang_service : Write the router unit"]
+    assert "--context-length 4096" in decode.read_text()
+    assert _task_outcome(lines, "sglang_service : Record that the serving units need a restart") == "changed"
+    assert not any(line.startswith("RUNNING HANDLER") for line in lines) and flag.is_file()
+
+    # The same settings without the broken one: nothing left to render, the recorded restart is done.
+    lines.clear()
+    summary = run_in_process(inventory, env, lines, tags=["sglang_service"], extra_vars={"dsv4_context_length": 4096})
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    assert _task_outcome(lines, "sglang_service : Write the prefill and decode units") == "ok"
+    assert _task_outcome(lines, "sglang_service : Carry out the pending restart (from this run or an earlier one that did not finish)") == "changed"
+    assert _handled(lines) and not flag.exists()
+
+    lines.clear()
+    summary = run_in_process(inventory, env, lines, tags=["sglang_service"])
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    assert "--context-length 131072" in decode.read_text() and _handled(lines) and not flag.exists()
 
 
 def test_serving_tag_rerenders_units_with_another_context_length(box, env):

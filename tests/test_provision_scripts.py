@@ -198,17 +198,28 @@ def test_serve_preflight_names_a_gpu_count_mismatch_and_unset_devices(serve_pref
 ROLES = FILES.parents[1]
 NVIDIA_SMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
                         "Make sure that the latest NVIDIA driver is installed and running.")
+# The first line of /proc/driver/nvidia/version with the open and with the closed (proprietary) module.
+OPEN_MODULE = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U16-I3-B03-4-3)"
+CLOSED_MODULE = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  Tue Jul  8 17:31:13 UTC 2025"
+CLOSED_REASON = ("nvidia-smi -L fails (No devices were found) and the loaded kernel module is not the open one the installed "
+                 f"nvidia-headless-580-open provides (/proc/driver/nvidia/version: {CLOSED_MODULE})")
 REBOOT_CASES = {
-    # name: (install changed, /var/run/reboot-required.pkgs or None, nvidia-smi rc, its output, reasons)
-    "nothing": (False, None, 0, "GPU 0: NVIDIA RTX PRO 6000", []),
-    "driver_installed_now": (True, None, 0, "", ["the driver install changed"]),
-    "kernel_update_only": (False, "linux-image-6.8.0-60-generic\nlibc6\n", 0, "GPU 0: NVIDIA RTX PRO 6000", []),
+    # name: (install changed, /var/run/reboot-required.pkgs or None, nvidia-smi rc, its output,
+    #        /proc/driver/nvidia/version or None, reasons)
+    "nothing": (False, None, 0, "GPU 0: NVIDIA RTX PRO 6000", OPEN_MODULE, []),
+    "driver_installed_now": (True, None, 0, "", OPEN_MODULE, ["the driver install changed"]),
+    "kernel_update_only": (False, "linux-image-6.8.0-60-generic\nlibc6\n", 0, "GPU 0: NVIDIA RTX PRO 6000", OPEN_MODULE, []),
     "driver_upgraded": (False, "linux-base\nnvidia-kernel-common-580\nlibnvidia-compute-580\nnvidia-kernel-common-580\n",
-                        0, "GPU 0: NVIDIA RTX PRO 6000",
+                        0, "GPU 0: NVIDIA RTX PRO 6000", OPEN_MODULE,
                         ["/var/run/reboot-required.pkgs lists nvidia-kernel-common-580, libnvidia-compute-580"]),
-    "no_devices": (False, None, 6, "No devices were found", []),
-    "not_loaded": (False, None, 9, NVIDIA_SMI_NO_DRIVER, [f"nvidia-smi -L fails: {NVIDIA_SMI_NO_DRIVER}"]),
-    "mismatch": (False, None, 18, "Failed to initialize NVML: Driver/library version mismatch",
+    "no_devices": (False, None, 6, "No devices were found", OPEN_MODULE, []),
+    "no_devices_no_module_file": (False, None, 6, "No devices were found", None, []),
+    # An interrupted run installed the open packages over the loaded closed module.
+    "no_devices_closed_module": (False, None, 6, "No devices were found", CLOSED_MODULE, [CLOSED_REASON]),
+    # A box that works is never rebooted for the module it runs.
+    "closed_module_working": (False, None, 0, "GPU 0: NVIDIA RTX PRO 6000", CLOSED_MODULE, []),
+    "not_loaded": (False, None, 9, NVIDIA_SMI_NO_DRIVER, None, [f"nvidia-smi -L fails: {NVIDIA_SMI_NO_DRIVER}"]),
+    "mismatch": (False, None, 18, "Failed to initialize NVML: Driver/library version mismatch", CLOSED_MODULE,
                  ["nvidia-smi -L fails: Failed to initialize NVML: Driver/library version mismatch"]),
 }
 
@@ -240,7 +251,7 @@ def reboot_decisions(tmp_path_factory):
                  ignore_errors=True, register="case_count")
     count.pop("when", None)
     plays = []
-    for case, (changed, pkgs, rc, output, _) in REBOOT_CASES.items():
+    for case, (changed, pkgs, rc, output, module, _) in REBOOT_CASES.items():
         smi = {"rc": rc, "stdout": output, "stderr": "", "stdout_lines": output.splitlines(), "changed": False}
         plays.append({
             "name": case, "hosts": "localhost", "connection": "local", "gather_facts": False,
@@ -249,6 +260,9 @@ def reboot_decisions(tmp_path_factory):
                      "nvidia_driver_install": {"changed": changed},
                      "nvidia_driver_reboot_pkgs": ({"content": base64.b64encode(pkgs.encode()).decode()}
                                                    if pkgs is not None else {"failed": True, "msg": "file not found"}),
+                     "nvidia_driver_loaded_module": ({"content": base64.b64encode((module + "\n").encode()).decode()}
+                                                     if module is not None else {"failed": True, "msg": "file not found"}),
+                     "dsv4_driver_branch": "580",
                      "nvidia_driver_smi_before": smi, "nvidia_driver_smi": smi},
             "tasks": [decide, count, {"name": "Keep the result", "ansible.builtin.copy": {
                 "dest": str(tmp / f"{case}.json"),
@@ -264,10 +278,11 @@ def reboot_decisions(tmp_path_factory):
 
 @pytest.mark.parametrize("case", list(REBOOT_CASES))
 def test_driver_reboot_is_pending_only_for_the_driver(reboot_decisions, case):
-    """A reboot only when this run's install changed, an NVIDIA package asks for it, or nvidia-smi says
-    the driver is not loaded: never for /var/run/reboot-required alone (kernel, libc updates) nor for
-    "No devices were found", which a reboot does not fix."""
-    assert reboot_decisions[case]["reasons"] == REBOOT_CASES[case][4]
+    """A reboot only when this run's install changed, an NVIDIA package asks for it, nvidia-smi says
+    the driver is not loaded, or it fails while the closed module is loaded over the installed open
+    packages: never for /var/run/reboot-required alone (kernel, libc updates) nor for "No devices were
+    found" with the open module loaded, which a reboot does not fix."""
+    assert reboot_decisions[case]["reasons"] == REBOOT_CASES[case][5]
 
 
 def test_no_devices_is_left_to_the_gpu_count_check(reboot_decisions):
@@ -275,3 +290,8 @@ def test_no_devices_is_left_to_the_gpu_count_check(reboot_decisions):
         "nvidia-smi lists 0 GPUs, expected 8 (nvidia-smi -L exits 6: No devices were found). "
         "\"No devices were found\" on Blackwell means the proprietary")
     assert reboot_decisions["nothing"]["count_msg"].startswith("nvidia-smi lists 1 GPUs, expected 8.")
+    # The driver changed since boot (an interrupted run): the message says how to tell, and to reboot.
+    message = reboot_decisions["no_devices"]["count_msg"]
+    assert "installed or changed since the box last booted" in message
+    assert '`cat /proc/driver/nvidia/version` must name the "Open Kernel Module"' in message
+    assert "reboot the box, then run `dsv4kit provision` again" in message
