@@ -46,6 +46,13 @@ def test_env_and_cwd_are_set_and_secrets_never_shown(session, tmp_path):
     assert "HF_TOKEN='***'" in str(info.value) or "HF_TOKEN=***" in str(info.value)
 
 
+def test_a_missing_cwd_stops_the_command_with_env_given(session, tmp_path):
+    marker = tmp_path / "ran"
+    result = session.run(f"touch {marker}", timeout=20, cwd=str(tmp_path / "absent"),
+                         env={"A": "first", "B": "second"}, check=False)
+    assert result.exit_code != 0 and not marker.exists()
+
+
 def test_env_values_never_reach_a_command_line(session):
     # Every user of the box can read command lines (ps); the value must reach the command only.
     secret = f"tok-{time.time():.6f}"

@@ -320,9 +320,9 @@ class RemoteSession:
         """
         if not 0 < timeout < float("inf"):  # also refuses NaN; int(inf) below would overflow
             raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
-        inner = _env_reader(env) + command
-        if cwd:
-            inner = f"cd {shlex.quote(cwd)} && {inner}"
+        # The values are read first, whatever happens next: a failed `cd` must not leave them on
+        # stdin (nor run the command elsewhere).
+        inner = _env_reader(env) + (f"cd {shlex.quote(cwd)} || exit 1; " if cwd else "") + command
         remote_limit = int(timeout) + _REMOTE_GRACE_S
         # sh ($$) is the new session's leader, so $$ is the process-group id to kill. `timeout`
         # (exec'd, same pid) kills its whole group when the box-side limit expires.
