@@ -157,10 +157,10 @@ def test_a_baseline_that_cannot_be_compared_fails_before_connecting(tmp_path, lo
     assert before == after
 
 
-def test_the_planned_key_is_the_key_the_record_gets():
+def test_the_planned_record_has_the_key_the_record_gets():
     from types import SimpleNamespace
 
-    from dsv4kit.bench import BOX_KEY_FIELDS, SweepConfig, client_section, planned_key
+    from dsv4kit.bench import BOX_KEY_FIELDS, SweepConfig, client_section, planned_record
     from dsv4kit.provenance import sections
 
     values = {"dsv4_model_path": "/m/DeepSeek-V4-Flash/", "dsv4_model_revision": "r9", "dsv4_gpu_count": 8,
@@ -171,7 +171,7 @@ def test_the_planned_key_is_the_key_the_record_gets():
               "client": client_section(cfg, tool_version="0.5.23", base_url="http://x"),
               "sweep": {"concurrency": cfg.concurrency}}
     full = comparability_key(json.loads(dumps(record)))
-    planned = planned_key(cfg, host)
+    planned = {k: v for k, v in comparability_key(planned_record(cfg, host)).items() if k not in BOX_KEY_FIELDS}
     assert set(planned) == set(full) - set(BOX_KEY_FIELDS)
     assert planned == {k: full[k] for k in planned}
     assert planned["model"] == "DeepSeek-V4-Flash" and planned["gpu_count"] == 4

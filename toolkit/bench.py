@@ -4,7 +4,7 @@ Steps (each remote step has a timeout; see docs/benchmarking.md):
 
 1. Check the arguments (lengths fit the context, concurrency list, enough prompts for the
    concurrency gate) before anything runs; ``dsv4kit bench`` also checks the inventory, the
-   results repository, the restart's playbook and the baseline's key (``planned_key``) then.
+   results repository, the restart's playbook and the baseline's key (``planned_record``) then.
 2. Connect (``dsv4kit.ssh``), make a scratch directory on the box, copy ``bench_remote.py`` there.
 3. Read ``/server_info`` of the decode server on the box. If its ``context_length`` differs from
    ``--ctx``, re-run the playbook's ``sglang_service`` tag with ``dsv4_context_length=<ctx>``
@@ -149,8 +149,7 @@ def check_restart_tools(host, context_length: int) -> Optional[str]:
     if host.get("dsv4_context_length") == context_length:
         return None
     try:
-        provision.check_tools()
-        provision.check_tags(provision.default_playbook(), tags=[RESTART_TAG])
+        provision.check_tags(provision.check_tools(), tags=[RESTART_TAG])
     except provision.ProvisionError as exc:
         return (f"--ctx {context_length} differs from the inventory's dsv4_context_length "
                 f"{host.get('dsv4_context_length')}; if the server does not already run with {context_length}, "
@@ -503,20 +502,20 @@ def client_section(cfg: SweepConfig, *, tool_version: Optional[str], base_url: s
     }
 
 
-def planned_key(cfg: SweepConfig, host) -> dict:
-    """The comparability key a sweep of ``cfg`` on ``host`` will record, as far as it is known before
-    it runs: every field except the GPU model and the client version (``BOX_KEY_FIELDS``), which
-    only the box's probe tells. Built the way the record is, so the two cannot drift apart."""
+def planned_record(cfg: SweepConfig, host) -> dict:
+    """The parts of the record a sweep of ``cfg`` on ``host`` will write that decide comparability,
+    as far as they are known before it runs: everything but the GPU model and the client version
+    (``BOX_KEY_FIELDS``), which only the box's probe tells. Built the way the record is, so the
+    two cannot drift apart; compare it with ``key_differences`` ignoring ``BOX_KEY_FIELDS``."""
     from dsv4kit.provenance import model_section, serving_gpu_count
 
-    skeleton = {
+    return scrub({
         "client": client_section(cfg, tool_version=None, base_url=""),
         "sweep": {"concurrency": list(cfg.concurrency)},
         "server": {"context_length": cfg.context_length},
         "model": model_section(host, {}, {}),
         "gpus": {"serving_count": serving_gpu_count(host)},
-    }
-    return {k: v for k, v in comparability_key(scrub(skeleton)).items() if k not in BOX_KEY_FIELDS}
+    })
 
 
 def format_summary(record: dict) -> str:

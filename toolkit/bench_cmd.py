@@ -83,7 +83,7 @@ def bench(
     from dsv4kit import bench as sweep
     from dsv4kit import results_repo
     from dsv4kit.bench_gates import GateConfig
-    from dsv4kit.compare import compare, format_comparison, planned_differences
+    from dsv4kit.compare import compare, format_comparison, key_differences
     from dsv4kit.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.records import RecordError
 
@@ -140,7 +140,8 @@ def bench(
     except (RecordError, results_repo.ResultsRepoError) as exc:
         _fail(exitcodes.USAGE, f"baseline: {exc}")
     if old is not None:
-        differences = planned_differences(old, sweep.planned_key(cfg, target), ignore)
+        differences = key_differences(old, sweep.planned_record(cfg, target),
+                                      ignore=(*ignore, *sweep.BOX_KEY_FIELDS))
         if differences:
             hint = (" With --baseline-ctx give --input-len and --output-len that fit both context lengths "
                     "(the default input length is --ctx minus 1024)." if ignore else "")

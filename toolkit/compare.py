@@ -102,15 +102,6 @@ def key_differences(old: dict, new: dict, ignore: Iterable[str] = ()) -> list[di
             for f in KEY_FIELDS if f not in ignore and k_old.get(f) != k_new.get(f)]
 
 
-def planned_differences(old: dict, planned: dict, ignore: Iterable[str] = ()) -> list[dict]:
-    """Like ``key_differences`` for a sweep that has not run yet: ``planned`` holds the key fields
-    known beforehand (``dsv4kit.bench.planned_key``); fields it lacks are not compared."""
-    ignore = set(ignore)
-    k_old = comparability_key(old)
-    return [{"field": f, "old": k_old.get(f), "new": planned[f]}
-            for f in KEY_FIELDS if f in planned and f not in ignore and k_old.get(f) != planned[f]]
-
-
 def _values(record: dict, metric: str, concurrency: int) -> list[float]:
     out = []
     for point in record["points"]:

@@ -90,7 +90,7 @@ def decode_process(processes: list[dict], decode_port) -> Optional[dict]:
 
 
 def model_section(host, probe: dict, server_info: dict) -> dict:
-    """The record's ``model`` section (``bench.planned_key`` builds it before the probe, from the inventory)."""
+    """The record's ``model`` section (``bench.planned_record`` builds it before the probe, from the inventory)."""
     model_path = host.get("dsv4_model_path") or server_info.get("model_path") or ""
     return {
         "name": os.path.basename(str(model_path).rstrip("/")) or None,

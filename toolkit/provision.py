@@ -116,13 +116,13 @@ def ansible_playbook_executable() -> str:
     return found
 
 
-def check_tools(playbook: Optional[os.PathLike | str] = None) -> tuple[str, Path]:
-    """(ansible-playbook, playbook) when both exist; ProvisionError (exit 5) naming what is missing."""
-    executable = ansible_playbook_executable()
+def check_tools(playbook: Optional[os.PathLike | str] = None) -> Path:
+    """The playbook, once it and ansible-playbook exist; ProvisionError (exit 5) naming what is missing."""
+    ansible_playbook_executable()
     path = Path(playbook) if playbook is not None else default_playbook()
     if not path.is_file():
         raise ProvisionError(f"playbook {str(path)!r} not found (set DSV4KIT_PLAYBOOK or run from a dsv4kit checkout)")
-    return executable, path
+    return path
 
 
 def _collect_tags(node: Any, found: set[str]) -> None:
@@ -239,7 +239,7 @@ def run_playbook(
     """
     load_inventory(inventory_path)  # early, clear errors for a malformed inventory
     check_limit(inventory_path, limit)
-    _, playbook = check_tools(playbook)
+    playbook = check_tools(playbook)
     check_tags(playbook, tags=tags, skip_tags=skip_tags)
     command = build_command(inventory_path, playbook, limit=limit, tags=tags, skip_tags=skip_tags,
                             extra_vars=extra_vars, check=check, diff=diff)
