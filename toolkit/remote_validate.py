@@ -27,7 +27,6 @@ cannot be written), 6 a driven tool failed (wheel build, pip, harness crash), 13
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shlex
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit import exitcodes
+from dsv4kit.paths import cannot_write
 
 PREFLIGHT_TIMEOUT_S = 180.0  # importing torch on a cold box can take a while
 INSTALL_TIMEOUT_S = 300.0
@@ -347,13 +347,9 @@ class _Run:
                                                        f"created: {exc.strerror or exc}") from None
             targets.append(("--json", parent))
         for option, directory in targets:
-            try:
-                fd, probe = tempfile.mkstemp(prefix=".dsv4kit-probe-", dir=directory)
-                os.close(fd)
-                os.unlink(probe)
-            except OSError as exc:
-                raise ValidationAbort(exitcodes.USAGE, f"{option}: cannot write into {str(directory)!r}: "
-                                                       f"{exc.strerror or exc}") from None
+            problem = cannot_write(directory)
+            if problem:
+                raise ValidationAbort(exitcodes.USAGE, f"{option}: cannot write into {str(directory)!r}: {problem}")
 
     def _check_cases(self) -> None:
         from dsv4kit.validation.harness import parse_cases

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from dsv4kit.paths import cannot_write
 from dsv4kit.records import RecordError, check
 
 TAG_PREFIX = "bench/"
@@ -123,12 +124,9 @@ def check_path(path: os.PathLike | str) -> bool:
 
 def _probe_dir(directory: Path, what: str) -> None:
     """Raise ResultsRepoError unless a file can be created (and removed) in ``directory``."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=".dsv4kit-probe-", dir=directory)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as exc:
-        raise ResultsRepoError(f"{what} {str(directory)!r} is not writable: {exc.strerror or exc}") from None
+    problem = cannot_write(directory)
+    if problem:
+        raise ResultsRepoError(f"{what} {str(directory)!r} is not writable: {problem}")
 
 
 def check_writable(path: os.PathLike | str) -> bool:
