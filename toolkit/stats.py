@@ -29,12 +29,8 @@ def t975(df: float) -> float:
 
     Always the built-in table, never scipy when it happens to be installed: a record's intervals
     must not depend on the control machine's packages (the tests check the table against scipy).
+    Interpolated in 1/df between the table's entries.
     """
-    return t975_table(df)
-
-
-def t975_table(df: float) -> float:
-    """``t975`` from the built-in table, interpolated in 1/df between its entries."""
     if not df >= 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df!r}")
     if df in _T975:
