@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -11,10 +12,22 @@ REPO = Path(__file__).resolve().parents[1]
 # One tiny pure-python package: the venv stage really installs and verifies something, fast.
 TINY_PACKAGES = ["six==1.17.0"]
 
+# The operating systems preflight accepts: the playbook's own, plus this machine's (the box under
+# test, Debian 12: GPU-less, so the driver, CUDA and flash-attn stages only run in check mode).
+PLAYBOOK_SUPPORTED_OS = yaml.safe_load(
+    (REPO / "playbooks/roles/preflight/defaults/main.yml").read_text())["preflight_supported_os"]
+TEST_SUPPORTED_OS = [*PLAYBOOK_SUPPORTED_OS, "Debian 12"]
+
 
 def write_loopback_inventory(directory: Path, sshd, prefix: Path, *, host: str = "loop",
-                             extra_hosts: dict | None = None, overrides: dict | None = None) -> Path:
-    """An inventory whose only box is the loopback sshd, every path under ``prefix``."""
+                             extra_hosts: dict | None = None, overrides: dict | None = None,
+                             role_vars: dict | None = None) -> Path:
+    """An inventory whose only box is the loopback sshd, every path under ``prefix``.
+
+    ``overrides`` go into group_vars/all.yml (dsv4_* fields, checked against the schema);
+    ``role_vars`` override role defaults in group_vars/dsv4_boxes.json, which Ansible reads and
+    dsv4kit's inventory check (dsv4_* and connection fields only) does not.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "group_vars").mkdir(exist_ok=True)
     all_vars = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
@@ -30,6 +43,8 @@ def write_loopback_inventory(directory: Path, sshd, prefix: Path, *, host: str =
     })
     all_vars.update(overrides or {})
     (directory / "group_vars/all.yml").write_text(yaml.safe_dump(all_vars, sort_keys=False))
+    group_vars = {"preflight_supported_os": TEST_SUPPORTED_OS, **(role_vars or {})}
+    (directory / "group_vars/dsv4_boxes.json").write_text(json.dumps(group_vars, indent=2))
     hosts = {host: {
         "ansible_host": "127.0.0.1",
         "ansible_port": sshd.port,

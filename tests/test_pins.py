@@ -36,3 +36,18 @@ def test_triton_pin_is_the_series_torch_2_14_requires():
     # torch 2.14.1's own metadata: triton~=3.8.0 (Linux). Re-check when dsv4_torch_version moves.
     assert PINS["dsv4_torch_version"] == "2.14.1"
     assert PINS["dsv4_triton_version"].startswith("3.8.")
+
+
+def test_flash_attn_build_requirements_are_pinned_in_the_venv_packages():
+    # `pip wheel --no-build-isolation` of flash-attn imports these from the venv; sglang_venv
+    # installs and verifies dsv4_venv_packages, so each must be pinned there exactly.
+    defaults = yaml.safe_load((ROOT / "playbooks/roles/flash_attn/defaults/main.yml").read_text())
+    requirements = defaults["flash_attn_build_requirements"]
+    assert requirements, "flash_attn_build_requirements is empty"
+    pinned = {}
+    for spec in PINS["dsv4_venv_packages"]:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", spec)
+        if match:
+            pinned[re.sub(r"[-_.]+", "-", match[1]).lower()] = match[2]
+    missing = [name for name in requirements if re.sub(r"[-_.]+", "-", name).lower() not in pinned]
+    assert not missing, f'pin each of {missing} as "name==version" in dsv4_venv_packages (inventory/group_vars/all.yml)'

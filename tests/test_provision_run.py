@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dsv4kit.provision import run_playbook
-from tests.provision_inventory import TINY_PACKAGES, write_loopback_inventory
+from tests.provision_inventory import PLAYBOOK_SUPPORTED_OS, TINY_PACKAGES, write_loopback_inventory
 
 pytestmark = pytest.mark.slow
 
@@ -351,10 +351,12 @@ def test_unreachable_host_gives_summary_and_exit_3(loopback_ssh, env, tmp_path):
 
 
 def test_failing_task_gives_summary_and_exit_6(loopback_ssh, env, tmp_path):
-    # A box that claims 8 GPUs: this Debian 12 machine is refused as a GPU box (no python3.12,
-    # no deadsnakes), and with the OS let through, preflight's GPU count check fails.
+    # A box that claims 8 GPUs, with the playbook's own list of operating systems: this Debian 12
+    # machine is refused (no python3.12, no deadsnakes), and with the OS let through, preflight's
+    # GPU count check fails.
     inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, tmp_path / "prefix",
-                                         overrides={"dsv4_gpu_present": True})
+                                         overrides={"dsv4_gpu_present": True},
+                                         role_vars={"preflight_supported_os": PLAYBOOK_SUPPORTED_OS})
     result = provision(inventory, env, "--tags", "preflight", "--json")
     assert result.returncode == 6, result.stderr[-3000:]
     summary = json.loads(result.stdout)
