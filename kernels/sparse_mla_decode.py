@@ -1,13 +1,13 @@
 """Tensor-core sparse-MLA decode for DeepSeek-V4 on sm_120 (and sm_90): one fused Triton launch.
 
-Drop-in for SGLang 0.5.23's ``flash_mla_with_kvcache_sm120`` (keyword arguments only, spec 4.2)::
+Drop-in for SGLang 0.5.23's ``flash_mla_with_kvcache_sm120`` (keyword arguments only, docs/sglang-contract.md §4.2)::
 
     out, lse = flash_mla_with_kvcache_sm120(q=, k_cache=, head_dim_v=512, softmax_scale=,
                                             indices=, topk_length=, attn_sink=,
                                             extra_k_cache=, extra_indices_in_kvcache=,
                                             extra_topk_length=)
 
-Maths (spec 4.4), per token ``t`` and head ``h``, over the valid SWA entries then the valid extra
+Maths (docs/sglang-contract.md §4.4), per token ``t`` and head ``h``, over the valid SWA entries then the valid extra
 (c4 / c128) entries, V = K over all 512 dims::
 
     s_j = softmax_scale * <q[t,h], kv_j>;  out = sum_j e^(s_j-m) kv_j / (sum_j e^(s_j-m) + e^(sink_h-m))
@@ -115,7 +115,7 @@ def _row_offsets(idx, j, n_swa, kv_num_slots, kv_page_stride, ex_delta, ex_num_s
                  PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr):
     """(valid, byte offset of the row data, byte offset of its scale word), both from ``kv_ptr``.
 
-    V4 bytes (spec 4.3): the row at ``page*stride + off*576``, its 8 ue8m0 scale bytes at
+    V4 bytes (docs/sglang-contract.md §4.3): the row at ``page*stride + off*576``, its 8 ue8m0 scale bytes at
     ``page*stride + ps*576 + off*8``. The extra cache is addressed from ``kv_ptr`` too, through
     ``ex_delta`` (its base minus ``kv_ptr``, a multiple of 16): a select between two int64
     offsets keeps the 16-byte alignment the vectorised loads need (a pointer select loses it).

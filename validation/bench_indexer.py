@@ -4,7 +4,7 @@
 
 * Measures the device's copy bandwidth first, in the same run.
 * Grid: B in {1, 16, 64}, H = 64, actual length in {2K, 32K, 128K} tokens (c4 length = tokens/4),
-  context in {8K, 128K, 1M} tokens with ``max_seq_len`` as SGLang computes it (spec section 2.8:
+  context in {8K, 128K, 1M} tokens with ``max_seq_len`` as SGLang computes it (docs/sglang-contract.md §2.8:
   ``P = ceil((ctx + 4) / 256)``, ``max_seq_len = P * 64``); points with length > context are skipped.
 * Every implementation is timed under CUDA-graph replay (several calls per graph, so launch gaps
   do not count). Floor = (index-K pages for the actual length + the full logits rows) / bandwidth.
