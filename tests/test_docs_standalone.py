@@ -25,7 +25,8 @@ FORBIDDEN = [
     ("a citation of the private notes",
      re.compile(r"\b" + _SPEC + r"s?\s*(?:sections?\b|§|\d)", re.IGNORECASE)),
     ("a citation of the private notes",
-     re.compile(r"\b(?:the|kernels?|bench-serving|box)\s+" + _SPEC + r"\b(?!\()", re.IGNORECASE)),
+     re.compile(r"\b(?:kernels?|bench-serving|box)\s+" + _SPEC + r"\b|\bthe\s+" + _SPEC + r"\s+(?:says|said)\b",
+                re.IGNORECASE)),
     ("a citation in the private notes' abbreviations",
      re.compile(r"\b(?:IX|BK|MD|FM|FT|MP|CFG|MODEL|ENV):\d")),
 ]
