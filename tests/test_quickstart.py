@@ -15,8 +15,11 @@ import pytest
 import typer
 import yaml
 
+from dsv4kit import ssh
 from dsv4kit.cli import app
+from dsv4kit.inventory import load_inventory
 from dsv4kit.provision import ProvisionError, check_tags, default_playbook
+from tests.remote_inventory import write_inventory
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "docs" / "quickstart.md"
@@ -158,3 +161,27 @@ def test_the_weights_check_accepts_a_match_and_names_each_mismatch(tmp_path):
     bad = check()
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "MISMATCH config.json" in bad.stdout and "MISMATCH sub/model-00001.safetensors" in bad.stdout
+
+
+def _fingerprints(path: Path) -> set[str]:
+    listing = subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True,
+                             timeout=60).stdout
+    return {line.split()[1] for line in listing.splitlines() if line.strip()}
+
+
+def test_the_host_key_step_works_against_a_real_sshd(tmp_path, loopback_ssh):
+    """Section 3 as written, against the loopback sshd: scan, compare fingerprints with the box's
+    own key files, append to a known_hosts, and dsv4kit's SSH layer then connects with it."""
+    text = QUICKSTART.read_text()
+    scan = re.search(r"^(ssh-keyscan .*?) > /tmp/box1\.keys", text, re.M).group(1)
+    argv = shlex.split(scan.replace("-p 22", f"-p {loopback_ssh.port}").replace("192.0.2.10", loopback_ssh.host))
+    keys = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert f"[{loopback_ssh.host}]:{loopback_ssh.port} " in keys  # filed under the address and port
+    scanned = tmp_path / "box1.keys"
+    scanned.write_text(keys)
+    assert _fingerprints(scanned) == _fingerprints(loopback_ssh.host_key.with_suffix(".pub"))
+    known = tmp_path / "known_hosts"
+    known.write_text(keys)
+    host = load_inventory(write_inventory(tmp_path / "inv", loopback_ssh, dsv4_known_hosts=str(known))).host()
+    with ssh.open_session(host) as session:
+        assert session.run("echo ok", timeout=20).stdout == "ok\n"
