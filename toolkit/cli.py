@@ -38,7 +38,8 @@ def _root(
     """dsv4kit: provision, validate, bench, records, rollout."""
 
 
-app.command("validate", no_args_is_help=True)(validate_cmd.validate)
+# Extra arguments reach validate, which explains them (`--json PATH` was once the report file).
+app.command("validate", no_args_is_help=True, context_settings={"allow_extra_args": True})(validate_cmd.validate)
 app.command("provision")(provision_cmd.provision)
 app.command("bench")(bench_cmd.bench)
 app.add_typer(records_cmd.app, name="records")
