@@ -365,6 +365,24 @@ def test_bench_length_errors_name_only_what_was_given(args, says, never, tmp_pat
         assert text not in err, (text, err)
 
 
+def test_a_gpu_the_user_did_not_give_is_named_with_where_it_came_from(tmp_path, loopback_ssh):
+    venv = waiting_venv(tmp_path / "box-venv")  # torch imports there; this machine has no GPU
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_venv_dir=str(venv), dsv4_validate_gpu=3)
+    code, _, err = cli("validate", "--host", "lo", "-i", str(inventory), "--installed",
+                       "--results-dir", str(tmp_path / "r"))
+    assert code == exitcodes.ENVIRONMENT, err
+    assert "GPU 3 absent on lo" in err and "(GPU 3 is dsv4_validate_gpu of lo in the inventory; --gpu N" in err
+    code, _, err = cli("validate", "--gpu", "3", "-i", str(inventory), "--installed",
+                       "--results-dir", str(tmp_path / "r"))
+    assert code == exitcodes.ENVIRONMENT and "GPU 3 absent on lo" in err and "dsv4_validate_gpu" not in err
+
+
+def test_a_timeout_message_names_the_option_it_came_from(tmp_path):
+    python = fake_tool(tmp_path / "bin", "python", tmp_path / "started", "903.25")
+    code, _, err = cli("rollout", "status", "--python", str(python), "--timeout", "1")
+    assert code == exitcodes.TIMEOUT and "did not finish within 1s (--timeout)" in err, err
+
+
 # ============================================================ the validation table and its JSON
 def test_table_rows_show_the_tolerance_and_skipped_rows_are_not_passed(tmp_path):
     from dsv4kit.validation.harness import CheckRow, SuiteReport, row_from_json
@@ -389,6 +407,7 @@ def test_table_rows_show_the_tolerance_and_skipped_rows_are_not_passed(tmp_path)
     assert kernel_row["status"] == "pass" and kernel_row["passed"] is True
     assert re.search(r"indexer\s+graph-replay .*SKIPPED\s+needs CUDA", out)
     assert re.search(r"indexer\s+kernel .* tol=5\.0e-04 .*PASS", out)
+    assert re.search(r"WORST indexer: .* rel=\S+ \(tol 5\.0e-04\) max\|d\|=", out)
     # A suite is not failed by its skipped rows, nor passed by them alone.
     assert SuiteReport("x", [row_from_json(on_cpu["sglang"]), kernel]).passed
     assert not SuiteReport("x", [row_from_json(on_cpu["sglang"]), failed]).passed

@@ -272,6 +272,7 @@ class _Run:
         self.test_sleep = test_sleep
         self.started = datetime.now(timezone.utc)
         self.host = None
+        self.gpu_origin = ""  # how a GPU the user did not give was chosen, for messages about it
         self.install_method: Optional[str] = None  # "pip" or "unzip" once the wheel is installed
         self.session = None
         self.scratch: Optional[str] = None
@@ -324,6 +325,7 @@ class _Run:
                                       f"no GPU to validate on: pass --gpu N, or set dsv4_validate_gpu for host "
                                       f"{self.host.name!r} in {self.host.source} (or its group_vars/host_vars)")
             self.gpu = int(default)
+            self.gpu_origin = f" (GPU {self.gpu} is dsv4_validate_gpu of {self.host.name} in the inventory; --gpu N picks another)"
             self.say(f"GPU {self.gpu}: dsv4_validate_gpu of {self.host.name} (--gpu N picks another)")
 
     def _check_connection_inputs(self) -> None:
@@ -401,7 +403,7 @@ class _Run:
             self.say(f"warning: the inventory says dsv4_gpu_count={expected}, the box has {len(facts.gpus)} GPU(s)")
         problem = check_gpu(self.gpu, facts, self.interpret, self.host.name)
         if problem:
-            raise ValidationAbort(exitcodes.ENVIRONMENT, problem)
+            raise ValidationAbort(exitcodes.ENVIRONMENT, problem + self.gpu_origin)
         if self.interpret:
             self.say(f"--interpret: kernels run on the box's CPU through the Triton interpreter "
                      f"(GPU check skipped; CUDA_VISIBLE_DEVICES={self.gpu} is still set)")

@@ -45,7 +45,7 @@ def _report_from(python: Path, timeout: float) -> dict:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL, cwd="/")
     except subprocess.TimeoutExpired:
-        _fail(f"{' '.join(cmd)} did not finish within {timeout:g}s", exitcodes.TIMEOUT)
+        _fail(f"{' '.join(cmd)} did not finish within {timeout:g}s (--timeout)", exitcodes.TIMEOUT)
     except OSError as exc:
         _fail(f"cannot run {python}: {exc}", exitcodes.ENVIRONMENT)
     try:

@@ -92,6 +92,12 @@ def skipped_row(suite: str, case: str, impl: str, reason: str) -> CheckRow:
     return CheckRow(suite=suite, case=case, impl=impl, passed=None, skipped=True, note=reason)
 
 
+def worst_line(suite: str, row: CheckRow) -> str:
+    """The suite's worst kernel row in one line, its bar beside its rel."""
+    tol = "" if row.bar is None else f" (tol {row.bar:.1e})"
+    return f"WORST {suite}: {row.case} rel={row.rel:.3e}{tol} max|d|={row.max_abs:.3e}"
+
+
 def row_from_json(values: dict) -> CheckRow:
     """A row of a saved report (fields this version does not know, e.g. ``status``, are left out)."""
     names = {f.name for f in dataclasses.fields(CheckRow)}
@@ -239,7 +245,7 @@ def run_suites(
         report = SuiteReport(name, rows)
         worst = report.worst()
         if worst is not None:
-            emit(f"WORST {name}: {worst.case} rel={worst.rel:.3e} max|d|={worst.max_abs:.3e}")
+            emit(worst_line(name, worst))
         emit(f"{name}: {'PASS' if report.passed else 'FAIL'}")
         reports.append(report)
     return reports, environment_info(options.device, options.interpret)

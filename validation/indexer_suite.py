@@ -209,12 +209,12 @@ def _determinism_row(case: IndexerCase, fn, ref, progress) -> CheckRow:
 
 def report_lines(payload: dict) -> str:
     """The indexer rows of a saved harness report, as the harness printed them (docs quote this)."""
-    from dsv4kit.validation.harness import row_from_json
+    from dsv4kit.validation.harness import row_from_json, worst_line
 
     suite = payload["suites"][NAME]
     lines = [row_from_json(row).line() for row in suite["rows"]]
     worst = suite.get("worst")
     if worst:
-        lines.append(f"WORST {NAME}: {worst['case']} rel={worst['rel']:.3e} max|d|={worst['max_abs']:.3e}")
+        lines.append(worst_line(NAME, row_from_json(worst)))
     lines.append(f"{NAME}: {'PASS' if suite['passed'] else 'FAIL'}")
     return "\n".join(lines)
