@@ -191,6 +191,16 @@ def test_a_host_missing_from_known_hosts_is_the_same_exit_3_before_any_work(tmp_
     assert known.read_text().count("\n") == 1  # nothing was recorded
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_broken_known_hosts_is_the_same_exit_2(command, tmp_path, loopback_ssh):
+    known = tmp_path / "known_hosts"
+    known.write_text("[10.0.0.9]:22 ssh-ed25519 AAAAnot-base64!\n")
+    inventory = _inventory(tmp_path, loopback_ssh, dsv4_known_hosts=str(known))
+    code, _, err = cli(*_commands(inventory, tmp_path / "repo")[command])
+    assert code == exitcodes.USAGE, err
+    assert f"cannot read known_hosts '{known}' (dsv4_known_hosts of host 'lo')" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("command", ["validate", "bench"])
 def test_trust_new_host_key_lets_the_check_through(command, tmp_path, loopback_ssh):
     known = tmp_path / "known_hosts"

@@ -91,9 +91,9 @@ def _check_known_host(host, trust_new_host_key: Optional[bool]) -> None:
     if known.is_file():
         try:
             keys.load(str(known))
-        except (OSError, paramiko.SSHException, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - paramiko's InvalidHostKey is no SSHException
             raise Abort(exitcodes.USAGE, f"cannot read known_hosts {str(known)!r} (dsv4_known_hosts of host "
-                                         f"{host.name!r}): {exc}") from None
+                                         f"{host.name!r}): {exc}; fix or remove the broken line") from None
     if keys.lookup(name):
         return
     port = f"-p {host.port} " if host.port != 22 else ""
