@@ -96,6 +96,19 @@ def test_validate_local_json_is_the_report_on_stdout_and_output_a_file(tmp_path)
     assert "VERDICT: PASS" in err and "== indexer" in err  # the table went to stderr
 
 
+def test_validate_remote_json_is_the_kept_report_on_stdout(tmp_path, loopback_ssh):
+    venv = waiting_venv(tmp_path / "box-venv")
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_venv_dir=str(venv))
+    results, copy = tmp_path / "results", tmp_path / "copy.json"
+    code, out, err = cli("validate", "--gpu", "0", "-i", str(inventory), "--installed", "--interpret",
+                         "--cases", CASE, "--results-dir", str(results), "--json", "-o", str(copy))
+    assert code == exitcodes.OK, err
+    printed = json.loads(out)
+    kept = next(results.iterdir())
+    assert printed == json.loads(kept.read_text()) == json.loads(copy.read_text())
+    assert printed["remote"]["host"] == "lo" and "VERDICT: PASS" in err and "validation table: lo GPU 0" in err
+
+
 def test_validate_remote_refuses_a_bad_output_before_building_or_connecting(tmp_path, loopback_ssh):
     inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_port=closed_port())  # would be exit 3
     for bad in (tmp_path, tmp_path / "no" / "such" / "r.json"):
