@@ -84,10 +84,10 @@ def bench(
     """
     from dsv4kit import bench as sweep
     from dsv4kit import results_repo
+    from dsv4kit.bench_args import check_lengths
     from dsv4kit.bench_gates import GateConfig
     from dsv4kit.compare import compare, format_comparison, key_differences
     from dsv4kit.inventory import InventoryError, default_inventory_path, load_inventory
-    from dsv4kit.bench_args import check_lengths
     from dsv4kit.records import RecordError
 
     def progress(message: str) -> None:

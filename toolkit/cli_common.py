@@ -83,10 +83,10 @@ def _check_known_host(host, trust_new_host_key: Optional[bool]) -> None:
 
     from dsv4kit.ssh import known_hosts_name
 
-    known = host.known_hosts
-    name = known_hosts_name(host.address, host.port)
     if trust_new_host_key:
         return  # an unknown key is recorded on connect; a changed one is still refused then
+    known = host.known_hosts
+    name = known_hosts_name(host.address, host.port)
     keys = paramiko.HostKeys()
     if known.is_file():
         try:
@@ -125,13 +125,11 @@ def check_hosts(inventory: Optional[os.PathLike | str], *, host: Optional[str] =
             hosts = _limited(inv, limit)
     except InventoryError as exc:
         raise Abort(exitcodes.USAGE, str(exc)) from None
-    for target in hosts:
-        if not _uses_ssh(target):
-            continue
+    over_ssh = [target for target in hosts if _uses_ssh(target)]
+    for target in over_ssh:  # every bad input (2) before any unknown key (3)
         _check_key_file(target)
-    for target in hosts:
-        if _uses_ssh(target):
-            _check_known_host(target, trust_new_host_key)
+    for target in over_ssh:
+        _check_known_host(target, trust_new_host_key)
     return hosts
 
 
