@@ -301,7 +301,8 @@ def test_ctrl_c_in_validate_remote(tmp_path, loopback_ssh):
                                 "--cases", CASE, "--results-dir", str(results)],
                                lambda out, err: marker.exists())
     assert code == exitcodes.INTERRUPTED, err
-    assert "interrupted: the remote process group was killed; no report was kept" in err
+    assert ("interrupted: dsv4kit validate stopped while running the harness on lo GPU 0; the remote process "
+            "group was killed and its scratch directory removed; no report was kept") in err
     assert not running(f"^sleep {sleep}$") and not any(results.iterdir())
 
 

@@ -240,16 +240,18 @@ def run(*, gpu: Optional[int], host: Optional[str] = None, inventory: Optional[P
     the harness starts, to exercise the timeout path.
     """
     io = output or _default_output()
+    run = _Run(io, gpu=gpu, host_name=host, inventory=inventory, timeout=timeout, cases=cases,
+               json_path=output_path, interpret=interpret, installed=installed,
+               trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
+               test_sleep=_test_remote_sleep_s, on_report=on_report)
     try:
-        return _Run(io, gpu=gpu, host_name=host, inventory=inventory, timeout=timeout, cases=cases,
-                    json_path=output_path, interpret=interpret, installed=installed,
-                    trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
-                    test_sleep=_test_remote_sleep_s, on_report=on_report).execute()
+        return run.execute()
     except ValidationAbort as exc:
         io.err(f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
-        io.err("interrupted: the remote process group was killed; no report was kept")
+        doing, left = run.step
+        io.err(f"interrupted: dsv4kit validate stopped while {doing}; {left}")
         return exitcodes.INTERRUPTED
 
 
@@ -258,6 +260,8 @@ class _Run:
                  installed, trust_new_host_key, results_dir, wheel, test_sleep, on_report=None):
         self.io = io
         self.on_report = on_report
+        # What is running now and what a Ctrl-C leaves behind, for the message it prints.
+        self.step = ("checking the inputs", "nothing was run")
         self.gpu = gpu
         self.host_name = host_name
         self.inventory = inventory
@@ -294,11 +298,14 @@ class _Run:
         self._check_outputs()
         self._check_connection_inputs()
         with tempfile.TemporaryDirectory(prefix="dsv4kit-validate-") as local_tmp:
+            self.step = ("building the wheel", "nothing was run on the box")
             built = None if self.installed else self._wheel(Path(local_tmp))
+            self.step = (f"connecting to {self.host.name}", "nothing was run on the box")
             try:
                 self.session = ssh.open_session(self.host, trust_new_host_key=self.trust, say=self.say)
             except ssh.RemoteError as exc:
                 raise ValidationAbort(exc.exit_code, str(exc)) from None
+            self.step = (f"checking {self.host.name}", "its scratch directory was removed; no report was kept")
             try:
                 return self._on_box(built, Path(local_tmp))
             except ssh.RemoteError as exc:  # RemoteTimeout's exit_code is exitcodes.TIMEOUT
@@ -481,6 +488,8 @@ class _Run:
         if self.test_sleep:
             command = f"sleep {float(self.test_sleep):g}; {command}"
         self.say(f"running the harness on GPU {self.gpu} (timeout {self.timeout:g}s)")
+        self.step = (f"running the harness on {self.host.name} GPU {self.gpu}",
+                     "the remote process group was killed and its scratch directory removed; no report was kept")
         result = self.session.run(command, timeout=self.timeout, env=env, cwd=self.scratch,
                                   stream=lambda line: self.io.out(f"[{self.host.name}] {line}"), check=False)
         if result.exit_code not in (exitcodes.OK, exitcodes.CHECK_FAILED):
