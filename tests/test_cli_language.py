@@ -137,6 +137,10 @@ def test_records_results_repo_that_is_a_file_is_exit_2(sub, tmp_path):
     code, out, err = cli("records", *sub, "--results-repo", str(file))
     assert code == exitcodes.USAGE, out + err
     assert f"--results-repo '{file}' is a file, not a directory" in err
+    # Not given on the command line: named the way it was given.
+    code, _, err = cli("records", *sub, env={"DSV4KIT_RESULTS_REPO": str(file)})
+    assert code == exitcodes.USAGE and f"$DSV4KIT_RESULTS_REPO '{file}' is a file" in err, err
+    assert "--results-repo '" not in err
 
 
 # ============================================================ the same checks before work

@@ -10,6 +10,7 @@ comparable (the differing key fields are listed; no verdict) or a record was not
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -29,8 +30,12 @@ def _repo(path: Optional[Path]) -> Path:
 
     repo = path or default_results_repo()
     if repo.exists() and not repo.is_dir():
-        _fail(exitcodes.USAGE, f"--results-repo {str(repo)!r} is a file, not a directory: give the results "
-                               f"git repository (a directory; default results/bench or $DSV4KIT_RESULTS_REPO)")
+        # Named as the user gave it: the option, the environment variable, or the default.
+        what = (f"--results-repo {str(repo)!r}" if path is not None else
+                f"$DSV4KIT_RESULTS_REPO {str(repo)!r}" if os.environ.get("DSV4KIT_RESULTS_REPO") else
+                f"the default results repository {str(repo)!r}")
+        _fail(exitcodes.USAGE, f"{what} is a file, not a directory: a results repository is a git "
+                               f"directory (give one with --results-repo DIR)")
     doing(f"reading the results repository {repo}", "nothing was changed")
     return repo
 
