@@ -384,6 +384,10 @@ def test_ctrl_c_in_rollout_status_host(tmp_path, loopback_ssh):
     (["--ctx", "4096", "--input-len", "4000"], "plus the default output length (512 tokens; --output-len sets it)",
      ["--output-len 512", "4512"]),
     (["--ctx", "4096", "--output-len", "1"], "--output-len must be at least 2 tokens", ["3072", "--input-len"]),
+    (["--ctx", "4096", "--num-prompts", "4", "-c", "1,16"],
+     "below the concurrency gate's default ratio 0.8 (--min-concurrency-ratio sets it) x C", ["--min-concurrency-ratio 0.8"]),
+    (["--ctx", "4096", "--num-prompts", "4", "-c", "1,16", "--min-concurrency-ratio", "0.5"],
+     "below --min-concurrency-ratio 0.5 x C", ["default"]),
 ])
 def test_bench_length_errors_name_only_what_was_given(args, says, never, tmp_path):
     code, out, err = cli("bench", *args, "-i", str(tmp_path / "nope.yml"))  # checked before the inventory

@@ -6,6 +6,7 @@ there about ``--input-len -1024`` would name a value the user never gave (``--ct
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from dsv4kit import exitcodes
@@ -35,3 +36,24 @@ def check_lengths(ctx: int, input_len: Optional[int], output_len: Optional[int])
         raise Abort(exitcodes.USAGE,
                     f"--input-len {input_len} plus the default output length ({DEFAULT_OUTPUT_LEN} tokens; "
                     f"--output-len sets it) exceeds --ctx {ctx}: give a smaller --input-len or an --output-len")
+
+
+def check_prompts(num_prompts: Optional[int], concurrency: str, ratio: float, *, ratio_given: bool) -> None:
+    """Abort(USAGE) when --num-prompts cannot reach the concurrency gate at some --concurrency point;
+    the gate's ratio is named as the default when the user did not give --min-concurrency-ratio."""
+    if num_prompts is None:
+        return
+    try:
+        points = [int(part) for part in concurrency.split(",") if part.strip()]
+    except ValueError:
+        return  # the sweep's own check names a malformed --concurrency
+    short = [c for c in points if num_prompts < ratio * c]
+    if not short:
+        return
+    gate = (f"--min-concurrency-ratio {ratio:g}" if ratio_given
+            else f"the concurrency gate's default ratio {ratio:g} (--min-concurrency-ratio sets it)")
+    raise Abort(exitcodes.USAGE,
+                f"--num-prompts {num_prompts} is too few for --concurrency {', '.join(map(str, short))}: at most "
+                f"{num_prompts} requests can be in flight, below {gate} x C, so every such point would fail "
+                f"the concurrency gate; give at least {math.ceil(ratio * max(short))} prompts, or leave "
+                f"--num-prompts out")

@@ -52,6 +52,7 @@ def _find_baseline(repo: Path, host_name: str, context_length: int) -> dict:
 
 @interruptible("dsv4kit bench", "nothing was run or recorded")
 def bench(
+    invocation: typer.Context,
     ctx: int = typer.Option(..., "--ctx", help="Context length (tokens) the decode server must run with; e.g. 131072. The serving units are restarted with it if they run with another."),
     concurrency: str = typer.Option("1,16,64", "--concurrency", "-c", help="Comma-separated max-concurrency points."),
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens per request (fixed). Default: ctx - max(1024, output-len)."),
@@ -84,7 +85,7 @@ def bench(
     """
     from dsv4kit import bench as sweep
     from dsv4kit import results_repo
-    from dsv4kit.bench_args import check_lengths
+    from dsv4kit.bench_args import check_lengths, check_prompts
     from dsv4kit.bench_gates import GateConfig
     from dsv4kit.compare import compare, format_comparison, key_differences
     from dsv4kit.inventory import InventoryError, default_inventory_path, load_inventory
@@ -100,6 +101,8 @@ def bench(
     inventory_path = inventory or default_inventory_path()
     doing("checking the inputs before connecting")
     check_lengths(ctx, input_len, output_len)  # in the user's terms, before any derived length
+    check_prompts(num_prompts, concurrency, min_concurrency_ratio,
+                  ratio_given=invocation.get_parameter_source("min_concurrency_ratio").name != "DEFAULT")
     try:
         isl, osl = sweep.default_lengths(ctx, input_len, output_len)
         cfg = sweep.SweepConfig(
