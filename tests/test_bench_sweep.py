@@ -25,7 +25,10 @@ from tests.fake_sglang_server import FAKE_ADMIN_KEY, FAKE_API_KEY
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--input-len", "16", "--output-len", "8", "--num-prompts", "8", "--warmup-requests", "2"]
+# 8 prompts of 16 + 32 tokens (320 ms each at 10 ms per token); /metrics every 20 ms, so that even
+# these short points have a steady-state window with samples in it.
+SMALL = ["--input-len", "16", "--output-len", "32", "--num-prompts", "8", "--warmup-requests", "2",
+         "--metrics-interval", "0.02"]
 
 
 @pytest.fixture(scope="session")
@@ -133,17 +136,20 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
     record = json.loads((repo / out["record_path"]).read_text(), parse_constant=not_strict_json)
 
-    assert record["schema_version"] == 1 and record["validity_passed"] and record["invalid_points"] == 0
+    assert record["schema_version"] == 2 and record["validity_passed"] and record["invalid_points"] == 0
     assert len(record["points"]) == 4 and all(p["validity"]["passed"] for p in record["points"])
     for point in record["points"]:
         raw = point["raw"]
         assert raw["completed"] == 8 and raw["random_range_ratio"] == 1.0 and raw["max_concurrency"] in (1, 4)
-        assert point["derived"]["decode_tok_s"] == pytest.approx(raw["max_concurrency"] * 1000 / raw["median_tpot_ms"])
+        assert point["derived"]["tpot_formula_tok_s"] == pytest.approx(raw["max_concurrency"] * 1000 / raw["median_tpot_ms"])
         assert point["derived"]["decode_tok_s_per_gpu"] == pytest.approx(point["derived"]["decode_tok_s"] / 8)
+        assert point["window"]["samples"] >= 2 and point["window"]["running"]["median"] >= 0.8 * raw["max_concurrency"]
+        assert point["server_evidence"]["meta_info"]["ok"] and "cached_tokens" in point["server_evidence"]["meta_info"]["keys"]
         assert "--random-range-ratio" in point["argv"] and "--flush-cache" in point["argv"]
         details = json.loads(gzip.decompress((repo / "records" / record["run_id"] / point["details_file"]).read_bytes()),
                              parse_constant=not_strict_json)
         assert details["input_lens"] == [16] * 8 and all(t > 0 for t in details["ttfts"])
+        assert details["metrics_samples"] and "num_running_reqs" in details["metrics_samples"][0]
     summary = record["summary"]["per_concurrency"]
     assert summary["1"]["decode_tok_s"]["n"] == 2 and summary["4"]["decode_tok_s"]["ci95"] is not None
     # the cache was flushed before every measured run
@@ -263,8 +269,8 @@ def test_a_context_length_mismatch_restarts_the_servers(box, tmp_path, loopback_
         restarts.append(context_length)
         server.post("/_test/config", {"context_length": context_length})
 
-    cfg = SweepConfig(context_length=4096, concurrency=[2], input_len=16, output_len=8, repeat=1, num_prompts=4,
-                      warmup_requests=1)
+    cfg = SweepConfig(context_length=4096, concurrency=[2], input_len=16, output_len=32, repeat=1, num_prompts=4,
+                      warmup_requests=1, metrics_interval_s=0.02)
     lines = []
     with open_session(host) as session:
         result = run_sweep(cfg, host=host, session=session, inventory_path=inventory, progress=lines.append,

@@ -38,6 +38,7 @@ from typing import Callable, Optional
 
 from dsv4kit import exitcodes
 from dsv4kit.bench_gates import GateConfig, PointExpectation, evaluate
+from dsv4kit.bench_window import analyze as analyze_window
 from dsv4kit.records import (KIND, SCHEMA_VERSION, comparability_key, decode_info, derive, dumps,
                              split_client_line, strict_json, summarize_points)
 from dsv4kit.scrub import scrub
@@ -73,6 +74,8 @@ class SweepConfig:
     point_timeout_s: float = 3600.0
     server_timeout_s: float = 1800.0
     restart: bool = True
+    #: Seconds between two /metrics scrapes of each serving port during a point.
+    metrics_interval_s: float = 0.25
     gates: GateConfig = field(default_factory=GateConfig)
     verbose: bool = False
 
@@ -299,6 +302,16 @@ class Remote:
                            "--state-dir", str(self.host.get("dsv4_state_dir") or ""),
                            "--unit-dir", f"{prefix}/etc/systemd/system", timeout=PROBE_TIMEOUT_S)
 
+    def fetch_json(self, remote_file: str, label: str) -> dict:
+        with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
+            local = Path(tmp) / "evidence.json"
+            try:
+                self.session.get(remote_file, local)
+                return json.loads(local.read_text())
+            except (OSError, ValueError) as exc:
+                raise BenchAbort(exitcodes.TOOL_FAILED, f"{label}: the box-side evidence file {remote_file} "
+                                                        f"could not be read: {exc}") from None
+
     def fetch_line(self, remote_file: str, label: str) -> dict:
         with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
             local = Path(tmp) / "point.jsonl"
@@ -391,11 +404,13 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
         startup_time = decode_info(info).get("startup_time")
         prefill_info = None
         prefill_port = host.get("dsv4_prefill_port")
-        if prefill_port and int(prefill_port) != decode_port:
+        prefill_port = int(prefill_port) if prefill_port and int(prefill_port) != decode_port else None
+        if prefill_port:
             answer = remote.helper("server-info", "--port", str(prefill_port), env=helper_env)
             prefill_info = answer.get("server_info") if answer.get("ok") else None
             if prefill_info is None:
                 notes.append(f"prefill server /server_info unavailable: {answer.get('error')}")
+        metrics_ports = [decode_port] + ([prefill_port] if prefill_port else [])
         probe = remote.probe()
         if not (probe.get("packages") or {}).get("sglang"):
             raise BenchAbort(exitcodes.ENVIRONMENT, f"{host.name}: sglang is not installed in {remote.python}")
@@ -414,11 +429,16 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                 out_file = f"{remote.workdir}/c{c}_r{rep}.jsonl"
                 argv_point = client_argv(remote.python, cfg, concurrency=c, base_url=base_url,
                                          model_path=model_path, output_file=out_file, tag=f"{run_id}/c{c}/r{rep}")
+                evidence_file = f"{remote.workdir}/c{c}_r{rep}.evidence.json"
+                wrapped = [remote.python, f"{remote.workdir}/bench_remote.py", "run-point",
+                           "--evidence-out", evidence_file, "--metrics-ports", ",".join(map(str, metrics_ports)),
+                           "--probe-port", str(router_port), "--interval", f"{cfg.metrics_interval_s:g}",
+                           "--", *argv_point]
                 progress(f"{label}: {n} prompts of {cfg.input_len}+{cfg.output_len} tokens, "
                          f"warm-up {cfg.warmup_for(c)}...")
                 t0 = time.monotonic()
                 stream = (lambda line: progress(f"  | {line}")) if cfg.verbose else None
-                result = session.run(shlex.join(argv_point), timeout=cfg.point_timeout_s, env=env,
+                result = session.run(shlex.join(wrapped), timeout=cfg.point_timeout_s, env=env,
                                      cwd=remote.workdir, stream=stream, check=False)
                 wall = time.monotonic() - t0
                 if result.exit_code != 0:
@@ -427,22 +447,35 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                                      f"{label}: {CLIENT_MODULE} exited {result.exit_code}; sweep aborted, "
                                      f"nothing recorded:\n{tail}")
                 line = remote.fetch_line(out_file, label)
+                evidence = remote.fetch_json(evidence_file, label)
+                limits = decode_info(info)
                 expected = PointExpectation(num_prompts=n, input_len=cfg.input_len, output_len=cfg.output_len,
-                                            max_concurrency=c, startup_time=startup_time)
-                validity = evaluate(line, expected, cfg.gates)
+                                            max_concurrency=c, startup_time=startup_time, prefill_port=prefill_port,
+                                            prefill_startup_time=decode_info(prefill_info or {}).get("startup_time"),
+                                            max_running_requests=limits.get("max_running_requests"),
+                                            max_total_num_tokens=limits.get("max_total_num_tokens"))
+                window = analyze_window(line, c, evidence, decode_port)
+                validity = evaluate(line, expected, cfg.gates, evidence, window)
                 raw, point_details, _ = split_client_line(line)
-                derived = derive(raw, serving_gpus)
+                derived = derive(raw, serving_gpus, window)
                 details_file = f"details/c{c}_r{rep}.json.gz"
+                point_details["metrics_samples"] = evidence.get("samples") or []
                 details[details_file] = point_details
                 points.append({
                     "max_concurrency": c, "repetition": rep, "num_prompts": n,
                     "warmup_requests": cfg.warmup_for(c),
                     "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
                     "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
-                    "derived": derived, "validity": validity,
+                    "derived": derived, "validity": validity, "window": window,
+                    "server_evidence": {"metrics_ports": metrics_ports, "interval_s": cfg.metrics_interval_s,
+                                        "samples": len(evidence.get("samples") or ()),
+                                        "scrape_errors": evidence.get("scrape_errors") or {},
+                                        "meta_info": evidence.get("meta_info"),
+                                        "startup_after": evidence.get("startup_after")},
                 })
                 verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
-                progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s, output "
+                progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s (running batch "
+                         f"{_num((window.get('running') or {}).get('median'))}), output "
                          f"{_num(raw.get('output_throughput'))} tok/s, TTFT p50 {_num(raw.get('median_ttft_ms'))} ms, "
                          f"TPOT p50 {_num(raw.get('median_tpot_ms'), 2)} ms [{wall:.0f}s]: {verdict}")
                 if not validity["passed"]:
@@ -468,7 +501,8 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                    restarted=restarted, prefill_server_info=prefill_info),
         "client": client_section(cfg, tool_version=(probe.get("packages") or {}).get("sglang"), base_url=base_url),
         "sweep": {"concurrency": list(cfg.concurrency), "repeat": cfg.repeat, "order": "repetition-major",
-                  "point_timeout_s": cfg.point_timeout_s, "gates": cfg.gates.to_dict()},
+                  "point_timeout_s": cfg.point_timeout_s, "metrics_interval_s": cfg.metrics_interval_s,
+                  "gates": cfg.gates.to_dict()},
         "points": points,
         "summary": summarize_points(points),
         "validity_passed": invalid == 0 and bool(points),

@@ -6,7 +6,8 @@ fact only the box tells (GPU model, client version) differs (the record is still
 the invalid points marked); 2 bad input (arguments, inventory, baseline, results path, or a
 baseline that is not comparable, all found before connecting); 3 box unreachable; 4 a point or
 the restart timed out; 5 something is missing (git or ansible-playbook here; venv, SGLang, a
-running server on the box); 6 the client or ansible or git failed; 130 interrupted. On 2-6 and
+running server on the box); 6 the client or ansible or git failed; 7 the baseline comparison was inconclusive (fewer than 3
+valid repetitions a side, or too noisy to tell: never a pass); 130 interrupted. On 2-6 and
 130 nothing is recorded, except a Ctrl-C after the record was committed, which says so.
 """
 
@@ -46,7 +47,26 @@ def _find_baseline(repo: Path, host_name: str, context_length: int) -> dict:
     if not entries:
         _fail(exitcodes.USAGE, f"--baseline-ctx {context_length}: no record for host {host_name!r} at context "
                                f"length {context_length} in {repo} (run `dsv4kit bench --ctx {context_length}` first)")
-    return results_repo.read_record(repo, entries[-1].run_id)
+    # Only a valid, complete record serves as a baseline: the newest such one.
+    skipped = []
+    for entry in reversed(entries):
+        record = results_repo.read_entry(repo, entry)
+        reason = baseline_problem(record)
+        if reason is None:
+            return record
+        skipped.append(f"{entry.run_id} ({reason})")
+    _fail(exitcodes.USAGE, f"--baseline-ctx {context_length}: no valid record for host {host_name!r} at context "
+                           f"length {context_length} in {repo}; only valid records serve as baselines, and these "
+                           f"are not: {', '.join(skipped)}")
+
+
+def baseline_problem(record: dict) -> Optional[str]:
+    """Why ``record`` may not serve as a baseline (None: it may): an invalid point or an incomplete sweep."""
+    if record.get("incomplete"):
+        return "incomplete: the sweep stopped before its last point"
+    if not record.get("validity_passed"):
+        return f"{record.get('invalid_points')} invalid point(s)"
+    return None
 
 
 def bench(
@@ -66,6 +86,7 @@ def bench(
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress stays on stderr)."),
     point_timeout: float = typer.Option(3600.0, "--point-timeout", min=1.0, help="Seconds one point may run before its remote process group is killed (the sweep then aborts)."),
     server_timeout: float = typer.Option(1800.0, "--server-timeout", min=1.0, help="Seconds to wait for the servers after a restart."),
+    metrics_interval: float = typer.Option(0.25, "--metrics-interval", min=0.01, max=10.0, help="Seconds between two scrapes of the servers' /metrics during a point (the running-batch gate and the record's samples)."),
     restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart the serving units when their context length differs (default), or fail."),
     min_concurrency_ratio: float = typer.Option(0.8, "--min-concurrency-ratio", min=0.0, max=1.0, help="Gate: achieved/requested concurrency at least this."),
     max_cache_hit_pct: float = typer.Option(1.0, "--max-cache-hit-pct", min=0.0, max=100.0, help="Gate: prefix-cache hit rate at most this (%) on a flushed cache."),
@@ -101,6 +122,7 @@ def bench(
             context_length=ctx, concurrency=sweep.parse_concurrency(concurrency), input_len=isl, output_len=osl,
             repeat=repeat, num_prompts=num_prompts, warmup_requests=warmup_requests, seed=seed,
             point_timeout_s=point_timeout, server_timeout_s=server_timeout, restart=restart, verbose=verbose,
+            metrics_interval_s=metrics_interval,
             gates=GateConfig(retok_tolerance=retok_tolerance, min_concurrency_ratio=min_concurrency_ratio,
                              max_cache_hit_pct=max_cache_hit_pct),
         )
@@ -134,6 +156,10 @@ def bench(
     try:
         if baseline:
             old = results_repo.read_record(repo, baseline)
+            problem = baseline_problem(old)
+            if problem:
+                _fail(exitcodes.USAGE, f"baseline {old['run_id']} cannot serve as a baseline: {problem}; only "
+                                       f"valid records serve as baselines")
         elif baseline_ctx is not None:
             old = _find_baseline(repo, target.name, baseline_ctx)
             ignore = ("context_length",)
@@ -189,10 +215,13 @@ def bench(
 
     # A baseline that turns out not comparable on a field only the box tells (GPU model, client
     # version) gives no verdict: a failed check (1), like a regression; it never masks an invalid point.
+    # An inconclusive comparison is never a pass: its own code (7), below an invalid point or a regression.
     code = exitcodes.OK
-    if not record["validity_passed"] or (comparison is not None
-                                         and (comparison.regressions or not comparison.comparable)):
+    if not record["validity_passed"] or (comparison is not None and comparison.outcome in ("regressed",
+                                                                                          "not-comparable")):
         code = exitcodes.CHECK_FAILED
+    elif comparison is not None and comparison.outcome == "inconclusive":
+        code = exitcodes.INCONCLUSIVE
 
     if json_out:
         typer.echo(json.dumps({

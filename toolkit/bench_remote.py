@@ -5,6 +5,13 @@ JSON object on stdout:
 
 ``server-info --port P``        ``GET /server_info`` of the server on 127.0.0.1:P.
 ``wait-health --ports P,Q --timeout S``  poll ``GET /health`` until every port answers 200.
+``run-point --evidence-out F --metrics-ports P,Q --probe-port R -- CLIENT ARGV``  run one point's
+                                client, and meanwhile scrape ``GET /metrics`` of the serving ports
+                                every ``--interval`` s; afterwards read ``/server_info`` of those
+                                ports and send one tiny streamed ``/generate`` to the router to see
+                                which ``meta_info`` fields the server reports. Writes the evidence
+                                (samples, the time the measured run began, startup times, fields)
+                                to F as JSON and exits with the client's exit code.
 ``probe --model-path M --state-dir D --unit-dir U``   provenance: package versions, CUDA, GPUs
                                 (``nvidia-smi``; null with a reason when it is absent), OS, the
                                 serving processes' argv and SGLANG_*/CUDA_*/NCCL_* environment
@@ -83,6 +90,140 @@ def cmd_wait_health(args) -> dict:
             return {"ok": False, "pending": sorted(pending), "last_error": {str(k): v for k, v in last.items()}}
         time.sleep(args.interval)
     return {"ok": True, "ports": ports}
+
+
+# ------------------------------------------------------------------------------------- run-point
+#: The client prints this just before the cache flush and the 1 s pause that precede the measured run.
+MAIN_RUN_MARKER = "Starting main benchmark run"
+#: Scraped metrics: name -> how series (tp/dp ranks, is_streaming) combine into one number.
+METRICS = {"sglang:num_running_reqs": "sum", "sglang:num_queue_reqs": "sum", "sglang:gen_throughput": "sum",
+           "sglang:token_usage": "max", "sglang:generation_tokens_total": "sum",
+           "sglang:prompt_tokens_total": "sum"}
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict:
+    """The Prometheus text of ``/metrics`` -> {short name: value} for the metrics in METRICS."""
+    found: dict = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or match.group(1) not in METRICS:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        name = match.group(1).split(":", 1)[1]
+        if name in found:
+            found[name] = found[name] + value if METRICS[match.group(1)] == "sum" else max(found[name], value)
+        else:
+            found[name] = value
+    return found
+
+
+class Scraper:
+    """Poll ``/metrics`` of some ports in a thread until stopped."""
+
+    def __init__(self, ports, interval: float):
+        import threading
+
+        self.ports = ports
+        self.interval = interval
+        self.samples: list = []
+        self.errors: dict = {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop_event.is_set():
+            for port in self.ports:
+                try:
+                    status, body = http_get(port, "/metrics", 5.0)
+                    values = parse_metrics(body)
+                    if values:
+                        self.samples.append({"t": round(time.time(), 4), "port": port, **values})
+                    else:
+                        self._error(port, "no sglang: metrics in the answer (is the server started with "
+                                          "--enable-metrics?)")
+                except urllib.error.HTTPError as exc:
+                    self._error(port, f"HTTP {exc.code} from /metrics (is the server started with --enable-metrics?)")
+                except Exception as exc:
+                    self._error(port, str(getattr(exc, "reason", exc)))
+            self.stop_event.wait(self.interval)
+
+    def _error(self, port, message: str) -> None:
+        entry = self.errors.setdefault(str(port), {"count": 0, "first": message})
+        entry["count"] += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_event.set()
+        self.thread.join(timeout=10)
+
+
+def _meta_info_fields(port: int) -> dict:
+    """One tiny streamed /generate (4 prompt ids, 2 new tokens): which meta_info fields come back."""
+    body = json.dumps({"input_ids": [1, 2, 3, 4], "stream": True,
+                       "sampling_params": {"max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True}}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **_headers()})
+    keys: set = set()
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                try:
+                    chunk = json.loads(line[5:])
+                except ValueError:
+                    continue
+                keys.update((chunk.get("meta_info") or {}).keys())
+    except Exception as exc:
+        return {"ok": False, "error": str(getattr(exc, "reason", exc)), "keys": sorted(keys)}
+    return {"ok": True, "keys": sorted(keys)}
+
+
+def cmd_run_point(args) -> int:
+    ports = [int(p) for p in args.metrics_ports.split(",") if p]
+    argv = args.client
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    marker_time = None
+    started = time.time()
+    with Scraper(ports, args.interval) as scraper:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            if marker_time is None and MAIN_RUN_MARKER in line:
+                marker_time = time.time()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        code = proc.wait()
+    ended = time.time()
+    startup = {}
+    for port in ports:
+        try:
+            _, body = http_get(port, "/server_info", 10.0)
+            info = json.loads(body)
+            if isinstance(info.get("decode"), list) and info["decode"]:
+                info = info["decode"][0]
+            startup[str(port)] = {"reported": "startup_time" in info, "startup_time": info.get("startup_time")}
+        except Exception as exc:
+            startup[str(port)] = {"reported": False, "error": str(getattr(exc, "reason", exc))}
+    evidence = {
+        "started": started, "ended": ended, "main_run_marker_time": marker_time, "interval_s": args.interval,
+        "metrics_ports": ports, "samples": scraper.samples, "scrape_errors": scraper.errors,
+        "startup_after": startup,
+        "meta_info": _meta_info_fields(args.probe_port) if args.probe_port and code == 0 else None,
+    }
+    tmp = args.evidence_out + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(evidence, fh)
+    os.replace(tmp, args.evidence_out)
+    return code
 
 
 # ------------------------------------------------------------------------------------- probe
@@ -344,7 +485,15 @@ def main(argv=None) -> int:
     p.add_argument("--model-path", required=True)
     p.add_argument("--state-dir", default="")
     p.add_argument("--unit-dir", default="", help="where the dsv4-*.service units are (<dsv4_prefix>/etc/systemd/system)")
+    p = sub.add_parser("run-point")
+    p.add_argument("--evidence-out", required=True)
+    p.add_argument("--metrics-ports", default="")
+    p.add_argument("--probe-port", type=int, default=0)
+    p.add_argument("--interval", type=float, default=0.25)
+    p.add_argument("client", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.command == "run-point":
+        return cmd_run_point(args)
     handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe}[args.command]
     result = handler(args)
     sys.stdout.write(json.dumps(result) + "\n")

@@ -3,8 +3,10 @@
 A record is named by its run id (``box1-ctx131072-20260101T120000Z``), its tag
 (``bench/box1/131072/20260101T120000Z``), a unique run-id prefix, or a ``record.json`` path.
 
-``compare`` exit codes: 0 comparable and no regression; 1 a regression; 2 the records are not
-comparable (the differing key fields are listed; no verdict) or a record was not found.
+``compare`` exit codes: 0 comparable, no regression and every metric told apart from the noise;
+1 a metric regressed (also "mixed": better at one C, worse at another); 2 the records are not
+comparable (the differing key fields are listed; no verdict) or a record was not found;
+7 inconclusive (fewer than 3 valid repetitions on a side, or noise too large to tell).
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ def compare_cmd(
     ignore: List[str] = typer.Option([], "--ignore", help="Comparability field allowed to differ (repeatable), e.g. context_length."),
     json_out: bool = typer.Option(False, "--json", help="JSON on stdout."),
 ) -> None:
-    """Compare B against A per metric and concurrency; exit 1 on a regression, 2 if not comparable."""
+    """Compare B against A per metric and concurrency; exit 1 on a regression, 2 if not comparable,
+    7 if inconclusive (fewer than 3 valid repetitions a side, or too noisy to tell)."""
     from dsv4kit.compare import compare, format_comparison
 
     repo = _repo(results_repo)
@@ -140,9 +143,7 @@ def compare_cmd(
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(format_comparison(result))
-    if not result.comparable:
-        raise typer.Exit(exitcodes.USAGE)
-    raise typer.Exit(exitcodes.CHECK_FAILED if result.regressions else exitcodes.OK)
+    raise typer.Exit(result.exit_code())
 
 
 @app.command("plot")
