@@ -23,7 +23,8 @@ Fault injection (the traps the bench gates must catch):
   ``--omit cached_tokens,prompt_tokens,startup_time``: leave those fields out of ``meta_info``
   and ``/server_info`` (the client then silently falls back to 0 / the planned length).
   ``POST /_test/config`` with a JSON body changes ``context_length``, ``error_every``,
-  ``cached_tokens`` or ``token_delay_ms`` at run time and bumps ``startup_time`` when the context
+  ``cached_tokens``, ``token_delay_ms`` or ``flush_status`` (400: the flush fails, as SGLang's does
+  when the server cannot go idle, and the client aborts) at run time and bumps ``startup_time`` when the context
   length changes (a restart stand-in).
 
 ``GET /metrics`` tells the truth about its own batch, in SGLang 0.5.23's Prometheus format and
@@ -62,6 +63,7 @@ class State:
         self.generate_count = 0
         self.flush_count = 0
         self.flush_times: list[float] = []
+        self.flush_status = 200
         self.decode_cap = args.decode_cap
         self.slots = threading.BoundedSemaphore(args.decode_cap) if args.decode_cap else None
         self.prefill_ms = args.prefill_ms
@@ -194,15 +196,16 @@ def make_handler(state: State):
                 with state.lock:
                     state.flush_count += 1
                     state.flush_times.append(time.time())
-                data = b"Cache flushed.\n"
-                self.send_response(200)
+                    status = state.flush_status
+                data = b"Cache flushed.\n" if status == 200 else b"Cannot flush: the server is not idle.\n"
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
             elif path == "/_test/config":
                 body = self._body()
                 with state.lock:
-                    for key in ("error_every", "cached_tokens", "token_delay_ms"):
+                    for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status"):
                         if key in body:
                             setattr(state, key, body[key])
                     if "context_length" in body and body["context_length"] != state.context_length:

@@ -42,9 +42,11 @@ def tokenizer_dir(bench_venv, tmp_path_factory):
 
 
 @pytest.fixture
-def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir):
-    """A stand-in server and an inventory whose host is this machine; yields (server, inventory)."""
+def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
+    """A stand-in server and an inventory whose host is this machine; yields (server, inventory).
+    Finished points spill to ``tmp_path/spill`` (``$DSV4KIT_SPILL_DIR``)."""
     servers = []
+    monkeypatch.setenv("DSV4KIT_SPILL_DIR", str(tmp_path / "spill"))
 
     def make(separate_prefill: bool = False, units: bool = False, **server_kw):
         context_length = server_kw.pop("inventory_context_length", None)
@@ -325,7 +327,50 @@ def test_a_record_of_the_same_settings_is_a_comparable_baseline(box, tmp_path):
     first = dsv4kit(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     second = dsv4kit(*args, "--baseline", json.loads(first.stdout)["run_id"])
-    assert second.returncode in (0, 1), second.stderr[-3000:]
+    assert second.returncode == 7, second.stderr[-3000:]  # one repetition a side: inconclusive, never a pass
     out = json.loads(second.stdout)
     assert out["validity_passed"] and out["comparison"]["comparable"] is True, out["comparison"]
     assert out["comparison"]["rows"] and out["exit_code"] == second.returncode
+    assert out["comparison"]["outcome"] == "inconclusive" and "INCONCLUSIVE" not in second.stdout  # --json
+
+
+def test_a_failed_point_leaves_an_incomplete_record_with_the_completed_points(box, tmp_path):
+    # After the first point the server's /flush_cache starts answering 400 (it cannot go idle):
+    # the client aborts the second point. The first point is not lost.
+    server, inventory = box(context_length=4096)
+    repo = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,2",
+                             "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    seen = []
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("[1/2] C=1") and "tok/s" in line:
+                server.post("/_test/config", {"flush_status": 400})
+                assert (tmp_path / "spill").is_dir()  # the finished point is on disk at once
+                spilled = list((tmp_path / "spill").glob("*/point-c1-r0.json"))
+                assert spilled, "the finished point was not spilled"
+                break
+        _, rest = proc.communicate(timeout=200)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 6, stderr
+    assert "INCOMPLETE record" in stderr and "never serves as a baseline" in stderr
+    records = list((repo / "records").glob("*/record.json"))
+    assert len(records) == 1
+    record = json.loads(records[0].read_text())
+    assert record["incomplete"] is True and record["validity_passed"] is False
+    assert [p["max_concurrency"] for p in record["points"]] == [1]
+    assert "flush" in record["incomplete_reason"] or "exited" in record["incomplete_reason"]
+    assert git(repo, "tag", "-l") == record["tag"]
+    assert list((tmp_path / "spill").glob("*/point-*.json")) == []  # published: the spill is removed
+    # an incomplete record never serves as a baseline
+    proc2 = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1,2", "--repeat", "1", *SMALL, "-i", str(inventory),
+                    "--results-repo", str(repo), "--baseline", record["run_id"])
+    assert proc2.returncode == 2 and "incomplete" in proc2.stderr

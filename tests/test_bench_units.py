@@ -338,3 +338,76 @@ def test_scrubber_cases_that_used_to_slip_through():
         assert secret not in urls, urls
     assert "pypi.example.com/simple" in urls and "X-Amz-Date=1" in urls
     assert scrub_text("see https://docs.sglang.ai/x?page=2") == "see https://docs.sglang.ai/x?page=2"
+
+
+# ------------------------------------------------------------------------------------ SLOs
+def test_percentiles_need_enough_requests_and_carry_bootstrap_intervals():
+    from dsv4kit.bench_slo import latency_block, min_requests, percentiles_with_ci
+
+    assert (min_requests(50), min_requests(90), min_requests(99)) == (5, 29, 299)
+    few = percentiles_with_ci([float(i) for i in range(64)])
+    assert few["p50"]["value"] == pytest.approx(31.5) and few["p50"]["ci95"][0] < 31.5 < few["p50"]["ci95"][1]
+    assert few["p99"]["value"] is None and "at least 299 requests" in few["p99"]["reason"]
+    many = percentiles_with_ci([float(i) for i in range(400)])
+    assert many["p99"]["value"] == pytest.approx(395.01) and many["p99"]["ci95"][1] >= many["p99"]["value"]
+    assert percentiles_with_ci([float(i) for i in range(400)]) == many  # fixed seed: the same interval
+
+    # goodput: requests within both limits per second; p99 judged only with enough requests
+    line = client_line(n=8, osl=8, ttft_ms=12.0, tpot_ms=10.0)
+    line["ttfts"][0] = 0.5  # one slow first token
+    block = latency_block(line, {"ttft_ms": 100.0, "tpot_ms": 20.0})
+    goodput = block["goodput"]
+    assert goodput["good_requests"] == 7 and goodput["attainment_pct"] == pytest.approx(87.5)
+    assert goodput["goodput_req_s"] == pytest.approx(7 / line["duration"])
+    assert goodput["p99_within_limits"] is None and "too few" in goodput["p99_reason"]
+    assert latency_block(line, None)["goodput"] is None
+    derived = derive(split_client_line(line)[0], 8, None, block)
+    assert derived["goodput_req_s"] == goodput["goodput_req_s"] and derived["p99_ttft_ms"] is None
+
+
+# ------------------------------------------------------------------------------------ telemetry
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nexec {_sys.executable} {_Path(__file__).with_name('fake_nvidia_smi.py')} \"$@\"\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    return bin_dir
+
+
+@pytest.mark.parametrize("old_driver", [False, True])
+def test_gpu_telemetry_is_sampled_with_lms_and_summarised(fake_nvidia_smi, tmp_path, monkeypatch, old_driver):
+    import time as _time
+
+    from dsv4kit.bench_remote import Telemetry, gpu_settings
+
+    if old_driver:
+        monkeypatch.setenv("FAKE_NVSMI_OLD", "1")
+    with Telemetry(100, str(tmp_path / "t.csv")) as telemetry:
+        _time.sleep(0.6)
+    result = telemetry.result()
+    assert result["available"], result
+    assert len(result["samples"]) >= 4 and {s["index"] for s in result["samples"]} == {0, 1}
+    per = result["per_gpu"]
+    assert per["0"]["sm_clock_mhz"]["max"] == 2400 and per["0"]["event_reasons"] == []
+    assert per["1"]["event_reasons"] == ["sw_power_cap"] and per["1"]["temperature_c_max"] == 85
+    assert per["1"]["power_w"]["max"] == pytest.approx(550.5)
+    settings = gpu_settings()
+    assert settings["available"] and settings["devices"][0]["persistence_mode"] == "Enabled"
+    assert settings["devices"][0]["ecc.mode.current"] == "Disabled"
+    assert settings["devices"][0]["clocks.applications.graphics"] is None  # [N/A]
+
+
+def test_no_nvidia_smi_is_said_not_hidden(tmp_path, monkeypatch):
+    from dsv4kit.bench_remote import Telemetry
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with Telemetry(100, str(tmp_path / "t.csv")) as telemetry:
+        pass
+    assert telemetry.result() == {"available": False, "reason": "nvidia-smi not found on PATH", "samples": [],
+                                  "per_gpu": {}}

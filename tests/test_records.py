@@ -113,8 +113,37 @@ def test_a_failing_transaction_changes_nothing(tmp_path):
     finally:
         results_repo._git = real
     assert git(repo, "tag", "-l") == first["tag"]
-    assert git(repo, "rev-parse", "refs/heads/main") == racer[0]  # the other writer's commit stands
+    assert len(racer) == results_repo.PUBLISH_ATTEMPTS  # it rebuilt on the new head and retried each time
+    assert git(repo, "rev-parse", "refs/heads/main") == racer[-1]  # the other writer's commit stands
     assert git(repo, "ls-tree", "-r", "--name-only", "HEAD", "--", f"records/{rec['run_id']}") == ""
+
+
+def test_a_publish_that_loses_the_ref_race_rebuilds_on_the_new_head(tmp_path):
+    # Another sweep publishes between our read of main and our transaction ("cannot lock ref"):
+    # we rebuild on its commit and retry; both records stand, each under its own path.
+    repo = tmp_path / "results"
+    publish_record(repo, synthetic_record("lo-ctx4096-20260101T000000Z", BASE))
+    real = results_repo._git
+    other = synthetic_record("lo-ctx4096-20260101T000300Z", BASE)
+    raced = []
+
+    def racing(repo_, *args, **kw):
+        if args and args[0] == "update-ref" and not raced:
+            raced.append(True)
+            publish(repo, run_id=other["run_id"], tag=other["tag"], files=files_of(other), message="other")
+        return real(repo_, *args, **kw)
+
+    rec = synthetic_record("lo-ctx4096-20260101T000500Z", BASE)
+    results_repo._git = racing
+    try:
+        published = publish(repo, run_id=rec["run_id"], tag=rec["tag"], files=files_of(rec), message="ours")
+    finally:
+        results_repo._git = real
+    assert raced and published.attempts == 2
+    assert [e.run_id for e in list_records(repo)] == ["lo-ctx4096-20260101T000000Z", other["run_id"], rec["run_id"]]
+    assert git(repo, "rev-parse", "HEAD^") == git(repo, "rev-parse", f"{other['tag']}^{{commit}}")
+    assert git(repo, "rev-parse", f"{rec['tag']}^{{commit}}") == published.commit == git(repo, "rev-parse", "HEAD")
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
 
 
 def test_repository_path_checks(tmp_path):
@@ -322,3 +351,24 @@ def test_baseline_ctx_picks_the_newest_record_of_that_host_and_context(repo_with
     assert info.value.exit_code == 2
     with pytest.raises(typer.Exit):
         _find_baseline(repo, "other-box", 4096)
+
+
+def test_records_compare_shows_field_level_differences_of_server_args_and_env():
+    old = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    new = synthetic_record("lo-ctx4096-20260101T000100Z", BASE)
+    old["server"]["resolved_args"] = {"tp_size": 4, "attention_backend": "dsv4", "mem_fraction_static": 0.8}
+    new["server"]["resolved_args"] = {"tp_size": 4, "attention_backend": "triton", "mem_fraction_static": 0.8,
+                                      "enable_metrics": True}
+    old["software"]["server_env"] = {"SGLANG_SM120_TRITON_INDEXER": "0", "NCCL_P2P_DISABLE": "1"}
+    new["software"]["server_env"] = {"SGLANG_SM120_TRITON_INDEXER": "1", "NCCL_P2P_DISABLE": "1"}
+    old["server"]["launch_args"] = ["python", "-m", "sglang.launch_server", "--tp", "4", "--port", "30000"]
+    new["server"]["launch_args"] = ["python", "-m", "sglang.launch_server", "--tp", "4", "--port", "30000",
+                                    "--enable-metrics"]
+    result = compare(old, new)
+    fields = {d["field"]: (d["old"], d["new"]) for d in result.info}
+    assert fields["server.resolved_args.attention_backend"] == ("dsv4", "triton")
+    assert fields["server.resolved_args.enable_metrics"] == (None, True)
+    assert fields["software.server_env.SGLANG_SM120_TRITON_INDEXER"] == ("0", "1")
+    assert fields["server.launch_args.--enable-metrics"] == (None, True)
+    assert "server.resolved_args.tp_size" not in fields and "software.server_env.NCCL_P2P_DISABLE" not in fields
+    assert "note: software.server_env.SGLANG_SM120_TRITON_INDEXER differs: 0 -> 1" in format_comparison(result)

@@ -38,10 +38,12 @@ from typing import Callable, Optional
 
 from dsv4kit import exitcodes
 from dsv4kit.bench_gates import GateConfig, PointExpectation, evaluate
+from dsv4kit.bench_slo import latency_block
 from dsv4kit.bench_window import analyze as analyze_window
 from dsv4kit.records import (KIND, SCHEMA_VERSION, comparability_key, decode_info, derive, dumps,
                              split_client_line, strict_json, summarize_points)
 from dsv4kit.scrub import scrub
+from dsv4kit.ssh import RemoteError
 
 CLIENT_MODULE = "sglang.benchmark.serving"
 DATASET = "random-ids"
@@ -235,6 +237,53 @@ class SweepResult:
         return out
 
 
+def slo_limits(host) -> Optional[dict]:
+    """The p99 TTFT/TPOT limits of goodput, from the inventory (None when neither is set)."""
+    limits = {"ttft_ms": host.get("dsv4_bench_slo_ttft_ms"), "tpot_ms": host.get("dsv4_bench_slo_tpot_ms")}
+    if all(v is None for v in limits.values()):
+        return None
+    return {**limits, "source": "inventory dsv4_bench_slo_ttft_ms / dsv4_bench_slo_tpot_ms", "percentile": 99}
+
+
+def default_spill_root() -> Path:
+    """Where finished points are kept until their record is published: ``$DSV4KIT_SPILL_DIR``, else
+    ``$XDG_STATE_HOME/dsv4kit/spill`` (``~/.local/state/dsv4kit/spill``)."""
+    if os.environ.get("DSV4KIT_SPILL_DIR"):
+        return Path(os.environ["DSV4KIT_SPILL_DIR"])
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "dsv4kit" / "spill"
+
+
+class Spill:
+    """A local directory holding each finished point the moment it is done (scrubbed, atomic
+    writes): ``point-c<C>-r<R>.json`` and ``details/c<C>_r<R>.json.gz``, then ``record.json``
+    when the sweep ends. The caller removes it once the record is published."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def _write(self, name: str, data: bytes) -> None:
+        target = self.directory / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+
+    def point(self, point: dict, details_file: str, details: dict) -> None:
+        name = f"point-c{point['max_concurrency']}-r{point['repetition']}.json"
+        self._write(name, dumps(scrub(point)).encode())
+        self._write(details_file, gzip.compress(json.dumps(strict_json(scrub(details)), separators=(",", ":"),
+                                                           allow_nan=False).encode(), mtime=0))
+
+    def finished(self, result: "SweepResult") -> None:
+        self._write("record.json", dumps(result.record).encode())
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 class Remote:
     """The box-side steps over one SSH session."""
 
@@ -355,8 +404,12 @@ def default_restart(inventory_path, host, context_length: int, progress: Callabl
 
 def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Callable[[str], None],
               argv: Optional[list[str]] = None, stamp: Optional[str] = None,
-              restart: Optional[Callable] = None) -> SweepResult:
-    """Run the whole sweep over ``session``; return the record (nothing is written here)."""
+              restart: Optional[Callable] = None, spill_root: Optional[Path] = None) -> SweepResult:
+    """Run the whole sweep over ``session``; return the record (nothing is published here).
+
+    Each finished point is written at once under ``spill_root/<run_id>/`` (``Spill``). When the
+    sweep stops after some points (BenchAbort, RemoteError), the exception carries ``partial``: an
+    incomplete record with the completed points, for the caller to publish."""
     from dsv4kit.provenance import sections, serving_gpu_count, toolkit_info
 
     check_config(cfg)
@@ -374,7 +427,9 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
         env["OPENAI_API_KEY"] = os.environ["DSV4KIT_API_KEY"]
     helper_env = {"OPENAI_API_KEY": env["OPENAI_API_KEY"]} if "OPENAI_API_KEY" in env else None
 
+    spill = Spill(Path(spill_root) / run_id) if spill_root is not None else None
     remote = Remote(session, host, progress)
+    total = cfg.repeat * len(cfg.concurrency)
     points: list[dict] = []
     details: dict[str, dict] = {}
     notes: list[str] = []
@@ -419,7 +474,44 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             notes.append(f"GPU facts unavailable: {gpus_note}")
         serving_gpus = serving_gpu_count(host)
         base_url = f"http://127.0.0.1:{router_port}"
-        total = cfg.repeat * len(cfg.concurrency)
+        slo = slo_limits(host)
+
+        def build(incomplete: Optional[str] = None) -> SweepResult:
+            finished = datetime.now(timezone.utc)
+            invalid = sum(1 for p in points if not p["validity"]["passed"])
+            record_notes = list(notes)
+            if invalid:
+                record_notes.append(f"{invalid} of {len(points)} points failed a validity gate; they are excluded "
+                                    f"from the summary")
+            if incomplete:
+                record_notes.append(f"INCOMPLETE: the sweep stopped after {len(points)} of {total} points: {incomplete}")
+            record = {
+                "schema_version": SCHEMA_VERSION,
+                "kind": KIND,
+                "run_id": run_id,
+                "tag": tag,
+                "created_at_utc": created.isoformat(timespec="seconds"),
+                "finished_at_utc": finished.isoformat(timespec="seconds"),
+                "duration_wall_s": round(time.time() - started, 3),
+                "toolkit": toolkit_info(argv),
+                **sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
+                           restarted=restarted, prefill_server_info=prefill_info),
+                "client": client_section(cfg, tool_version=(probe.get("packages") or {}).get("sglang"),
+                                         base_url=base_url),
+                "sweep": {"concurrency": list(cfg.concurrency), "repeat": cfg.repeat, "order": "repetition-major",
+                          "point_timeout_s": cfg.point_timeout_s, "metrics_interval_s": cfg.metrics_interval_s,
+                          "gates": cfg.gates.to_dict(), "slo": slo},
+                "points": list(points),
+                "summary": summarize_points(points),
+                "validity_passed": invalid == 0 and bool(points) and not incomplete,
+                "invalid_points": invalid,
+                "incomplete": bool(incomplete),
+                "incomplete_reason": incomplete,
+                "notes": record_notes,
+            }
+            record["comparability_key"] = comparability_key(record)
+            return SweepResult(record=scrub(record), details=dict(details))
+
         index = 0
         for rep in range(cfg.repeat):
             for c in cfg.concurrency:
@@ -444,8 +536,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                 if result.exit_code != 0:
                     tail = (result.stderr.strip() or result.stdout.strip())[-1500:]
                     raise BenchAbort(exitcodes.TOOL_FAILED,
-                                     f"{label}: {CLIENT_MODULE} exited {result.exit_code}; sweep aborted, "
-                                     f"nothing recorded:\n{tail}")
+                                     f"{label}: {CLIENT_MODULE} exited {result.exit_code}; sweep aborted:\n{tail}")
                 line = remote.fetch_line(out_file, label)
                 evidence = remote.fetch_json(evidence_file, label)
                 limits = decode_info(info)
@@ -456,23 +547,29 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                                             max_total_num_tokens=limits.get("max_total_num_tokens"))
                 window = analyze_window(line, c, evidence, decode_port)
                 validity = evaluate(line, expected, cfg.gates, evidence, window)
+                latency = latency_block(line, slo)
                 raw, point_details, _ = split_client_line(line)
-                derived = derive(raw, serving_gpus, window)
+                derived = derive(raw, serving_gpus, window, latency)
                 details_file = f"details/c{c}_r{rep}.json.gz"
                 point_details["metrics_samples"] = evidence.get("samples") or []
+                telemetry = evidence.get("telemetry") or {"available": False, "reason": "not collected"}
+                point_details["gpu_telemetry_samples"] = telemetry.get("samples") or []
                 details[details_file] = point_details
                 points.append({
                     "max_concurrency": c, "repetition": rep, "num_prompts": n,
                     "warmup_requests": cfg.warmup_for(c),
                     "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
                     "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
-                    "derived": derived, "validity": validity, "window": window,
+                    "derived": derived, "validity": validity, "window": window, "latency": latency,
                     "server_evidence": {"metrics_ports": metrics_ports, "interval_s": cfg.metrics_interval_s,
                                         "samples": len(evidence.get("samples") or ()),
                                         "scrape_errors": evidence.get("scrape_errors") or {},
                                         "meta_info": evidence.get("meta_info"),
                                         "startup_after": evidence.get("startup_after")},
+                    "gpu_telemetry": {k: v for k, v in telemetry.items() if k != "samples"},
                 })
+                if spill is not None:
+                    spill.point(points[-1], details_file, point_details)
                 verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
                 progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s (running batch "
                          f"{_num((window.get('running') or {}).get('median'))}), output "
@@ -481,36 +578,16 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                 if not validity["passed"]:
                     for name in validity["failed"]:
                         progress(f"    gate {name}: {validity['gates'][name]['detail']}")
+    except (BenchAbort, RemoteError) as exc:
+        if points:  # the completed points are kept: an incomplete record, never a baseline
+            exc.partial = build(incomplete=str(exc))
+        raise
     finally:
         remote.cleanup()
-
-    finished = datetime.now(timezone.utc)
-    invalid = sum(1 for p in points if not p["validity"]["passed"])
-    if invalid:
-        notes.append(f"{invalid} of {len(points)} points failed a validity gate; they are excluded from the summary")
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "run_id": run_id,
-        "tag": tag,
-        "created_at_utc": created.isoformat(timespec="seconds"),
-        "finished_at_utc": finished.isoformat(timespec="seconds"),
-        "duration_wall_s": round(time.time() - started, 3),
-        "toolkit": toolkit_info(argv),
-        **sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
-                   restarted=restarted, prefill_server_info=prefill_info),
-        "client": client_section(cfg, tool_version=(probe.get("packages") or {}).get("sglang"), base_url=base_url),
-        "sweep": {"concurrency": list(cfg.concurrency), "repeat": cfg.repeat, "order": "repetition-major",
-                  "point_timeout_s": cfg.point_timeout_s, "metrics_interval_s": cfg.metrics_interval_s,
-                  "gates": cfg.gates.to_dict()},
-        "points": points,
-        "summary": summarize_points(points),
-        "validity_passed": invalid == 0 and bool(points),
-        "invalid_points": invalid,
-        "notes": notes,
-    }
-    record["comparability_key"] = comparability_key(record)
-    return SweepResult(record=scrub(record), details=details)
+    result = build()
+    if spill is not None:
+        spill.finished(result)
+    return result
 
 
 def client_section(cfg: SweepConfig, *, tool_version: Optional[str], base_url: str) -> dict:

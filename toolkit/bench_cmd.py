@@ -177,29 +177,54 @@ def bench(
 
     from dsv4kit.ssh import RemoteError, open_session
 
+    spill_root = sweep.default_spill_root()
+
+    def publish(result) -> "results_repo.Published":
+        record = result.record
+        return results_repo.publish(repo, run_id=result.run_id, tag=result.tag, files=result.files(),
+                                    message=f"bench {result.run_id}\n\nhost {target.name}, context length {ctx}, "
+                                            f"concurrency {cfg.concurrency}, {cfg.input_len}/{cfg.output_len} "
+                                            f"tokens, {cfg.repeat} repetition(s); valid: {record['validity_passed']}"
+                                            + ("; INCOMPLETE" if record.get("incomplete") else ""))
+
+    def publish_partial(exc: Exception) -> str:
+        """A sweep that stopped after some points: publish them as an incomplete record."""
+        partial = getattr(exc, "partial", None)
+        if partial is None:
+            return "nothing was recorded"
+        spilled = spill_root / partial.run_id
+        try:
+            published = publish(partial)
+        except (results_repo.ResultsRepoError, KeyboardInterrupt) as publish_error:
+            return (f"the {len(partial.record['points'])} completed point(s) could not be published "
+                    f"({publish_error}); they are kept in {spilled}")
+        sweep.Spill(spilled).remove()
+        return (f"the {len(partial.record['points'])} completed point(s) were recorded as INCOMPLETE record "
+                f"{partial.run_id} (tag {published.tag}); it never serves as a baseline")
+
     try:
         with open_session(target, trust_new_host_key=trust_new_host_key, say=progress) as session:
             result = sweep.run_sweep(cfg, host=target, session=session, inventory_path=inventory_path,
-                                     progress=progress, argv=sys.argv)
+                                     progress=progress, argv=sys.argv, spill_root=spill_root)
     except KeyboardInterrupt:
         _fail(exitcodes.INTERRUPTED, "interrupted: the sweep was stopped; nothing was recorded")
     except sweep.BenchAbort as exc:
-        _fail(exc.exit_code, str(exc))
+        _fail(exc.exit_code, f"{exc}\n{publish_partial(exc)}")
     except RemoteError as exc:
-        _fail(exc.exit_code, f"{exc} (sweep aborted; nothing was recorded)")
+        _fail(exc.exit_code, f"{exc} (sweep aborted; {publish_partial(exc)})")
     except InventoryError as exc:
         _fail(exitcodes.USAGE, str(exc))
 
     record = result.record
+    spilled = spill_root / result.run_id
     try:
-        published = results_repo.publish(repo, run_id=result.run_id, tag=result.tag, files=result.files(),
-                                         message=f"bench {result.run_id}\n\nhost {target.name}, context length {ctx}, "
-                                                 f"concurrency {cfg.concurrency}, {cfg.input_len}/{cfg.output_len} "
-                                                 f"tokens, {cfg.repeat} repetition(s); valid: {record['validity_passed']}")
+        published = publish(result)
     except KeyboardInterrupt:
-        _fail(exitcodes.INTERRUPTED, "interrupted before the record was published; nothing was recorded")
+        _fail(exitcodes.INTERRUPTED, f"interrupted before the record was published; nothing was recorded in {repo} "
+                                     f"(the sweep is kept in {spilled})")
     except results_repo.ResultsRepoError as exc:
-        _fail(exitcodes.TOOL_FAILED, f"{exc} (nothing was recorded)")
+        _fail(exitcodes.TOOL_FAILED, f"{exc} (nothing was recorded in {repo}; the sweep is kept in {spilled})")
+    sweep.Spill(spilled).remove()
     recorded = f"recorded {result.run_id}: commit {published.commit[:12]}, tag {published.tag} in {repo}"
     if published.worktree_warning:
         progress(f"warning: {recorded}, but the work tree of {repo} was not updated "

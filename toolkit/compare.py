@@ -164,6 +164,45 @@ def _get(record: dict, path: tuple[str, str]):
     return (record.get(path[0]) or {}).get(path[1])
 
 
+#: Dicts (and one argv list) of a record compared field by field for ``records compare``.
+DIFFED_SECTIONS = (("server", "resolved_args"), ("software", "server_env"), ("software", "kernel_flags"),
+                   ("server", "launch_args"))
+
+
+def _options(argv) -> dict:
+    """``--name value`` / ``--flag`` / ``--name=value`` of an argv list as {name: value or True}."""
+    out: dict = {}
+    items = list(argv or [])
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item.startswith("--"):
+            continue
+        if "=" in item:
+            name, value = item.split("=", 1)
+            out[name] = value
+        elif i + 1 < len(items) and not str(items[i + 1]).startswith("--"):
+            out[item] = items[i + 1]
+        else:
+            out[item] = True
+    return out
+
+
+def field_differences(old: dict, new: dict) -> list[dict]:
+    """Field-level differences of the server arguments, the server environment and the kernel
+    flags (``server.resolved_args.<name>``, ``software.server_env.<NAME>``, ``server.launch_args.--opt``):
+    what the hashes in INFO_FIELDS only say differ."""
+    out = []
+    for section, name in DIFFED_SECTIONS:
+        a, b = _get(old, (section, name)), _get(new, (section, name))
+        if name == "launch_args":
+            a, b = _options(a), _options(b)
+        if not isinstance(a, dict) or not isinstance(b, dict) or a == b:
+            continue
+        for key in sorted(set(a) | set(b), key=str):
+            if a.get(key) != b.get(key):
+                out.append({"field": f"{section}.{name}.{key}", "old": a.get(key), "new": b.get(key)})
+    return out
+
+
 def key_differences(old: dict, new: dict, ignore: Iterable[str] = ()) -> list[dict]:
     ignore = set(ignore)
     k_old, k_new = comparability_key(old), comparability_key(new)
@@ -222,6 +261,7 @@ def compare(old: dict, new: dict, *, ignore: Iterable[str] = (), metrics: Iterab
         a, b = _get(old, path), _get(new, path)
         if a != b:
             result.info.append({"field": ".".join(path), "old": a, "new": b})
+    result.info.extend(field_differences(old, new))
     if result.differences:
         result.comparable = False
         return result

@@ -47,7 +47,7 @@ VOLATILE_SERVER_KEYS = {"startup_time", "internal_states", "kv_events", "host", 
 #: Metrics summarised per concurrency (over the valid repetitions) and compared.
 SUMMARY_METRICS = ("decode_tok_s", "decode_tok_s_per_gpu", "output_throughput", "total_throughput",
                    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
-                   "concurrency")
+                   "concurrency", "goodput_req_s")
 #: Fields of the comparability key (a verdict needs them all equal, see dsv4kit.compare).
 KEY_FIELDS = ("model", "model_revision", "gpu_model", "gpu_count", "context_length", "dataset",
               "input_len", "output_len", "range_ratio", "tokenize_prompt", "seed", "concurrency",
@@ -72,7 +72,8 @@ def split_client_line(line: dict) -> tuple[dict, dict, Optional[dict]]:
     return raw, details, line.get("server_info")
 
 
-def derive(raw: dict, serving_gpus: Optional[int], window: Optional[dict] = None) -> dict:
+def derive(raw: dict, serving_gpus: Optional[int], window: Optional[dict] = None,
+           latency: Optional[dict] = None) -> dict:
     """Decode tok/s: tokens delivered per second in the steady-state window (``window``, from
     ``dsv4kit.bench_window.analyze``), per GPU, and the per-user interactivity (1000 / median TPOT).
     ``tpot_formula_tok_s`` = C x 1000 / median TPOT is kept for reference only: it assumes C
@@ -91,6 +92,15 @@ def derive(raw: dict, serving_gpus: Optional[int], window: Optional[dict] = None
         "achieved_concurrency_ratio": (raw.get("concurrency") / concurrency)
         if (raw.get("concurrency") is not None and concurrency) else None,
         "per_gpu_divisor": serving_gpus,
+    } | (_latency_metrics(latency) if latency is not None else {})
+
+
+def _latency_metrics(latency: dict) -> dict:
+    goodput = latency.get("goodput") or {}
+    return {
+        "p99_ttft_ms": ((latency.get("ttft_ms") or {}).get("p99") or {}).get("value"),
+        "p99_tpot_ms": ((latency.get("tpot_ms") or {}).get("p99") or {}).get("value"),
+        "goodput_req_s": goodput.get("goodput_req_s"),
     }
 
 
