@@ -24,7 +24,8 @@ Fault injection (the traps the bench gates must catch):
   and ``/server_info`` (the client then silently falls back to 0 / the planned length).
   ``POST /_test/config`` with a JSON body changes ``context_length``, ``error_every``,
   ``cached_tokens``, ``token_delay_ms`` or ``flush_status`` (400: the flush fails, as SGLang's does
-  when the server cannot go idle, and the client aborts) at run time and bumps ``startup_time`` when the context
+  when the server cannot go idle, and the client aborts) at run time; ``"restart": true`` bumps
+  ``startup_time`` as a restart would and bumps ``startup_time`` when the context
   length changes (a restart stand-in).
 
 ``GET /metrics`` tells the truth about its own batch, in SGLang 0.5.23's Prometheus format and
@@ -208,6 +209,8 @@ def make_handler(state: State):
                     for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status"):
                         if key in body:
                             setattr(state, key, body[key])
+                    if body.get("restart"):  # what a unit restart does to /server_info
+                        state.startup_time = time.time()
                     if "context_length" in body and body["context_length"] != state.context_length:
                         state.context_length = int(body["context_length"])
                         state.startup_time = time.time()

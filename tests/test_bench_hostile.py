@@ -91,3 +91,38 @@ def test_omitted_fields_and_a_small_kv_pool_fail_their_gates(box, tmp_path):
     assert not gates["input_lens"]["passed"] and "prompt_tokens" in gates["input_lens"]["detail"]
     assert not gates["same_server"]["passed"] and "startup_time" in gates["same_server"]["detail"]
     assert not gates["kv_capacity"]["passed"] and "384" in gates["kv_capacity"]["detail"]
+
+
+def test_ab_interleaves_the_arms_with_a_restart_before_each_and_records_both_with_a_verdict(box, tmp_path):
+    # A flag whose arm B slows every decode step from 10 to 20 ms: B must come out regressed in
+    # throughput and TPOT, from one record holding both arms.
+    from dsv4kit.bench import SweepConfig, parse_ab, run_sweep
+    from dsv4kit.inventory import load_inventory
+    from dsv4kit.ssh import open_session
+
+    server, inventory = box(context_length=4096)
+    host = load_inventory(inventory).host()
+    ab = parse_ab("SGLANG_SM120_TRITON_INDEXER=0,1")
+    applied = []
+
+    def apply_arm(inventory_path, host_, context_length, ab_, arm, progress, timeout):
+        applied.append(arm)
+        server.post("/_test/config", {"restart": True, "token_delay_ms": 10.0 if arm == "A" else 20.0})
+
+    cfg = SweepConfig(context_length=4096, concurrency=[4], input_len=16, output_len=32, repeat=3, num_prompts=8,
+                      warmup_requests=1, metrics_interval_s=0.02)
+    lines = []
+    with open_session(host) as session:
+        result = run_sweep(cfg, host=host, session=session, inventory_path=inventory, progress=lines.append,
+                           ab=ab, apply_arm=apply_arm)
+    record = result.record
+    assert applied == ["A", "B", "A", "B", "A", "B"]
+    assert [p["arm"] for p in record["points"]] == applied
+    assert record["validity_passed"], [p["validity"]["failed"] for p in record["points"]]
+    assert record["ab"]["key"] == "SGLANG_SM120_TRITON_INDEXER" and record["ab"]["values"] == {"A": "0", "B": "1"}
+    verdicts = record["ab"]["comparison"]["metric_verdicts"]
+    assert verdicts["decode_tok_s"] == "regressed" and verdicts["median_tpot_ms"] == "regressed", record["ab"]
+    assert record["ab"]["outcome"] == "regressed" and "throughput regressed" in record["ab"]["summary"]
+    per_arm = record["summary"]["per_arm"]
+    assert per_arm["A"]["per_concurrency"]["4"]["valid_repetitions"] == 3
+    assert any("arm B (SGLANG_SM120_TRITON_INDEXER=1)" in line for line in lines)

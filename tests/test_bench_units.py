@@ -411,3 +411,29 @@ def test_no_nvidia_smi_is_said_not_hidden(tmp_path, monkeypatch):
         pass
     assert telemetry.result() == {"available": False, "reason": "nvidia-smi not found on PATH", "samples": [],
                                   "per_gpu": {}}
+
+
+# ------------------------------------------------------------------------------------ A/B
+def test_ab_argument_and_what_each_arm_restarts_with():
+    from types import SimpleNamespace
+
+    from dsv4kit.bench import arm_extra_vars, parse_ab
+
+    ab = parse_ab("SGLANG_SM120_TRITON_INDEXER=0,1")
+    assert ab.kind == "env" and ab.values == {"A": "0", "B": "1"}
+    host = SimpleNamespace(get=lambda k, d=None: {"dsv4_kernel_flags": {"SGLANG_SM120_TRITON_INDEXER": "1",
+                                                                         "SGLANG_SM120_MMA_ATTENTION": "1"},
+                                                   "dsv4_server_extra_args": ["--enable-metrics",
+                                                                              "--attention-backend", "dsv4"]}.get(k, d))
+    tags, extra = arm_extra_vars(host, 131072, ab, "A")
+    assert tags == ["kernel_rollout", "sglang_service"] and extra["dsv4_context_length"] == 131072
+    assert extra["dsv4_kernel_flags"] == {"SGLANG_SM120_TRITON_INDEXER": "0", "SGLANG_SM120_MMA_ATTENTION": "1"}
+    flag = parse_ab("--attention-backend=triton,dsv4")
+    tags, extra = arm_extra_vars(host, 8192, flag, "A")
+    assert tags == ["sglang_service"]
+    assert extra["dsv4_server_extra_args"] == ["--enable-metrics", "--attention-backend", "triton"]
+    for bad, words in [("X=1", "exactly two"), ("lower=0,1", "KEY must be"), ("K=1,1", "the same"),
+                       ("K=1,2,3", "exactly two")]:
+        with pytest.raises(BenchAbort) as info:
+            parse_ab(bad)
+        assert info.value.exit_code == 2 and words in str(info.value), bad

@@ -237,6 +237,99 @@ class SweepResult:
         return out
 
 
+@dataclass(frozen=True)
+class ABSpec:
+    """``--ab KEY=A,B``: an environment variable of the serving units (an upper-case name, e.g.
+    ``SGLANG_SM120_TRITON_INDEXER``) or a ``sglang.launch_server`` flag (``--attention-backend``)
+    and its two values. Arm ``A`` runs with the first value, ``B`` with the second."""
+    key: str
+    values: dict  # {"A": value, "B": value}
+
+    arms = ("A", "B")
+
+    @property
+    def kind(self) -> str:
+        return "server_flag" if self.key.startswith("--") else "env"
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "kind": self.kind, "values": dict(self.values), "order": "interleaved A B A B, "
+                "a server restart before every arm"}
+
+
+def parse_ab(text: str) -> ABSpec:
+    """``KEY=A,B`` -> ABSpec; bad input is BenchAbort(USAGE)."""
+    key, sep, values = text.partition("=")
+    key = key.strip()
+    parts = [v.strip() for v in values.split(",")] if sep else []
+    problems = []
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*|--[a-z0-9][a-z0-9-]*", key):
+        problems.append(f"KEY must be an environment variable (upper case, e.g. SGLANG_SM120_TRITON_INDEXER) or a "
+                        f"server flag (e.g. --attention-backend), got {key!r}")
+    if len(parts) != 2 or not all(parts):
+        problems.append(f"give exactly two comma-separated values, got {values!r}")
+    elif parts[0] == parts[1]:
+        problems.append(f"the two values are the same ({parts[0]!r}): nothing to compare")
+    if problems:
+        raise BenchAbort(exitcodes.USAGE, f"--ab {text!r}: " + "; ".join(problems))
+    return ABSpec(key=key, values={"A": parts[0], "B": parts[1]})
+
+
+def arm_extra_vars(host, context_length: int, ab: ABSpec, arm: str) -> tuple[list[str], dict]:
+    """(playbook tags, extra vars) that restart the serving units as arm ``arm`` wants: an env
+    variable goes into ``dsv4_kernel_flags`` (the units' environment file; tags kernel_rollout and
+    sglang_service), a flag replaces its value in ``dsv4_server_extra_args`` (tag sglang_service).
+    The inventory is not changed: the next ``dsv4kit provision`` restores its values."""
+    value = ab.values[arm]
+    extra = {"dsv4_context_length": context_length}
+    if ab.kind == "env":
+        extra["dsv4_kernel_flags"] = {**(host.get("dsv4_kernel_flags") or {}), ab.key: value}
+        return ["kernel_rollout", RESTART_TAG], extra
+    args = [str(a) for a in host.get("dsv4_server_extra_args") or []]
+    kept, skip = [], False
+    for item in args:
+        if skip:
+            skip = False
+            continue
+        if item == ab.key:
+            skip = True
+            continue
+        if item.startswith(ab.key + "="):
+            continue
+        kept.append(item)
+    extra["dsv4_server_extra_args"] = kept + [ab.key, value]
+    return [RESTART_TAG], extra
+
+
+def default_apply_arm(inventory_path, host, context_length: int, ab: ABSpec, arm: str,
+                      progress: Callable[[str], None], timeout: float) -> None:
+    """Restart the serving units with arm ``arm``'s setting (``arm_extra_vars``) via the playbook."""
+    from dsv4kit import provision
+
+    tags, extra = arm_extra_vars(host, context_length, ab, arm)
+    try:
+        summary = provision.run_playbook(inventory_path, limit=host.name, tags=tags, extra_vars=extra,
+                                         progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
+    except provision.ProvisionError as exc:
+        raise BenchAbort(exc.exit_code, f"cannot restart the serving units for arm {arm} "
+                                        f"({ab.key}={ab.values[arm]}): {exc}") from None
+    if summary.failed:
+        raise BenchAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
+                         f"restarting the serving units for arm {arm} ({ab.key}={ab.values[arm]}) failed "
+                         f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
+
+
+def arm_comparison(record: dict):
+    """The A/B verdicts: arm B against arm A, from the one record's points (``dsv4kit.compare``)."""
+    from dsv4kit.compare import compare
+
+    sides = {}
+    for arm in ABSpec.arms:
+        side = dict(record, run_id=f"{record['run_id']}:{arm}",
+                    points=[p for p in record["points"] if p.get("arm") == arm])
+        sides[arm] = side
+    return compare(sides["A"], sides["B"])
+
+
 def slo_limits(host) -> Optional[dict]:
     """The p99 TTFT/TPOT limits of goodput, from the inventory (None when neither is set)."""
     limits = {"ttft_ms": host.get("dsv4_bench_slo_ttft_ms"), "tpot_ms": host.get("dsv4_bench_slo_tpot_ms")}
@@ -270,7 +363,8 @@ class Spill:
         os.replace(tmp, target)
 
     def point(self, point: dict, details_file: str, details: dict) -> None:
-        name = f"point-c{point['max_concurrency']}-r{point['repetition']}.json"
+        arm = f"-{point['arm']}" if point.get("arm") else ""
+        name = f"point-c{point['max_concurrency']}-r{point['repetition']}{arm}.json"
         self._write(name, dumps(scrub(point)).encode())
         self._write(details_file, gzip.compress(json.dumps(strict_json(scrub(details)), separators=(",", ":"),
                                                            allow_nan=False).encode(), mtime=0))
@@ -404,7 +498,8 @@ def default_restart(inventory_path, host, context_length: int, progress: Callabl
 
 def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Callable[[str], None],
               argv: Optional[list[str]] = None, stamp: Optional[str] = None,
-              restart: Optional[Callable] = None, spill_root: Optional[Path] = None) -> SweepResult:
+              restart: Optional[Callable] = None, spill_root: Optional[Path] = None,
+              ab: Optional["ABSpec"] = None, apply_arm: Optional[Callable] = None) -> SweepResult:
     """Run the whole sweep over ``session``; return the record (nothing is published here).
 
     Each finished point is written at once under ``spill_root/<run_id>/`` (``Spill``). When the
@@ -429,7 +524,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
 
     spill = Spill(Path(spill_root) / run_id) if spill_root is not None else None
     remote = Remote(session, host, progress)
-    total = cfg.repeat * len(cfg.concurrency)
+    total = cfg.repeat * len(cfg.concurrency) * (2 if ab else 1)
     points: list[dict] = []
     details: dict[str, dict] = {}
     notes: list[str] = []
@@ -502,7 +597,9 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                           "point_timeout_s": cfg.point_timeout_s, "metrics_interval_s": cfg.metrics_interval_s,
                           "gates": cfg.gates.to_dict(), "slo": slo},
                 "points": list(points),
-                "summary": summarize_points(points),
+                "summary": summarize_points(points) if ab is None else {
+                    "per_concurrency": {}, "per_arm": {arm: summarize_points([p for p in points if p.get("arm") == arm])
+                                                       for arm in ab.arms}},
                 "validity_passed": invalid == 0 and bool(points) and not incomplete,
                 "invalid_points": invalid,
                 "incomplete": bool(incomplete),
@@ -510,74 +607,109 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                 "notes": record_notes,
             }
             record["comparability_key"] = comparability_key(record)
+            if ab is not None:
+                record["ab"] = ab.to_dict()
+                comparison = arm_comparison(record)
+                record["ab"]["comparison"] = comparison.to_dict()
+                record["ab"]["outcome"] = comparison.outcome
+                record["ab"]["summary"] = comparison.summary()
             return SweepResult(record=scrub(record), details=dict(details))
 
-        index = 0
-        for rep in range(cfg.repeat):
-            for c in cfg.concurrency:
-                index += 1
-                label = f"[{index}/{total}] C={c} rep {rep + 1}/{cfg.repeat}"
-                n = cfg.prompts_for(c)
-                out_file = f"{remote.workdir}/c{c}_r{rep}.jsonl"
-                argv_point = client_argv(remote.python, cfg, concurrency=c, base_url=base_url,
-                                         model_path=model_path, output_file=out_file, tag=f"{run_id}/c{c}/r{rep}")
-                evidence_file = f"{remote.workdir}/c{c}_r{rep}.evidence.json"
-                wrapped = [remote.python, f"{remote.workdir}/bench_remote.py", "run-point",
-                           "--evidence-out", evidence_file, "--metrics-ports", ",".join(map(str, metrics_ports)),
-                           "--probe-port", str(router_port), "--interval", f"{cfg.metrics_interval_s:g}",
-                           "--", *argv_point]
-                progress(f"{label}: {n} prompts of {cfg.input_len}+{cfg.output_len} tokens, "
-                         f"warm-up {cfg.warmup_for(c)}...")
-                t0 = time.monotonic()
-                stream = (lambda line: progress(f"  | {line}")) if cfg.verbose else None
-                result = session.run(shlex.join(wrapped), timeout=cfg.point_timeout_s, env=env,
-                                     cwd=remote.workdir, stream=stream, check=False)
-                wall = time.monotonic() - t0
-                if result.exit_code != 0:
-                    tail = (result.stderr.strip() or result.stdout.strip())[-1500:]
-                    raise BenchAbort(exitcodes.TOOL_FAILED,
-                                     f"{label}: {CLIENT_MODULE} exited {result.exit_code}; sweep aborted:\n{tail}")
-                line = remote.fetch_line(out_file, label)
-                evidence = remote.fetch_json(evidence_file, label)
-                limits = decode_info(info)
-                expected = PointExpectation(num_prompts=n, input_len=cfg.input_len, output_len=cfg.output_len,
-                                            max_concurrency=c, startup_time=startup_time, prefill_port=prefill_port,
-                                            prefill_startup_time=decode_info(prefill_info or {}).get("startup_time"),
-                                            max_running_requests=limits.get("max_running_requests"),
-                                            max_total_num_tokens=limits.get("max_total_num_tokens"))
-                window = analyze_window(line, c, evidence, decode_port)
-                validity = evaluate(line, expected, cfg.gates, evidence, window)
-                latency = latency_block(line, slo)
-                raw, point_details, _ = split_client_line(line)
-                derived = derive(raw, serving_gpus, window, latency)
-                details_file = f"details/c{c}_r{rep}.json.gz"
-                point_details["metrics_samples"] = evidence.get("samples") or []
-                telemetry = evidence.get("telemetry") or {"available": False, "reason": "not collected"}
-                point_details["gpu_telemetry_samples"] = telemetry.get("samples") or []
-                details[details_file] = point_details
-                points.append({
-                    "max_concurrency": c, "repetition": rep, "num_prompts": n,
-                    "warmup_requests": cfg.warmup_for(c),
-                    "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
-                    "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
-                    "derived": derived, "validity": validity, "window": window, "latency": latency,
-                    "server_evidence": {"metrics_ports": metrics_ports, "interval_s": cfg.metrics_interval_s,
-                                        "samples": len(evidence.get("samples") or ()),
-                                        "scrape_errors": evidence.get("scrape_errors") or {},
-                                        "meta_info": evidence.get("meta_info"),
-                                        "startup_after": evidence.get("startup_after")},
-                    "gpu_telemetry": {k: v for k, v in telemetry.items() if k != "samples"},
-                })
-                if spill is not None:
-                    spill.point(points[-1], details_file, point_details)
-                verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
-                progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s (running batch "
-                         f"{_num((window.get('running') or {}).get('median'))}), output "
-                         f"{_num(raw.get('output_throughput'))} tok/s, TTFT p50 {_num(raw.get('median_ttft_ms'))} ms, "
-                         f"TPOT p50 {_num(raw.get('median_tpot_ms'), 2)} ms [{wall:.0f}s]: {verdict}")
-                if not validity["passed"]:
-                    for name in validity["failed"]:
-                        progress(f"    gate {name}: {validity['gates'][name]['detail']}")
+        current = {"info": info, "startup_time": startup_time,
+                   "prefill_startup_time": decode_info(prefill_info or {}).get("startup_time")}
+
+        def run_point(c: int, rep: int, arm: Optional[str]) -> None:
+            label = f"[{len(points) + 1}/{total}] C={c} rep {rep + 1}/{cfg.repeat}" + (
+                f" arm {arm} ({ab.key}={ab.values[arm]})" if arm else "")
+            suffix = f"_{arm}" if arm else ""
+            n = cfg.prompts_for(c)
+            out_file = f"{remote.workdir}/c{c}_r{rep}{suffix}.jsonl"
+            argv_point = client_argv(remote.python, cfg, concurrency=c, base_url=base_url,
+                                     model_path=model_path, output_file=out_file, tag=f"{run_id}/c{c}/r{rep}" + (f"/{arm}" if arm else ""))
+            evidence_file = f"{remote.workdir}/c{c}_r{rep}{suffix}.evidence.json"
+            wrapped = [remote.python, f"{remote.workdir}/bench_remote.py", "run-point",
+                       "--evidence-out", evidence_file, "--metrics-ports", ",".join(map(str, metrics_ports)),
+                       "--probe-port", str(router_port), "--interval", f"{cfg.metrics_interval_s:g}",
+                       "--", *argv_point]
+            progress(f"{label}: {n} prompts of {cfg.input_len}+{cfg.output_len} tokens, "
+                     f"warm-up {cfg.warmup_for(c)}...")
+            t0 = time.monotonic()
+            stream = (lambda line: progress(f"  | {line}")) if cfg.verbose else None
+            result = session.run(shlex.join(wrapped), timeout=cfg.point_timeout_s, env=env,
+                                 cwd=remote.workdir, stream=stream, check=False)
+            wall = time.monotonic() - t0
+            if result.exit_code != 0:
+                tail = (result.stderr.strip() or result.stdout.strip())[-1500:]
+                raise BenchAbort(exitcodes.TOOL_FAILED,
+                                 f"{label}: {CLIENT_MODULE} exited {result.exit_code}; sweep aborted:\n{tail}")
+            line = remote.fetch_line(out_file, label)
+            evidence = remote.fetch_json(evidence_file, label)
+            limits = decode_info(current["info"])
+            expected = PointExpectation(num_prompts=n, input_len=cfg.input_len, output_len=cfg.output_len,
+                                        max_concurrency=c, startup_time=current["startup_time"], prefill_port=prefill_port,
+                                        prefill_startup_time=current["prefill_startup_time"],
+                                        max_running_requests=limits.get("max_running_requests"),
+                                        max_total_num_tokens=limits.get("max_total_num_tokens"))
+            window = analyze_window(line, c, evidence, decode_port)
+            validity = evaluate(line, expected, cfg.gates, evidence, window)
+            latency = latency_block(line, slo)
+            raw, point_details, _ = split_client_line(line)
+            derived = derive(raw, serving_gpus, window, latency)
+            details_file = f"details/c{c}_r{rep}{suffix}.json.gz"
+            point_details["metrics_samples"] = evidence.get("samples") or []
+            telemetry = evidence.get("telemetry") or {"available": False, "reason": "not collected"}
+            point_details["gpu_telemetry_samples"] = telemetry.get("samples") or []
+            details[details_file] = point_details
+            points.append({
+                "max_concurrency": c, "repetition": rep, "num_prompts": n, **({"arm": arm} if arm else {}),
+                "warmup_requests": cfg.warmup_for(c),
+                "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
+                "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
+                "derived": derived, "validity": validity, "window": window, "latency": latency,
+                "server_evidence": {"metrics_ports": metrics_ports, "interval_s": cfg.metrics_interval_s,
+                                    "samples": len(evidence.get("samples") or ()),
+                                    "scrape_errors": evidence.get("scrape_errors") or {},
+                                    "meta_info": evidence.get("meta_info"),
+                                    "startup_after": evidence.get("startup_after")},
+                "gpu_telemetry": {k: v for k, v in telemetry.items() if k != "samples"},
+            })
+            if spill is not None:
+                spill.point(points[-1], details_file, point_details)
+            verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
+            progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s (running batch "
+                     f"{_num((window.get('running') or {}).get('median'))}), output "
+                     f"{_num(raw.get('output_throughput'))} tok/s, TTFT p50 {_num(raw.get('median_ttft_ms'))} ms, "
+                     f"TPOT p50 {_num(raw.get('median_tpot_ms'), 2)} ms [{wall:.0f}s]: {verdict}")
+            if not validity["passed"]:
+                for name in validity["failed"]:
+                    progress(f"    gate {name}: {validity['gates'][name]['detail']}")
+
+        if ab is None:
+            for rep in range(cfg.repeat):
+                for c in cfg.concurrency:
+                    run_point(c, rep, None)
+        else:
+            # Interleaved A B A B ..., a server restart before every arm, so that the variance from
+            # restart to restart is inside each arm's interval.
+            for rep in range(cfg.repeat):
+                for arm in ab.arms:
+                    progress(f"A/B: restarting the serving units with {ab.key}={ab.values[arm]} (arm {arm}, "
+                             f"repetition {rep + 1}/{cfg.repeat})...")
+                    (apply_arm or default_apply_arm)(inventory_path, host, cfg.context_length, ab, arm, progress,
+                                                     cfg.server_timeout_s)
+                    remote.wait_health(serving_ports, cfg.server_timeout_s, helper_env)
+                    current["info"] = remote.server_info(decode_port, helper_env)
+                    if _context_of(current["info"]) != cfg.context_length:
+                        raise BenchAbort(exitcodes.ENVIRONMENT,
+                                         f"{host.name}: after the restart for arm {arm} the decode server reports "
+                                         f"context length {_context_of(current['info'])}, not {cfg.context_length}")
+                    current["startup_time"] = decode_info(current["info"]).get("startup_time")
+                    if prefill_port:
+                        answer = remote.helper("server-info", "--port", str(prefill_port), env=helper_env)
+                        current["prefill_startup_time"] = decode_info(answer.get("server_info") or {}).get(
+                            "startup_time") if answer.get("ok") else None
+                    for c in cfg.concurrency:
+                        run_point(c, rep, arm)
     except (BenchAbort, RemoteError) as exc:
         if points:  # the completed points are kept: an incomplete record, never a baseline
             exc.partial = build(incomplete=str(exc))
@@ -630,9 +762,23 @@ def planned_record(cfg: SweepConfig, host) -> dict:
 
 
 def format_summary(record: dict) -> str:
+    summary = record["summary"]
+    if summary.get("per_arm"):
+        ab = record.get("ab") or {}
+        blocks = []
+        for arm, per_c in summary["per_arm"].items():
+            blocks.append(f"arm {arm}: {ab.get('key')}={(ab.get('values') or {}).get(arm)}")
+            blocks.append(_summary_table(per_c["per_concurrency"]))
+        if ab.get("summary") is not None:
+            blocks.append(f"A/B (B against A): {ab.get('outcome')}: {ab.get('summary')}")
+        return "\n".join(blocks)
+    return _summary_table(summary["per_concurrency"])
+
+
+def _summary_table(per_concurrency: dict) -> str:
     lines = [f"{'C':>5} {'valid':>7} {'decode tok/s':>24} {'per GPU':>9} {'output tok/s':>13} "
              f"{'TTFT p50 ms':>12} {'TPOT p50 ms':>12}"]
-    for c, entry in record["summary"]["per_concurrency"].items():
+    for c, entry in per_concurrency.items():
         dec = entry["decode_tok_s"]
 
         def m(name: str, digits: int = 1) -> str:

@@ -64,6 +64,8 @@ def baseline_problem(record: dict) -> Optional[str]:
     """Why ``record`` may not serve as a baseline (None: it may): an invalid point or an incomplete sweep."""
     if record.get("incomplete"):
         return "incomplete: the sweep stopped before its last point"
+    if record.get("ab"):
+        return "an A/B record (two arms in one record); compare its arms with `dsv4kit records show`"
     if not record.get("validity_passed"):
         return f"{record.get('invalid_points')} invalid point(s)"
     return None
@@ -91,6 +93,7 @@ def bench(
     min_concurrency_ratio: float = typer.Option(0.8, "--min-concurrency-ratio", min=0.0, max=1.0, help="Gate: achieved/requested concurrency at least this."),
     max_cache_hit_pct: float = typer.Option(1.0, "--max-cache-hit-pct", min=0.0, max=100.0, help="Gate: prefix-cache hit rate at most this (%) on a flushed cache."),
     retok_tolerance: float = typer.Option(0.05, "--retok-tolerance", min=0.0, max=1.0, help="Gate: |retokenized/reported output tokens - 1| at most this."),
+    ab: Optional[str] = typer.Option(None, "--ab", metavar="KEY=A,B", help="A/B in one record: KEY is an environment variable of the serving units (e.g. SGLANG_SM120_TRITON_INDEXER=0,1) or a server flag (e.g. --attention-backend=triton,dsv4). Repetitions run interleaved A B A B with a server restart (the playbook) before every arm; the record holds both arms and the verdict of B against A (exit 0 B no worse, 1 B regressed or a point invalid, 7 inconclusive)."),
     trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key (a changed key is always refused)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the client's own output."),
 ) -> None:
@@ -131,6 +134,17 @@ def bench(
         _fail(exc.exit_code, str(exc))
     if baseline and baseline_ctx is not None:
         _fail(exitcodes.USAGE, "give --baseline or --baseline-ctx, not both")
+    ab_spec = None
+    if ab is not None:
+        if baseline or baseline_ctx is not None:
+            _fail(exitcodes.USAGE, "--ab compares its two arms with each other; it takes no --baseline/--baseline-ctx")
+        try:
+            ab_spec = sweep.parse_ab(ab)
+        except sweep.BenchAbort as exc:
+            _fail(exc.exit_code, str(exc))
+        if repeat < 3:
+            typer.echo(f"warning: --ab with --repeat {repeat}: a verdict needs at least 3 valid repetitions per arm, "
+                       f"so this will be inconclusive (exit 7)", err=True)
     try:
         results_repo.check_writable(repo)  # before the sweep: a bad path must not cost a sweep
     except results_repo.GitNotFound as exc:
@@ -142,6 +156,13 @@ def bench(
         target = inv.host(host)
         target.check_connectable()
         sweep.check_host(target)
+        if ab_spec is not None:
+            from dsv4kit import provision
+
+            try:  # every arm restarts the serving units through the playbook
+                provision.check_tags(provision.check_tools(), tags=sweep.arm_extra_vars(target, ctx, ab_spec, "A")[0])
+            except provision.ProvisionError as exc:
+                _fail(exc.exit_code, f"--ab restarts the serving units for every arm: {exc}")
         if restart:
             warning = sweep.check_restart_tools(target, ctx)
             if warning:
@@ -205,7 +226,7 @@ def bench(
     try:
         with open_session(target, trust_new_host_key=trust_new_host_key, say=progress) as session:
             result = sweep.run_sweep(cfg, host=target, session=session, inventory_path=inventory_path,
-                                     progress=progress, argv=sys.argv, spill_root=spill_root)
+                                     progress=progress, argv=sys.argv, spill_root=spill_root, ab=ab_spec)
     except KeyboardInterrupt:
         _fail(exitcodes.INTERRUPTED, "interrupted: the sweep was stopped; nothing was recorded")
     except sweep.BenchAbort as exc:
@@ -247,6 +268,9 @@ def bench(
         code = exitcodes.CHECK_FAILED
     elif comparison is not None and comparison.outcome == "inconclusive":
         code = exitcodes.INCONCLUSIVE
+    if ab_spec is not None and code == exitcodes.OK:
+        code = {"regressed": exitcodes.CHECK_FAILED, "inconclusive": exitcodes.INCONCLUSIVE}.get(
+            record["ab"]["outcome"], exitcodes.OK)
 
     if json_out:
         typer.echo(json.dumps({
@@ -255,9 +279,10 @@ def bench(
             "validity_passed": record["validity_passed"], "invalid_points": record["invalid_points"],
             "points": [{"max_concurrency": p["max_concurrency"], "repetition": p["repetition"],
                         "valid": p["validity"]["passed"], "failed_gates": p["validity"]["failed"],
-                        "decode_tok_s": p["derived"]["decode_tok_s"]} for p in record["points"]],
+                        "decode_tok_s": p["derived"]["decode_tok_s"], "arm": p.get("arm")} for p in record["points"]],
             "summary": record["summary"],
             "comparison": comparison.to_dict() if comparison is not None else None,
+            "ab": record.get("ab"),
             "exit_code": code,
         }, indent=2))
     else:

@@ -110,12 +110,17 @@ def show(
     for point in record["points"]:
         v = point["validity"]
         dec = point["derived"].get("decode_tok_s")
-        typer.echo(f"C={point['max_concurrency']:<4} rep {point['repetition']}: "
-                   f"decode {'-' if dec is None else f'{dec:.1f}'} tok/s  "
+        running = ((point.get("window") or {}).get("running") or {}).get("median")
+        typer.echo(f"C={point['max_concurrency']:<4} rep {point['repetition']}"
+                   f"{' arm ' + point['arm'] if point.get('arm') else ''}: "
+                   f"decode {'-' if dec is None else f'{dec:.1f}'} tok/s (running batch "
+                   f"{'-' if running is None else f'{running:g}'})  "
                    f"{'valid' if v['passed'] else 'INVALID: ' + ', '.join(v['failed'])}")
         for name in v["failed"]:
             typer.echo(f"    {name}: {v['gates'][name]['detail']}")
     typer.echo("")
+    if record.get("incomplete"):
+        typer.echo(f"INCOMPLETE: {record.get('incomplete_reason')}")
     typer.echo(format_summary(record))
     for note in record.get("notes") or []:
         typer.echo(f"note: {note}")
