@@ -15,10 +15,15 @@ Steps (each remote step has a timeout; see docs/benchmarking.md):
    SGLang venv against the router on 127.0.0.1 with fixed lengths (``--random-range-ratio 1.0``),
    ``--tokenize-prompt``, the ``random-ids`` dataset, the model directory as tokenizer,
    ``HF_HUB_OFFLINE=1``, warm-up, ``--flush-cache`` (after warm-up, before the measured run),
-   ``--seed``, ``--cache-report``, ``--output-details`` and its own ``--output-file``; fetch the
-   JSONL line and apply the validity gates (``dsv4kit.bench_gates``).
-6. Remove the scratch directory. Only then is a record built (nothing is written before the
-   whole sweep has run), and ``dsv4kit.results_repo.publish`` commits and tags it atomically.
+   ``--seed``, ``--cache-report``, ``--output-details`` and its own ``--output-file``, under the
+   box-side ``bench_remote.py run-point`` (``/metrics`` scrapes, GPU telemetry, a ``meta_info``
+   probe); fetch the JSONL line and the evidence, find the steady-state window and the headline
+   (``dsv4kit.bench_window``), the percentiles and goodput (``dsv4kit.bench_slo``), apply the
+   validity gates (``dsv4kit.bench_gates``) and spill the point locally at once (``Spill``).
+   With ``--ab`` the repetitions alternate between two arms, with a restart before each.
+6. Remove the scratch directory. Only then is the record built, and ``dsv4kit bench`` publishes
+   it (``dsv4kit.results_repo.publish``, atomic). A sweep that stops after some points hands its
+   completed points back as an incomplete record (``exc.partial``).
 """
 
 from __future__ import annotations

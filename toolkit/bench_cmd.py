@@ -228,7 +228,8 @@ def bench(
             result = sweep.run_sweep(cfg, host=target, session=session, inventory_path=inventory_path,
                                      progress=progress, argv=sys.argv, spill_root=spill_root, ab=ab_spec)
     except KeyboardInterrupt:
-        _fail(exitcodes.INTERRUPTED, "interrupted: the sweep was stopped; nothing was recorded")
+        _fail(exitcodes.INTERRUPTED, f"interrupted: the sweep was stopped; nothing was recorded in {repo} "
+                                     f"(points that had finished are kept under {spill_root})")
     except sweep.BenchAbort as exc:
         _fail(exc.exit_code, f"{exc}\n{publish_partial(exc)}")
     except RemoteError as exc:
