@@ -167,7 +167,8 @@ class FakeServer:
 
 
 def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port: int, context_length: int,
-                    name: str = "lo", prefill_port: int | None = None, prefix: Path | None = None) -> Path:
+                    name: str = "lo", prefill_port: int | None = None, prefix: Path | None = None,
+                    **extra) -> Path:
     """A one-host inventory whose box is this machine over the loopback sshd, serving on ``port``
     (router and decode; prefill too unless ``prefill_port`` names another server)."""
     from tests.remote_inventory import write_inventory
@@ -178,7 +179,7 @@ def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port
         dsv4_context_length=context_length, dsv4_router_port=port, dsv4_decode_port=port,
         dsv4_prefill_port=prefill_port or port, dsv4_prefill_gpus=[0, 1, 2, 3], dsv4_decode_gpus=[4, 5, 6, 7],
         dsv4_gpu_count=8, dsv4_kernel_flags={"SGLANG_SM120_TRITON_INDEXER": "1"},
-        dsv4_prefix=str(prefix) if prefix else None,
+        dsv4_prefix=str(prefix) if prefix else None, **extra,
     )
 
 

@@ -42,12 +42,20 @@ def delivered(server, point) -> float:
 
 
 def test_an_honest_server_is_valid_and_the_headline_is_what_it_delivered(box, tmp_path):
-    server, inventory = box(context_length=4096)
+    server, inventory = box(context_length=4096,
+                            inventory_extra={"dsv4_bench_slo_ttft_ms": 5000, "dsv4_bench_slo_tpot_ms": 1.0})
     proc, record = sweep((server, inventory), tmp_path)
     point = record["points"][0]
     assert proc.returncode == 0 and point["validity"]["passed"], point["validity"]
     assert point["window"]["running"]["median"] >= 0.8 * 8
     assert point["derived"]["decode_tok_s"] == pytest.approx(delivered(server, point), rel=0.10)
+    # the SLOs come from the inventory and are recorded; no request makes a 1 ms TPOT; no p99 from 16 requests
+    assert record["sweep"]["slo"]["ttft_ms"] == 5000 and record["sweep"]["slo"]["tpot_ms"] == 1.0
+    goodput = point["latency"]["goodput"]
+    assert goodput["good_requests"] == 0 and goodput["goodput_req_s"] == 0.0
+    assert goodput["p99_within_limits"] is None and point["derived"]["p99_ttft_ms"] is None
+    assert point["latency"]["ttft_ms"]["p50"]["ci95"] and "299" in point["latency"]["tpot_ms"]["p99"]["reason"]
+    assert point["gpu_telemetry"]["available"] is False and "nvidia-smi" in point["gpu_telemetry"]["reason"]
 
 
 def test_a_decode_cap_below_c_makes_the_point_invalid_and_the_headline_true(box, tmp_path):

@@ -50,6 +50,7 @@ def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
 
     def make(separate_prefill: bool = False, units: bool = False, **server_kw):
         context_length = server_kw.pop("inventory_context_length", None)
+        inventory_extra = server_kw.pop("inventory_extra", {})
         server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
         servers.append(server)
         prefill_port = None
@@ -64,7 +65,7 @@ def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
         inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
                                     model_path=tokenizer_dir, port=server.port, prefill_port=prefill_port,
                                     context_length=context_length or server_kw.get("context_length", 4096),
-                                    prefix=prefix)
+                                    prefix=prefix, **inventory_extra)
         return server, inventory
 
     yield make
