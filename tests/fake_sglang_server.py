@@ -134,7 +134,8 @@ class State:
             "startup_time": self.startup_time,
             "kv_events": None,
             "internal_states": [
-                {"last_gen_throughput": 123.4, "memory_usage": {"kv_cache": 1.0}, "avg_spec_accept_length": None}
+                {"last_gen_throughput": 123.4, "memory_usage": {"kv_cache": 1.0}, "avg_spec_accept_length": None,
+                 "effective_max_running_requests_per_dp": self.max_running_requests}
             ],
             "version": "0.5.23",
             "frontend": "fake_sglang_server",

@@ -119,6 +119,16 @@ def test_missing_evidence_fails_its_gate_never_passes_it():
     assert evaluate(client_line(), pd, GateConfig(), evidence, window)["passed"]
 
 
+def test_the_effective_max_running_requests_is_the_schedulers():
+    from dsv4kit.bench_gates import effective_max_running
+
+    assert effective_max_running({"max_running_requests": None, "internal_states": [
+        {"effective_max_running_requests_per_dp": 48}, {"effective_max_running_requests_per_dp": 48}]}) == 96
+    assert effective_max_running({"max_running_requests": 64}) == 64
+    assert effective_max_running({"max_running_requests": None}) is None
+    assert effective_max_running({"decode": [{"max_running_requests": 32}], "prefill": []}) == 32
+
+
 def test_server_side_gates():
     # a server that decoded 2 of C=8 at a time: the client still saw concurrency ~8 (queued requests count)
     line = client_line(concurrency=8)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit import exitcodes
-from dsv4kit.bench_gates import GateConfig, PointExpectation, evaluate
+from dsv4kit.bench_gates import GateConfig, PointExpectation, effective_max_running, evaluate
 from dsv4kit.bench_slo import latency_block
 from dsv4kit.bench_window import analyze as analyze_window
 from dsv4kit.records import (KIND, SCHEMA_VERSION, comparability_key, decode_info, derive, dumps,
@@ -653,7 +653,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             expected = PointExpectation(num_prompts=n, input_len=cfg.input_len, output_len=cfg.output_len,
                                         max_concurrency=c, startup_time=current["startup_time"], prefill_port=prefill_port,
                                         prefill_startup_time=current["prefill_startup_time"],
-                                        max_running_requests=limits.get("max_running_requests"),
+                                        max_running_requests=effective_max_running(current["info"]),
                                         max_total_num_tokens=limits.get("max_total_num_tokens"))
             window = analyze_window(line, c, evidence, decode_port)
             validity = evaluate(line, expected, cfg.gates, evidence, window)

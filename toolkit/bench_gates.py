@@ -21,7 +21,7 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
 ``running_batch``    in the steady-state window (``dsv4kit.bench_window``) the decode server's
                      ``sglang:num_running_reqs`` held >= ``min_concurrency_ratio`` x C (median of the
                      ``/metrics`` samples): the server decoded C requests together. No samples: fail.
-``max_running``      C <= the decode server's ``max_running_requests``.
+``max_running``      C <= the decode server's effective ``max_running_requests`` (``effective_max_running``).
 ``kv_capacity``      C x (ISL + OSL) <= the decode server's ``max_total_num_tokens``.
 ``cold_cache``       prefix-cache hit rate <= ``max_cache_hit_pct`` (the cache was flushed), and the
                      server does report ``cached_tokens`` (else the client's 0 is a default).
@@ -64,6 +64,19 @@ class PointExpectation:
     #: The decode server's limits, from /server_info before the sweep (None: not reported).
     max_running_requests: Optional[int] = None
     max_total_num_tokens: Optional[int] = None
+
+
+def effective_max_running(server_info: dict) -> Optional[int]:
+    """How many requests the server really runs at once: the sum over DP ranks of
+    ``internal_states[].effective_max_running_requests_per_dp`` (what the scheduler derived, also
+    when ``--max-running-requests`` was not given), else the ``max_running_requests`` argument."""
+    info = decode_info(server_info or {})
+    per_dp = [s.get("effective_max_running_requests_per_dp") for s in info.get("internal_states") or []
+              if isinstance(s, dict)]
+    if per_dp and all(isinstance(v, int) for v in per_dp):
+        return sum(per_dp)
+    value = info.get("max_running_requests")
+    return value if isinstance(value, int) else None
 
 
 def _empty(error: Any) -> bool:
