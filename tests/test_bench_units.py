@@ -447,3 +447,21 @@ def test_ab_argument_and_what_each_arm_restarts_with():
         with pytest.raises(BenchAbort) as info:
             parse_ab(bad)
         assert info.value.exit_code == 2 and words in str(info.value), bad
+
+
+def test_an_unwritable_spill_directory_warns_and_the_sweep_goes_on(tmp_path):
+    from dsv4kit.bench import Spill
+
+    (tmp_path / "file").write_text("x")
+    said = []
+    spill = Spill(tmp_path / "file" / "run", said.append)
+    spill.point({"max_concurrency": 1, "repetition": 0, "raw": {}}, "details/c1_r0.json.gz", {})
+    spill.point({"max_concurrency": 1, "repetition": 1, "raw": {}}, "details/c1_r1.json.gz", {})
+    assert len(said) == 1 and "cannot spill" in said[0]
+    good = Spill(tmp_path / "spill" / "run")
+    good.point({"max_concurrency": 4, "repetition": 0, "arm": "B", "raw": {"api_key": "sk-x"}},
+               "details/c4_r0_B.json.gz", {"ttfts": [0.1]})
+    written = (tmp_path / "spill" / "run" / "point-c4-r0-B.json").read_text()
+    assert "sk-x" not in written and (tmp_path / "spill" / "run" / "details" / "c4_r0_B.json.gz").is_file()
+    good.remove()
+    assert not (tmp_path / "spill" / "run").exists()

@@ -357,15 +357,24 @@ class Spill:
     writes): ``point-c<C>-r<R>.json`` and ``details/c<C>_r<R>.json.gz``, then ``record.json``
     when the sweep ends. The caller removes it once the record is published."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, warn: Optional[Callable[[str], None]] = None):
         self.directory = directory
+        self.warn = warn
+        self.broken: Optional[str] = None
 
     def _write(self, name: str, data: bytes) -> None:
+        if self.broken:
+            return
         target = self.directory / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+        except OSError as exc:  # the sweep goes on; only the local copy is lost
+            self.broken = str(exc)
+            if self.warn:
+                self.warn(f"warning: cannot spill finished points to {self.directory}: {exc}")
 
     def point(self, point: dict, details_file: str, details: dict) -> None:
         arm = f"-{point['arm']}" if point.get("arm") else ""
@@ -527,7 +536,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
         env["OPENAI_API_KEY"] = os.environ["DSV4KIT_API_KEY"]
     helper_env = {"OPENAI_API_KEY": env["OPENAI_API_KEY"]} if "OPENAI_API_KEY" in env else None
 
-    spill = Spill(Path(spill_root) / run_id) if spill_root is not None else None
+    spill = Spill(Path(spill_root) / run_id, progress) if spill_root is not None else None
     remote = Remote(session, host, progress)
     total = cfg.repeat * len(cfg.concurrency) * (2 if ab else 1)
     points: list[dict] = []

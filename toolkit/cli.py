@@ -15,7 +15,8 @@ app = typer.Typer(
         "Bring an 8x RTX PRO 6000 (sm_120) box to a validated, benchmarked DeepSeek-V4-Flash "
         "server on SGLang 0.5.23.\n\n"
         "Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 host unreachable, 4 timeout, "
-        "5 environment missing something, 6 a driven tool failed, 130 interrupted."
+        "5 environment missing something, 6 a driven tool failed, 7 a comparison was inconclusive, "
+        "130 interrupted."
     ),
     no_args_is_help=True,
     add_completion=False,
