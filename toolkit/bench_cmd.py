@@ -6,9 +6,11 @@ fact only the box tells (GPU model, client version) differs (the record is still
 the invalid points marked); 2 bad input (arguments, inventory, baseline, results path, or a
 baseline that is not comparable, all found before connecting); 3 box unreachable; 4 a point or
 the restart timed out; 5 something is missing (git or ansible-playbook here; venv, SGLang, a
-running server on the box); 6 the client or ansible or git failed; 7 the baseline comparison was inconclusive (fewer than 3
-valid repetitions a side, or too noisy to tell: never a pass); 130 interrupted. On 2-6 and
-130 nothing is recorded, except a Ctrl-C after the record was committed, which says so.
+running server on the box); 6 the client or ansible or git failed; 7 the baseline comparison
+(or, with --ab, arm B against arm A) was inconclusive (fewer than 3 valid repetitions a side, or
+too noisy to tell: never a pass); 130 interrupted. On 3-6 the points that had finished are
+published as an incomplete record (never a baseline); on 2 and 130 nothing is recorded, except a
+Ctrl-C after the record was committed, which says so.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def bench(
     concurrency: str = typer.Option("1,16,64", "--concurrency", "-c", help="Comma-separated max-concurrency points."),
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens per request (fixed). Default: ctx - max(1024, output-len)."),
     output_len: Optional[int] = typer.Option(None, "--output-len", help="Generated tokens per request (fixed, ignore_eos). Default 512."),
-    repeat: int = typer.Option(3, "--repeat", min=1, help="Repetitions of every point (>= 2 gives intervals; 3 recommended)."),
+    repeat: int = typer.Option(3, "--repeat", min=1, help="Repetitions of every point (>= 2 gives intervals; a comparison verdict needs >= 3 valid ones a side)."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Requests per point. Default: max(32, 10*C), or max(8, 2*C) when input-len >= 32768. Fewer than --min-concurrency-ratio x C is refused (the concurrency gate could not pass)."),
     warmup_requests: Optional[int] = typer.Option(None, "--warmup-requests", min=0, help="Warm-up requests per point (default max(C, 8))."),
     seed: int = typer.Option(42, "--seed", help="Client seed (prompts are identical across points; the cache is flushed)."),
@@ -99,10 +101,17 @@ def bench(
 ) -> None:
     """Run the throughput sweep with the real sglang.benchmark.serving client on the box.
 
+    The headline is the decode tok/s the server delivered in each point's steady-state window.
     Each point is gated (completed, errors, retokenized output, TTFT > 0, input lengths, achieved
-    concurrency, cold cache, same server). The sweep becomes one record: one commit and one
-    annotated tag (bench/<host>/<ctx>/<UTC stamp>) in the results repository, written only
-    after the whole sweep ran.
+    concurrency, the server's running batch from /metrics, max_running_requests, KV capacity,
+    cold cache, same server); a gate without its evidence fails. The sweep becomes one record:
+    one commit and one annotated tag (bench/<host>/<ctx>/<UTC stamp>) in the results repository.
+    Finished points are spilled locally at once; a sweep that fails after some points publishes
+    them as an incomplete record.
+
+    Exit codes: 0 ok; 1 an invalid point or a regression; 2 bad input; 3 unreachable; 4 timeout;
+    5 something missing; 6 the client, ansible or git failed; 7 the comparison was inconclusive;
+    130 interrupted.
     """
     from dsv4kit import bench as sweep
     from dsv4kit import results_repo
