@@ -113,13 +113,21 @@ class FakeServer:
     """tests/fake_sglang_server.py on 127.0.0.1 (a subprocess; stopped by ``stop``)."""
 
     def __init__(self, workdir: Path, model_path: Path, *, context_length: int = 4096,
-                 token_delay_ms: float = 10.0, error_every: int = 0, cached_tokens: int = 0):
+                 token_delay_ms: float = 10.0, error_every: int = 0, cached_tokens: int = 0, **faults):
+        """``faults``: the stand-in's hostile switches, e.g. ``decode_cap=2``, ``serial_prefill=True``,
+        ``prefill_ms=80``, ``batch_slowdown=0.1``, ``omit="cached_tokens"``, ``max_running_requests=4``."""
         self.workdir = workdir
         self.args = [
             "--model-path", str(model_path), "--context-length", str(context_length),
             "--token-delay-ms", str(token_delay_ms), "--error-every", str(error_every),
             "--cached-tokens", str(cached_tokens), "--vocab-size", str(VOCAB_SIZE), "--max-lifetime", "900",
         ]
+        for name, value in faults.items():
+            flag = "--" + name.replace("_", "-")
+            if value is True:
+                self.args.append(flag)
+            elif value not in (None, False):
+                self.args += [flag, str(value)]
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
@@ -159,7 +167,8 @@ class FakeServer:
 
 
 def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port: int, context_length: int,
-                    name: str = "lo", prefill_port: int | None = None, prefix: Path | None = None) -> Path:
+                    name: str = "lo", prefill_port: int | None = None, prefix: Path | None = None,
+                    **extra) -> Path:
     """A one-host inventory whose box is this machine over the loopback sshd, serving on ``port``
     (router and decode; prefill too unless ``prefill_port`` names another server)."""
     from tests.remote_inventory import write_inventory
@@ -170,7 +179,7 @@ def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port
         dsv4_context_length=context_length, dsv4_router_port=port, dsv4_decode_port=port,
         dsv4_prefill_port=prefill_port or port, dsv4_prefill_gpus=[0, 1, 2, 3], dsv4_decode_gpus=[4, 5, 6, 7],
         dsv4_gpu_count=8, dsv4_kernel_flags={"SGLANG_SM120_TRITON_INDEXER": "1"},
-        dsv4_prefix=str(prefix) if prefix else None,
+        dsv4_prefix=str(prefix) if prefix else None, **extra,
     )
 
 
@@ -219,13 +228,31 @@ def client_line(*, n: int = 8, isl: int = 16, osl: int = 8, concurrency: int = 4
     }
 
 
+def good_evidence(concurrency: int, *, meta_keys=("prompt_tokens", "completion_tokens", "cached_tokens"),
+                  running: float | None = None) -> tuple[dict, dict]:
+    """(evidence, window) as a point on an honest server leaves them: every field reported and the
+    running batch at ``running`` (default C) in the steady-state window."""
+    held = float(concurrency if running is None else running)
+    evidence = {"meta_info": {"ok": True, "keys": sorted(meta_keys)}, "startup_after": {}, "samples": []}
+    window = {"running": {"median": held, "min": held, "max": held, "mean": held}, "samples": 10,
+              "duration_s": 1.0, "decode_tok_s": None, "evidence": None}
+    return evidence, window
+
+
+def point_expectation(n: int, isl: int, osl: int, concurrency: int, startup_time: float | None = 1.0):
+    from dsv4kit.bench_gates import PointExpectation
+
+    return PointExpectation(n, isl, osl, concurrency, startup_time, max_running_requests=256,
+                            max_total_num_tokens=1_000_000)
+
+
 def synthetic_record(run_id: str, decode: dict, *, context_length: int = 4096, isl: int = 16, osl: int = 8,
                      gpu_model="NVIDIA RTX PRO 6000 Blackwell", invalid: tuple = (), host: str = "lo") -> dict:
     """A schema-valid record whose decode tok/s per concurrency and repetition is ``decode[C][r]``.
 
     ``invalid`` lists (C, repetition) points to mark as failing a gate.
     """
-    from dsv4kit.bench_gates import PointExpectation, evaluate
+    from dsv4kit.bench_gates import GateConfig, evaluate
     from dsv4kit.records import KIND, SCHEMA_VERSION, comparability_key, derive, split_client_line, summarize_points
 
     points = []
@@ -234,9 +261,11 @@ def synthetic_record(run_id: str, decode: dict, *, context_length: int = 4096, i
             line = client_line(n=8, isl=isl, osl=osl, concurrency=c, tpot_ms=c * 1000.0 / value,
                                error_chunks=2 if (c, rep) in invalid else 0)
             raw, _details, _ = split_client_line(line)
-            validity = evaluate(line, PointExpectation(8, isl, osl, c, 1.0))
+            evidence, window = good_evidence(c)
+            window["decode_tok_s"] = value
+            validity = evaluate(line, point_expectation(8, isl, osl, c), GateConfig(), evidence, window)
             points.append({"max_concurrency": c, "repetition": rep, "num_prompts": 8, "raw": raw,
-                           "derived": derive(raw, 8), "validity": validity,
+                           "derived": derive(raw, 8, window), "validity": validity, "window": window,
                            "details_file": f"details/c{c}_r{rep}.json.gz"})
     stamp = run_id.rsplit("-", 1)[-1]
     record = {

@@ -16,9 +16,23 @@ Fault injection (the traps the bench gates must catch):
   ``--error-every N``: every N-th ``/generate`` request is rejected the way SGLang rejects an
   over-long prompt on a stream: HTTP 200, then ``data: {"error": {...}}``, then ``[DONE]``.
   ``--cached-tokens N``: report N cached prompt tokens per request (a warm prefix cache).
+  ``--decode-cap N``: at most N requests decode at a time, the rest wait in the queue (what
+  ``max_running_requests`` or a full KV pool does), while ``/server_info`` still says 256.
+  ``--prefill-ms MS`` with ``--serial-prefill``: each prompt takes MS to prefill, one at a time.
+  ``--batch-slowdown K``: a decode step takes ``token_delay_ms * (1 + K * (running - 1))``.
+  ``--omit cached_tokens,prompt_tokens,startup_time``: leave those fields out of ``meta_info``
+  and ``/server_info`` (the client then silently falls back to 0 / the planned length).
   ``POST /_test/config`` with a JSON body changes ``context_length``, ``error_every``,
-  ``cached_tokens`` or ``token_delay_ms`` at run time and bumps ``startup_time`` when the context
+  ``cached_tokens``, ``token_delay_ms`` or ``flush_status`` (400: the flush fails, as SGLang's does
+  when the server cannot go idle, and the client aborts) at run time; ``"restart": true`` bumps
+  ``startup_time`` as a restart would and bumps ``startup_time`` when the context
   length changes (a restart stand-in).
+
+``GET /metrics`` tells the truth about its own batch, in SGLang 0.5.23's Prometheus format and
+labels (``--enable-metrics``): ``sglang:num_running_reqs`` (decoding now), ``num_queue_reqs``
+(waiting for a slot or for prefill), ``gen_throughput`` (tokens emitted in the last second),
+``token_usage`` and the ``generation_tokens_total`` counter. ``POST /_test/stats`` returns the
+wall-clock time of every emitted token, so tests can check a headline against what was delivered.
 
 Listens on 127.0.0.1 only and exits by itself after ``--max-lifetime`` seconds.
 """
@@ -49,6 +63,47 @@ class State:
         self.startup_time = time.time()
         self.generate_count = 0
         self.flush_count = 0
+        self.flush_times: list[float] = []
+        self.flush_status = 200
+        self.decode_cap = args.decode_cap
+        self.slots = threading.BoundedSemaphore(args.decode_cap) if args.decode_cap else None
+        self.prefill_ms = args.prefill_ms
+        self.prefill_lock = threading.Lock() if args.serial_prefill else None
+        self.batch_slowdown = args.batch_slowdown
+        self.omit = {f for f in (args.omit or "").split(",") if f}
+        self.max_running_requests = args.max_running_requests
+        self.max_total_num_tokens = args.max_total_num_tokens
+        self.running = 0
+        self.queued = 0
+        self.running_tokens = 0
+        self.generated_total = 0
+        self.prompt_total = 0
+        self.token_times: list[float] = []
+
+    def metrics(self) -> str:
+        """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here)."""
+        now = time.time()
+        recent = sum(1 for t in self.token_times[-5000:] if t > now - 1.0)
+        labels = (f'model_name="{self.model_path}",engine_type="unified",tp_rank="0",pp_rank="0",'
+                  f'moe_ep_rank="0"')
+        stream = f'model_name="{self.model_path}",engine_type="unified",is_streaming="true"'
+        gauges = [
+            ("num_running_reqs", "The number of running requests.", self.running),
+            ("num_queue_reqs", "The number of requests in the waiting queue.", self.queued),
+            ("gen_throughput", "The generation throughput (token/s).", float(recent)),
+            ("token_usage", "The token usage.", self.running_tokens / self.max_total_num_tokens),
+        ]
+        lines = []
+        for name, doc, value in gauges:
+            lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} gauge",
+                      f"sglang:{name}{{{labels}}} {float(value)}"]
+        for name, doc, value in (("prompt_tokens", "Number of prefill tokens processed.", self.prompt_total),
+                                 ("generation_tokens", "Number of generation tokens processed.",
+                                  self.generated_total)):
+            lines += [f"# HELP sglang:{name}_total {doc}", f"# TYPE sglang:{name}_total counter",
+                      f"sglang:{name}_total{{{stream}}} {float(value)}",
+                      f"sglang:{name}_created{{{stream}}} {self.startup_time}"]
+        return "\n".join(lines) + "\n"
 
     def server_info(self) -> dict:
         return {
@@ -61,7 +116,7 @@ class State:
             "ep_size": 1,
             "kv_cache_dtype": "fp8_e4m3",
             "page_size": 256,
-            "max_running_requests": 256,
+            "max_running_requests": self.max_running_requests,
             "cuda_graph_max_bs_decode": 64,
             "mem_fraction_static": 0.8,
             "attention_backend": "dsv4",
@@ -74,12 +129,13 @@ class State:
                 f"python -m sglang.launch_server --model-path {self.model_path} --tp 4 "
                 f"--context-length {self.context_length} --api-key [REDACTED]"
             ),
-            "max_total_num_tokens": 1_000_000,
+            "max_total_num_tokens": self.max_total_num_tokens,
             "max_req_input_len": self.context_length - 1,
             "startup_time": self.startup_time,
             "kv_events": None,
             "internal_states": [
-                {"last_gen_throughput": 123.4, "memory_usage": {"kv_cache": 1.0}, "avg_spec_accept_length": None}
+                {"last_gen_throughput": 123.4, "memory_usage": {"kv_cache": 1.0}, "avg_spec_accept_length": None,
+                 "effective_max_running_requests_per_dp": self.max_running_requests}
             ],
             "version": "0.5.23",
             "frontend": "fake_sglang_server",
@@ -121,7 +177,17 @@ def make_handler(state: State):
             elif path in ("/server_info", "/get_server_info"):
                 with state.lock:
                     info = state.server_info()
+                    if "startup_time" in state.omit:
+                        info.pop("startup_time")
                 self._json(200, info)
+            elif path == "/metrics":
+                with state.lock:
+                    data = state.metrics().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             else:
                 self._json(404, {"detail": "Not Found"})
 
@@ -131,17 +197,21 @@ def make_handler(state: State):
                 self._body()
                 with state.lock:
                     state.flush_count += 1
-                data = b"Cache flushed.\n"
-                self.send_response(200)
+                    state.flush_times.append(time.time())
+                    status = state.flush_status
+                data = b"Cache flushed.\n" if status == 200 else b"Cannot flush: the server is not idle.\n"
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
             elif path == "/_test/config":
                 body = self._body()
                 with state.lock:
-                    for key in ("error_every", "cached_tokens", "token_delay_ms"):
+                    for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status"):
                         if key in body:
                             setattr(state, key, body[key])
+                    if body.get("restart"):  # what a unit restart does to /server_info
+                        state.startup_time = time.time()
                     if "context_length" in body and body["context_length"] != state.context_length:
                         state.context_length = int(body["context_length"])
                         state.startup_time = time.time()
@@ -149,7 +219,8 @@ def make_handler(state: State):
             elif path == "/_test/stats":
                 self._body()
                 with state.lock:
-                    self._json(200, {"generate_count": state.generate_count, "flush_count": state.flush_count})
+                    self._json(200, {"generate_count": state.generate_count, "flush_count": state.flush_count,
+                                     "flush_times": state.flush_times, "token_times": state.token_times})
             elif path == "/generate":
                 self._generate(self._body())
             else:
@@ -177,9 +248,8 @@ def make_handler(state: State):
             too_long = prompt_tokens + max_new > context_length
             if not body.get("stream"):
                 words = [f"w{(index + i) % state.vocab_size}" for i in range(max_new)]
-                self._json(200, {"text": " ".join(words), "meta_info": {
-                    "id": f"req-{index}", "prompt_tokens": prompt_tokens, "completion_tokens": max_new,
-                    "cached_tokens": cached, "finish_reason": {"type": "length", "length": max_new}}})
+                self._json(200, {"text": " ".join(words),
+                                 "meta_info": self._meta(index, prompt_tokens, max_new, cached, True, max_new)})
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -191,31 +261,67 @@ def make_handler(state: State):
                                        f"({max_new}) exceeds the context length ({context_length}).",
                                        "type": "BadRequestError", "code": 400}})
             else:
-                words: list[str] = []
-                ids: list[int] = []
-                for i in range(max_new):
-                    time.sleep(delay)
-                    token = (index * 7 + i) % state.vocab_size
-                    words.append(f"w{token}")
-                    ids.append(token)
-                    done = i == max_new - 1
-                    self._chunk({
-                        "text": " ".join(words),
-                        "output_ids": list(ids),
-                        "meta_info": {
-                            "id": f"req-{index}",
-                            "finish_reason": {"type": "length", "length": max_new} if done else None,
-                            "prompt_tokens": prompt_tokens,
-                            "completion_tokens": len(ids),
-                            "cached_tokens": cached,
-                            "reasoning_tokens": 0,
-                            "weight_version": "default",
-                            "num_retractions": 0,
-                        },
-                    })
+                self._stream_tokens(index, prompt_tokens, max_new, cached, delay)
             self._chunk(b"[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
+
+        def _meta(self, index: int, prompt_tokens: int, completion: int, cached: int, done: bool, max_new: int):
+            meta = {
+                "id": f"req-{index}",
+                "finish_reason": {"type": "length", "length": max_new} if done else None,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion,
+                "cached_tokens": cached,
+                "reasoning_tokens": 0,
+                "weight_version": "default",
+                "num_retractions": 0,
+            }
+            for name in state.omit & {"prompt_tokens", "cached_tokens"}:
+                meta.pop(name)
+            return meta
+
+        def _stream_tokens(self, index: int, prompt_tokens: int, max_new: int, cached: int, delay: float) -> None:
+            """Queue for a decode slot (and a serial prefill), then decode at the batch's speed."""
+            with state.lock:
+                state.queued += 1
+            if state.slots is not None:
+                state.slots.acquire()
+            try:
+                if state.prefill_lock is not None:
+                    with state.prefill_lock:
+                        time.sleep(state.prefill_ms / 1000.0)
+                elif state.prefill_ms:
+                    time.sleep(state.prefill_ms / 1000.0)
+                with state.lock:
+                    state.queued -= 1
+                    state.running += 1
+                    state.running_tokens += prompt_tokens
+                    state.prompt_total += prompt_tokens
+                words: list[str] = []
+                ids: list[int] = []
+                try:
+                    for i in range(max_new):
+                        with state.lock:
+                            step = delay * (1.0 + state.batch_slowdown * max(state.running - 1, 0))
+                        time.sleep(step)
+                        token = (index * 7 + i) % state.vocab_size
+                        words.append(f"w{token}")
+                        ids.append(token)
+                        with state.lock:
+                            state.token_times.append(time.time())
+                            state.generated_total += 1
+                            state.running_tokens += 1
+                        self._chunk({"text": " ".join(words), "output_ids": list(ids),
+                                     "meta_info": self._meta(index, prompt_tokens, len(ids), cached,
+                                                             i == max_new - 1, max_new)})
+                finally:
+                    with state.lock:
+                        state.running -= 1
+                        state.running_tokens -= prompt_tokens + len(ids)
+            finally:
+                if state.slots is not None:
+                    state.slots.release()
 
     return Handler
 
@@ -231,6 +337,13 @@ def main(argv=None) -> int:
     parser.add_argument("--cached-tokens", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=200)
     parser.add_argument("--max-lifetime", type=float, default=900.0)
+    parser.add_argument("--decode-cap", type=int, default=0, help="at most N requests decode at once (0: no cap)")
+    parser.add_argument("--prefill-ms", type=float, default=0.0)
+    parser.add_argument("--serial-prefill", action="store_true")
+    parser.add_argument("--batch-slowdown", type=float, default=0.0)
+    parser.add_argument("--omit", default="", help="comma-separated: cached_tokens,prompt_tokens,startup_time")
+    parser.add_argument("--max-running-requests", type=int, default=256)
+    parser.add_argument("--max-total-num-tokens", type=int, default=1_000_000)
     args = parser.parse_args(argv)
 
     state = State(args)

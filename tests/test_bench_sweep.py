@@ -25,7 +25,10 @@ from tests.fake_sglang_server import FAKE_ADMIN_KEY, FAKE_API_KEY
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--input-len", "16", "--output-len", "8", "--num-prompts", "8", "--warmup-requests", "2"]
+# 8 prompts of 16 + 32 tokens (320 ms each at 10 ms per token); /metrics every 20 ms, so that even
+# these short points have a steady-state window with samples in it.
+SMALL = ["--input-len", "16", "--output-len", "32", "--num-prompts", "8", "--warmup-requests", "2",
+         "--metrics-interval", "0.02"]
 
 
 @pytest.fixture(scope="session")
@@ -39,12 +42,15 @@ def tokenizer_dir(bench_venv, tmp_path_factory):
 
 
 @pytest.fixture
-def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir):
-    """A stand-in server and an inventory whose host is this machine; yields (server, inventory)."""
+def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
+    """A stand-in server and an inventory whose host is this machine; yields (server, inventory).
+    Finished points spill to ``tmp_path/spill`` (``$DSV4KIT_SPILL_DIR``)."""
     servers = []
+    monkeypatch.setenv("DSV4KIT_SPILL_DIR", str(tmp_path / "spill"))
 
     def make(separate_prefill: bool = False, units: bool = False, **server_kw):
         context_length = server_kw.pop("inventory_context_length", None)
+        inventory_extra = server_kw.pop("inventory_extra", {})
         server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
         servers.append(server)
         prefill_port = None
@@ -59,7 +65,7 @@ def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir):
         inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
                                     model_path=tokenizer_dir, port=server.port, prefill_port=prefill_port,
                                     context_length=context_length or server_kw.get("context_length", 4096),
-                                    prefix=prefix)
+                                    prefix=prefix, **inventory_extra)
         return server, inventory
 
     yield make
@@ -133,17 +139,20 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
     record = json.loads((repo / out["record_path"]).read_text(), parse_constant=not_strict_json)
 
-    assert record["schema_version"] == 1 and record["validity_passed"] and record["invalid_points"] == 0
+    assert record["schema_version"] == 2 and record["validity_passed"] and record["invalid_points"] == 0
     assert len(record["points"]) == 4 and all(p["validity"]["passed"] for p in record["points"])
     for point in record["points"]:
         raw = point["raw"]
         assert raw["completed"] == 8 and raw["random_range_ratio"] == 1.0 and raw["max_concurrency"] in (1, 4)
-        assert point["derived"]["decode_tok_s"] == pytest.approx(raw["max_concurrency"] * 1000 / raw["median_tpot_ms"])
+        assert point["derived"]["tpot_formula_tok_s"] == pytest.approx(raw["max_concurrency"] * 1000 / raw["median_tpot_ms"])
         assert point["derived"]["decode_tok_s_per_gpu"] == pytest.approx(point["derived"]["decode_tok_s"] / 8)
+        assert point["window"]["samples"] >= 2 and point["window"]["running"]["median"] >= 0.8 * raw["max_concurrency"]
+        assert point["server_evidence"]["meta_info"]["ok"] and "cached_tokens" in point["server_evidence"]["meta_info"]["keys"]
         assert "--random-range-ratio" in point["argv"] and "--flush-cache" in point["argv"]
         details = json.loads(gzip.decompress((repo / "records" / record["run_id"] / point["details_file"]).read_bytes()),
                              parse_constant=not_strict_json)
         assert details["input_lens"] == [16] * 8 and all(t > 0 for t in details["ttfts"])
+        assert details["metrics_samples"] and "num_running_reqs" in details["metrics_samples"][0]
     summary = record["summary"]["per_concurrency"]
     assert summary["1"]["decode_tok_s"]["n"] == 2 and summary["4"]["decode_tok_s"]["ci95"] is not None
     # the cache was flushed before every measured run
@@ -263,8 +272,8 @@ def test_a_context_length_mismatch_restarts_the_servers(box, tmp_path, loopback_
         restarts.append(context_length)
         server.post("/_test/config", {"context_length": context_length})
 
-    cfg = SweepConfig(context_length=4096, concurrency=[2], input_len=16, output_len=8, repeat=1, num_prompts=4,
-                      warmup_requests=1)
+    cfg = SweepConfig(context_length=4096, concurrency=[2], input_len=16, output_len=32, repeat=1, num_prompts=4,
+                      warmup_requests=1, metrics_interval_s=0.02)
     lines = []
     with open_session(host) as session:
         result = run_sweep(cfg, host=host, session=session, inventory_path=inventory, progress=lines.append,
@@ -319,7 +328,50 @@ def test_a_record_of_the_same_settings_is_a_comparable_baseline(box, tmp_path):
     first = dsv4kit(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     second = dsv4kit(*args, "--baseline", json.loads(first.stdout)["run_id"])
-    assert second.returncode in (0, 1), second.stderr[-3000:]
+    assert second.returncode == 7, second.stderr[-3000:]  # one repetition a side: inconclusive, never a pass
     out = json.loads(second.stdout)
     assert out["validity_passed"] and out["comparison"]["comparable"] is True, out["comparison"]
     assert out["comparison"]["rows"] and out["exit_code"] == second.returncode
+    assert out["comparison"]["outcome"] == "inconclusive" and "INCONCLUSIVE" not in second.stdout  # --json
+
+
+def test_a_failed_point_leaves_an_incomplete_record_with_the_completed_points(box, tmp_path):
+    # After the first point the server's /flush_cache starts answering 400 (it cannot go idle):
+    # the client aborts the second point. The first point is not lost.
+    server, inventory = box(context_length=4096)
+    repo = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,2",
+                             "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    seen = []
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("[1/2] C=1") and "tok/s" in line:
+                server.post("/_test/config", {"flush_status": 400})
+                assert (tmp_path / "spill").is_dir()  # the finished point is on disk at once
+                spilled = list((tmp_path / "spill").glob("*/point-c1-r0.json"))
+                assert spilled, "the finished point was not spilled"
+                break
+        _, rest = proc.communicate(timeout=200)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 6, stderr
+    assert "INCOMPLETE record" in stderr and "never serves as a baseline" in stderr
+    records = list((repo / "records").glob("*/record.json"))
+    assert len(records) == 1
+    record = json.loads(records[0].read_text())
+    assert record["incomplete"] is True and record["validity_passed"] is False
+    assert [p["max_concurrency"] for p in record["points"]] == [1]
+    assert "flush" in record["incomplete_reason"] or "exited" in record["incomplete_reason"]
+    assert git(repo, "tag", "-l") == record["tag"]
+    assert list((tmp_path / "spill").glob("*/point-*.json")) == []  # published: the spill is removed
+    # an incomplete record never serves as a baseline
+    proc2 = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1,2", "--repeat", "1", *SMALL, "-i", str(inventory),
+                    "--results-repo", str(repo), "--baseline", record["run_id"])
+    assert proc2.returncode == 2 and "incomplete" in proc2.stderr

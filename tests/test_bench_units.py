@@ -12,7 +12,7 @@ from dsv4kit.bench import (BenchAbort, SweepConfig, check_config, client_argv, d
 from dsv4kit.bench_gates import GateConfig, PointExpectation, evaluate
 from dsv4kit.records import derive, split_client_line
 from dsv4kit.scrub import SCRUBBED, find_secrets, is_secret_name, scrub
-from tests.bench_support import client_line
+from tests.bench_support import client_line, good_evidence
 
 SECRET = "sk-dsv4kit-FAKE-SECRET-3f9a"
 
@@ -61,7 +61,7 @@ def test_scrub_walks_nested_dicts_lists_and_argv_strings():
         "server_info": {"api_key": SECRET, "admin_api_key": "adm-secret-9", "tp_size": 4, "nested": [{"hf_token": "hf_x"}]},
         "argv": ["python", "-m", "sglang.launch_server", "--api-key", SECRET, "--tp", "4", "--admin-api-key=adm-secret-9"],
         "launch_command": f"python -m sglang.launch_server --api-key {SECRET} --tp 4",
-        "empty_key": {"api_key": None},
+        "empty": {"api_key": None},
     }
     clean = scrub(data)
     assert find_secrets(clean, [SECRET, "adm-secret-9", "hf_x"]) == []
@@ -69,29 +69,83 @@ def test_scrub_walks_nested_dicts_lists_and_argv_strings():
     assert clean["argv"][3:7] == ["--api-key", SCRUBBED, "--tp", "4"]
     assert clean["argv"][7] == f"--admin-api-key={SCRUBBED}"
     assert clean["launch_command"].endswith(f"--api-key {SCRUBBED} --tp 4")
-    assert clean["empty_key"]["api_key"] is None
+    assert clean["empty"]["api_key"] is None
     assert data["server_info"]["api_key"] == SECRET  # the input is not modified
 
 
 # ------------------------------------------------------------------------------------ gates
 def expectation(**kw):
-    base = dict(num_prompts=8, input_len=16, output_len=8, max_concurrency=4, startup_time=1.0)
+    base = dict(num_prompts=8, input_len=16, output_len=8, max_concurrency=4, startup_time=1.0,
+                max_running_requests=256, max_total_num_tokens=1_000_000)
     base.update(kw)
     return PointExpectation(**base)
 
 
+def check(line, expected=None, config=GateConfig(), **evidence_kw):
+    """evaluate() with the evidence an honest server leaves (``good_evidence``), unless overridden."""
+    expected = expected or expectation()
+    evidence, window = good_evidence(expected.max_concurrency, **evidence_kw)
+    return evaluate(line, expected, config, evidence, window)
+
+
 def test_a_clean_point_passes_every_gate():
-    validity = evaluate(client_line(), expectation())
+    validity = check(client_line())
     assert validity["passed"], validity
     assert set(validity["gates"]) == {"completed", "no_errors", "output_tokens", "ttft_positive", "input_lens",
-                                      "concurrency", "cold_cache", "same_server"}
+                                      "concurrency", "running_batch", "max_running", "kv_capacity", "cold_cache",
+                                      "same_server"}
+
+
+def test_missing_evidence_fails_its_gate_never_passes_it():
+    # The client writes cached_tokens 0 and the planned prompt length when the server omits them.
+    v = check(client_line(), meta_keys=("completion_tokens",))
+    assert {"cold_cache", "input_lens"} <= set(v["failed"])
+    assert "default, not evidence" in v["gates"]["cold_cache"]["detail"]
+    # no probe result at all, no window, no limits, no startup_time
+    v = evaluate(client_line(), expectation(startup_time=None, max_running_requests=None, max_total_num_tokens=None))
+    assert {"cold_cache", "input_lens", "running_batch", "max_running", "kv_capacity", "same_server"} <= set(v["failed"])
+    line = client_line()
+    del line["server_info"]["startup_time"]
+    assert "no startup_time" in check(line)["gates"]["same_server"]["detail"]
+    # the prefill server counts for same_server: missing or changed startup_time on it fails
+    evidence, window = good_evidence(4)
+    pd = expectation(prefill_port=31000, prefill_startup_time=5.0)
+    evidence["startup_after"] = {"31000": {"reported": True, "startup_time": 6.0}}
+    assert "prefill server's startup_time changed" in evaluate(client_line(), pd, GateConfig(), evidence, window)[
+        "gates"]["same_server"]["detail"]
+    evidence["startup_after"] = {"31000": {"reported": False, "startup_time": None}}
+    assert "same_server" in evaluate(client_line(), pd, GateConfig(), evidence, window)["failed"]
+    evidence["startup_after"] = {"31000": {"reported": True, "startup_time": 5.0}}
+    assert evaluate(client_line(), pd, GateConfig(), evidence, window)["passed"]
+
+
+def test_the_effective_max_running_requests_is_the_schedulers():
+    from dsv4kit.bench_gates import effective_max_running
+
+    assert effective_max_running({"max_running_requests": None, "internal_states": [
+        {"effective_max_running_requests_per_dp": 48}, {"effective_max_running_requests_per_dp": 48}]}) == 96
+    assert effective_max_running({"max_running_requests": 64}) == 64
+    assert effective_max_running({"max_running_requests": None}) is None
+    assert effective_max_running({"decode": [{"max_running_requests": 32}], "prefill": []}) == 32
+
+
+def test_server_side_gates():
+    # a server that decoded 2 of C=8 at a time: the client still saw concurrency ~8 (queued requests count)
+    line = client_line(concurrency=8)
+    v = check(line, expectation(max_concurrency=8), running=2)
+    assert v["failed"] == ["running_batch"] and "median 2" in v["gates"]["running_batch"]["detail"]
+    assert check(line, expectation(max_concurrency=8), running=6.4)["passed"]
+    assert "max_running" in check(line, expectation(max_concurrency=8, max_running_requests=4))["failed"]
+    # C x (ISL + OSL) = 8 x 24 = 192 tokens must fit the KV pool
+    assert "kv_capacity" in check(line, expectation(max_concurrency=8, max_total_num_tokens=191))["failed"]
+    assert check(line, expectation(max_concurrency=8, max_total_num_tokens=192))["passed"]
 
 
 def test_the_error_chunk_trap_is_caught():
     # The client counts the rejected requests as completed with the requested output length.
     line = client_line(error_chunks=2)
     assert line["completed"] == 8 and line["total_output_tokens"] == 64
-    validity = evaluate(line, expectation())
+    validity = check(line)
     assert not validity["passed"]
     assert {"output_tokens", "ttft_positive"} <= set(validity["failed"])
     assert "completed" not in validity["failed"]
@@ -100,7 +154,7 @@ def test_the_error_chunk_trap_is_caught():
 
 def test_one_error_chunk_among_many_is_still_caught():
     # 1 of 64 is within the 5% retokenization tolerance; the per-request checks still catch it.
-    validity = evaluate(client_line(n=64, error_chunks=1), expectation(num_prompts=64))
+    validity = check(client_line(n=64, error_chunks=1), expectation(num_prompts=64))
     assert validity["retok_ratio"] > 0.95
     assert {"output_tokens", "ttft_positive"} <= set(validity["failed"])
 
@@ -109,22 +163,22 @@ def test_other_gates():
     line = client_line()
     line["completed"] = 7
     line["errors"][3] = "Traceback ... ClientConnectorError"
-    v = evaluate(line, expectation())
+    v = check(line)
     assert {"completed", "no_errors"} <= set(v["failed"])
     assert "ClientConnectorError" in v["gates"]["no_errors"]["detail"]
 
-    assert "cold_cache" in evaluate(client_line(cached=8), expectation())["failed"]
-    assert "cold_cache" not in evaluate(client_line(cached=8), expectation(), GateConfig(expect_cold=False))["gates"]
+    assert "cold_cache" in check(client_line(cached=8))["failed"]
+    assert "cold_cache" not in check(client_line(cached=8), config=GateConfig(expect_cold=False))["gates"]
 
     low = client_line()
     low["concurrency"] = 2.0
-    assert "concurrency" in evaluate(low, expectation())["failed"]
+    assert "concurrency" in check(low)["failed"]
 
-    assert "same_server" in evaluate(client_line(startup_time=2.0), expectation())["failed"]
-    assert "input_lens" in evaluate(client_line(isl=15), expectation())["failed"]
+    assert "same_server" in check(client_line(startup_time=2.0))["failed"]
+    assert "input_lens" in check(client_line(isl=15))["failed"]
 
     bare = {k: v for k, v in client_line().items() if k not in ("ttfts", "errors", "input_lens")}
-    v = evaluate(bare, expectation())
+    v = check(bare)
     assert {"ttft_positive", "no_errors", "input_lens"} <= set(v["failed"])
 
 
@@ -132,9 +186,10 @@ def test_split_and_derive():
     raw, details, server_info = split_client_line(client_line(concurrency=16, tpot_ms=40.0))
     assert "server_info" not in raw and "ttfts" not in raw and "generated_texts" not in details
     assert details["generated_text_chars"] and server_info["api_key"] == SECRET
-    derived = derive(raw, 8)
-    assert derived["decode_tok_s"] == pytest.approx(16 * 1000 / 40.0)
-    assert derived["decode_tok_s_per_gpu"] == pytest.approx(400.0 / 8)
+    derived = derive(raw, 8, {"decode_tok_s": 320.0})
+    assert derived["decode_tok_s"] == 320.0 and derived["tpot_formula_tok_s"] == pytest.approx(16 * 1000 / 40.0)
+    assert derived["decode_tok_s_per_gpu"] == pytest.approx(320.0 / 8)
+    assert derive(raw, 8)["decode_tok_s"] is None  # no window, no headline
     assert derived["interactivity_tok_s_user"] == pytest.approx(25.0)
 
 
@@ -218,3 +273,195 @@ def test_launch_command_string_keeps_quoted_arguments_whole():
     assert _launch_args({"launch_command": "python -m x --flag 'unbalanced"}, []) == [
         "python", "-m", "x", "--flag", "'unbalanced"]
     assert _launch_args({}, [{"argv": ["python", "-m", "sglang.launch_server"]}])[-1] == "sglang.launch_server"
+
+
+# ------------------------------------------------------------------------------------ window
+def test_the_window_measures_what_was_delivered_not_c_over_tpot():
+    from dsv4kit.bench_window import analyze, steady_window, token_timeline
+
+    # C=4 on an honest server: 4 requests of 10 tokens, 10 ms apart, then 4 more: 400 tok/s.
+    ttfts, itls = [0.01] * 8, [[0.01] * 9] * 8
+    requests = token_timeline(ttfts, itls, 4)
+    assert [r["start"] for r in requests] == pytest.approx([0.0] * 4 + [0.1] * 4)
+    a, b = steady_window(requests, 4)
+    assert (a, b) == pytest.approx((0.01, 0.2))
+    assert analyze({"ttfts": ttfts, "itls": itls}, 4, None, 1)["decode_tok_s"] == pytest.approx(400.0, rel=0.02)
+
+    # C=4 on a server that decodes 2 at a time: requests 3, 4 wait 100 ms for a slot (their TTFT
+    # includes it). Every request still sees 10 ms per token, so C x 1000 / TPOT says 400 tok/s;
+    # what was delivered is 200.
+    ttfts, itls = [0.01, 0.01] + [0.11] * 10, [[0.01] * 9] * 12
+    window = analyze({"ttfts": ttfts, "itls": itls}, 4, None, 1)
+    assert window["decode_tok_s"] == pytest.approx(200.0, rel=0.1)
+    assert window["running"] is None and "no /metrics evidence" in window["evidence"]
+
+
+def test_window_samples_are_placed_on_the_box_clock():
+    from dsv4kit.bench_window import analyze
+
+    ttfts, itls = [0.01] * 8, [[0.01] * 9] * 8
+    marker = 1000.0  # the run starts 1 s after the marker line
+    samples = [{"t": marker + 1.0 + i * 0.02, "port": 7, "num_running_reqs": 4.0, "num_queue_reqs": 0.0,
+                "token_usage": 0.1, "gen_throughput": 390.0} for i in range(11)]
+    samples += [{"t": marker + 0.5, "port": 7, "num_running_reqs": 0.0}]  # warm-up time: outside
+    samples += [{"t": marker + 1.1, "port": 8, "num_running_reqs": 0.0}]  # another server
+    evidence = {"main_run_marker_time": marker, "samples": samples}
+    window = analyze({"ttfts": ttfts, "itls": itls}, 4, evidence, 7)
+    assert window["samples"] >= 2 and window["running"]["median"] == 4.0
+    assert window["server_gen_throughput_mean"] == 390.0
+    assert analyze({"ttfts": ttfts, "itls": itls}, 4, {**evidence, "main_run_marker_time": None}, 7)["running"] is None
+
+
+def test_prometheus_text_is_parsed_as_sglang_serves_it():
+    from dsv4kit.bench_remote import parse_metrics
+
+    text = (
+        "# HELP sglang:num_running_reqs The number of running requests.\n"
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{model_name="m",engine_type="decode",tp_rank="0",pp_rank="0",moe_ep_rank="0",dp_rank="0"} 3.0\n'
+        'sglang:num_running_reqs{model_name="m",engine_type="decode",tp_rank="0",pp_rank="0",moe_ep_rank="0",dp_rank="1"} 2.0\n'
+        'sglang:token_usage{model_name="m",engine_type="decode",tp_rank="0",pp_rank="0",moe_ep_rank="0",dp_rank="0"} 0.25\n'
+        'sglang:token_usage{model_name="m",engine_type="decode",tp_rank="0",pp_rank="0",moe_ep_rank="0",dp_rank="1"} 0.5\n'
+        'sglang:generation_tokens_total{model_name="m",engine_type="decode",is_streaming="true"} 120.0\n'
+        'sglang:generation_tokens_created{model_name="m",engine_type="decode",is_streaming="true"} 1.7e9\n'
+        'sglang:cache_hit_rate{model_name="m"} 0.0\n'
+    )
+    assert parse_metrics(text) == {"num_running_reqs": 5.0, "token_usage": 0.5, "generation_tokens_total": 120.0}
+
+
+def test_scrubber_cases_that_used_to_slip_through():
+    from dsv4kit.scrub import scrub_text
+
+    text = f"python -m sglang.launch_server --skip-tokenizer-init --api-key {SECRET} --tp 4"
+    assert scrub_text(text) == f"python -m sglang.launch_server --skip-tokenizer-init --api-key {SCRUBBED} --tp 4"
+    assert SECRET not in scrub_text(f"--enable-metrics --admin-api-key={SECRET}")
+    for name in ("NGC_KEY", "S3_KEY", "ngc-key", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN"):
+        assert is_secret_name(name), name
+        assert scrub({name: "nvapi-123"}) == {name: SCRUBBED}
+        assert "nvapi-123" not in scrub_text(f"Environment={name}=nvapi-123 CUDA_VISIBLE_DEVICES=0")
+    assert not is_secret_name("comparability_key") and not is_secret_name("watermark_key")
+    assert scrub_text("CUDA_VISIBLE_DEVICES=0,1 max_total_num_tokens=5") == "CUDA_VISIBLE_DEVICES=0,1 max_total_num_tokens=5"
+    urls = scrub_text("pip install --index-url https://user:hunter2@pypi.example.com/simple "
+                      "git+https://ghp_abc123@github.com/x/y.git "
+                      "https://bucket.s3.amazonaws.com/w.bin?X-Amz-Signature=deadbeef&X-Amz-Date=1&token=t0k")
+    for secret in ("hunter2", "ghp_abc123", "deadbeef", "t0k"):
+        assert secret not in urls, urls
+    assert "pypi.example.com/simple" in urls and "X-Amz-Date=1" in urls
+    assert scrub_text("see https://docs.sglang.ai/x?page=2") == "see https://docs.sglang.ai/x?page=2"
+
+
+# ------------------------------------------------------------------------------------ SLOs
+def test_percentiles_need_enough_requests_and_carry_bootstrap_intervals():
+    from dsv4kit.bench_slo import latency_block, min_requests, percentiles_with_ci
+
+    assert (min_requests(50), min_requests(90), min_requests(99)) == (5, 29, 299)
+    few = percentiles_with_ci([float(i) for i in range(64)])
+    assert few["p50"]["value"] == pytest.approx(31.5) and few["p50"]["ci95"][0] < 31.5 < few["p50"]["ci95"][1]
+    assert few["p99"]["value"] is None and "at least 299 requests" in few["p99"]["reason"]
+    many = percentiles_with_ci([float(i) for i in range(400)])
+    assert many["p99"]["value"] == pytest.approx(395.01) and many["p99"]["ci95"][1] >= many["p99"]["value"]
+    assert percentiles_with_ci([float(i) for i in range(400)]) == many  # fixed seed: the same interval
+
+    # goodput: requests within both limits per second; p99 judged only with enough requests
+    line = client_line(n=8, osl=8, ttft_ms=12.0, tpot_ms=10.0)
+    line["ttfts"][0] = 0.5  # one slow first token
+    block = latency_block(line, {"ttft_ms": 100.0, "tpot_ms": 20.0})
+    goodput = block["goodput"]
+    assert goodput["good_requests"] == 7 and goodput["attainment_pct"] == pytest.approx(87.5)
+    assert goodput["goodput_req_s"] == pytest.approx(7 / line["duration"])
+    assert goodput["p99_within_limits"] is None and "too few" in goodput["p99_reason"]
+    assert latency_block(line, None)["goodput"] is None
+    derived = derive(split_client_line(line)[0], 8, None, block)
+    assert derived["goodput_req_s"] == goodput["goodput_req_s"] and derived["p99_ttft_ms"] is None
+
+
+# ------------------------------------------------------------------------------------ telemetry
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nexec {_sys.executable} {_Path(__file__).with_name('fake_nvidia_smi.py')} \"$@\"\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    return bin_dir
+
+
+@pytest.mark.parametrize("old_driver", [False, True])
+def test_gpu_telemetry_is_sampled_with_lms_and_summarised(fake_nvidia_smi, tmp_path, monkeypatch, old_driver):
+    import time as _time
+
+    from dsv4kit.bench_remote import Telemetry, gpu_settings
+
+    if old_driver:
+        monkeypatch.setenv("FAKE_NVSMI_OLD", "1")
+    with Telemetry(100, str(tmp_path / "t.csv")) as telemetry:
+        _time.sleep(0.6)
+    result = telemetry.result()
+    assert result["available"], result
+    assert len(result["samples"]) >= 4 and {s["index"] for s in result["samples"]} == {0, 1}
+    per = result["per_gpu"]
+    assert per["0"]["sm_clock_mhz"]["max"] == 2400 and per["0"]["event_reasons"] == []
+    assert per["1"]["event_reasons"] == ["sw_power_cap"] and per["1"]["temperature_c_max"] == 85
+    assert per["1"]["power_w"]["max"] == pytest.approx(550.5)
+    settings = gpu_settings()
+    assert settings["available"] and settings["devices"][0]["persistence_mode"] == "Enabled"
+    assert settings["devices"][0]["ecc.mode.current"] == "Disabled"
+    assert settings["devices"][0]["clocks.applications.graphics"] is None  # [N/A]
+
+
+def test_no_nvidia_smi_is_said_not_hidden(tmp_path, monkeypatch):
+    from dsv4kit.bench_remote import Telemetry
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with Telemetry(100, str(tmp_path / "t.csv")) as telemetry:
+        pass
+    assert telemetry.result() == {"available": False, "reason": "nvidia-smi not found on PATH", "samples": [],
+                                  "per_gpu": {}}
+
+
+# ------------------------------------------------------------------------------------ A/B
+def test_ab_argument_and_what_each_arm_restarts_with():
+    from types import SimpleNamespace
+
+    from dsv4kit.bench import arm_extra_vars, parse_ab
+
+    ab = parse_ab("SGLANG_SM120_TRITON_INDEXER=0,1")
+    assert ab.kind == "env" and ab.values == {"A": "0", "B": "1"}
+    host = SimpleNamespace(get=lambda k, d=None: {"dsv4_kernel_flags": {"SGLANG_SM120_TRITON_INDEXER": "1",
+                                                                         "SGLANG_SM120_MMA_ATTENTION": "1"},
+                                                   "dsv4_server_extra_args": ["--enable-metrics",
+                                                                              "--attention-backend", "dsv4"]}.get(k, d))
+    tags, extra = arm_extra_vars(host, 131072, ab, "A")
+    assert tags == ["kernel_rollout", "sglang_service"] and extra["dsv4_context_length"] == 131072
+    assert extra["dsv4_kernel_flags"] == {"SGLANG_SM120_TRITON_INDEXER": "0", "SGLANG_SM120_MMA_ATTENTION": "1"}
+    flag = parse_ab("--attention-backend=triton,dsv4")
+    tags, extra = arm_extra_vars(host, 8192, flag, "A")
+    assert tags == ["sglang_service"]
+    assert extra["dsv4_server_extra_args"] == ["--enable-metrics", "--attention-backend", "triton"]
+    for bad, words in [("X=1", "exactly two"), ("lower=0,1", "KEY must be"), ("K=1,1", "the same"),
+                       ("K=1,2,3", "exactly two")]:
+        with pytest.raises(BenchAbort) as info:
+            parse_ab(bad)
+        assert info.value.exit_code == 2 and words in str(info.value), bad
+
+
+def test_an_unwritable_spill_directory_warns_and_the_sweep_goes_on(tmp_path):
+    from dsv4kit.bench import Spill
+
+    (tmp_path / "file").write_text("x")
+    said = []
+    spill = Spill(tmp_path / "file" / "run", said.append)
+    spill.point({"max_concurrency": 1, "repetition": 0, "raw": {}}, "details/c1_r0.json.gz", {})
+    spill.point({"max_concurrency": 1, "repetition": 1, "raw": {}}, "details/c1_r1.json.gz", {})
+    assert len(said) == 1 and "cannot spill" in said[0]
+    good = Spill(tmp_path / "spill" / "run")
+    good.point({"max_concurrency": 4, "repetition": 0, "arm": "B", "raw": {"api_key": "sk-x"}},
+               "details/c4_r0_B.json.gz", {"ttfts": [0.1]})
+    written = (tmp_path / "spill" / "run" / "point-c4-r0-B.json").read_text()
+    assert "sk-x" not in written and (tmp_path / "spill" / "run" / "details" / "c4_r0_B.json.gz").is_file()
+    good.remove()
+    assert not (tmp_path / "spill" / "run").exists()

@@ -295,3 +295,32 @@ def test_a_baseline_found_different_on_the_box_does_not_mask_invalid_points(tmp_
     assert out["comparison"]["comparable"] is False
     assert out["comparison"]["differences"] == [{"field": "gpu_model", "old": "NVIDIA RTX PRO 6000 Blackwell",
                                                  "new": "NVIDIA H200"}]
+
+
+# ------------------------------------------------------------------------ 5. --ab, up front
+def test_ab_input_is_checked_before_connecting(tmp_path, loopback_ssh):
+    inventory = unreachable_inventory(tmp_path, loopback_ssh)
+    results = ["-i", str(inventory), "--results-repo", str(tmp_path / "results")]
+    proc = dsv4kit("bench", "--ctx", "4096", *C, *SMALL, "--ab", "SGLANG_X=1", *results)
+    assert proc.returncode == exitcodes.USAGE and "exactly two comma-separated values" in proc.stderr
+    proc = dsv4kit("bench", "--ctx", "4096", *C, *SMALL, "--ab", "SGLANG_X=0,1", "--baseline", "x", *results)
+    assert proc.returncode == exitcodes.USAGE and "takes no --baseline" in proc.stderr
+    # every arm restarts the units through the playbook: without it, exit 5 before connecting
+    proc = dsv4kit("bench", "--ctx", "4096", *C, *SMALL, "--ab", "SGLANG_X=0,1", *results,
+                   env={"DSV4KIT_PLAYBOOK": str(tmp_path / "no-such-site.yml")})
+    assert proc.returncode == exitcodes.ENVIRONMENT and "--ab restarts the serving units" in proc.stderr
+    no_traceback(proc)
+    untouched(tmp_path / "results")
+
+
+def test_an_invalid_record_is_refused_as_a_baseline(tmp_path, loopback_ssh):
+    repo = tmp_path / "results"
+    bad = synthetic_record("lo-ctx4096-20260101T000000Z", BASE, invalid=((1, 0),))
+    publish_record(repo, bad)
+    inventory = unreachable_inventory(tmp_path, loopback_ssh)
+    proc = dsv4kit("bench", "--ctx", "4096", *C, *SMALL, "--baseline", bad["run_id"], "-i", str(inventory),
+                   "--results-repo", str(repo))
+    assert proc.returncode == exitcodes.USAGE and "only valid records serve as baselines" in proc.stderr
+    proc = dsv4kit("bench", "--ctx", "4096", *C, *SMALL, "--baseline-ctx", "4096", "-i", str(inventory),
+                   "--results-repo", str(repo))
+    assert proc.returncode == exitcodes.USAGE and "no valid record" in proc.stderr

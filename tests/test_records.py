@@ -113,8 +113,37 @@ def test_a_failing_transaction_changes_nothing(tmp_path):
     finally:
         results_repo._git = real
     assert git(repo, "tag", "-l") == first["tag"]
-    assert git(repo, "rev-parse", "refs/heads/main") == racer[0]  # the other writer's commit stands
+    assert len(racer) == results_repo.PUBLISH_ATTEMPTS  # it rebuilt on the new head and retried each time
+    assert git(repo, "rev-parse", "refs/heads/main") == racer[-1]  # the other writer's commit stands
     assert git(repo, "ls-tree", "-r", "--name-only", "HEAD", "--", f"records/{rec['run_id']}") == ""
+
+
+def test_a_publish_that_loses_the_ref_race_rebuilds_on_the_new_head(tmp_path):
+    # Another sweep publishes between our read of main and our transaction ("cannot lock ref"):
+    # we rebuild on its commit and retry; both records stand, each under its own path.
+    repo = tmp_path / "results"
+    publish_record(repo, synthetic_record("lo-ctx4096-20260101T000000Z", BASE))
+    real = results_repo._git
+    other = synthetic_record("lo-ctx4096-20260101T000300Z", BASE)
+    raced = []
+
+    def racing(repo_, *args, **kw):
+        if args and args[0] == "update-ref" and not raced:
+            raced.append(True)
+            publish(repo, run_id=other["run_id"], tag=other["tag"], files=files_of(other), message="other")
+        return real(repo_, *args, **kw)
+
+    rec = synthetic_record("lo-ctx4096-20260101T000500Z", BASE)
+    results_repo._git = racing
+    try:
+        published = publish(repo, run_id=rec["run_id"], tag=rec["tag"], files=files_of(rec), message="ours")
+    finally:
+        results_repo._git = real
+    assert raced and published.attempts == 2
+    assert [e.run_id for e in list_records(repo)] == ["lo-ctx4096-20260101T000000Z", other["run_id"], rec["run_id"]]
+    assert git(repo, "rev-parse", "HEAD^") == git(repo, "rev-parse", f"{other['tag']}^{{commit}}")
+    assert git(repo, "rev-parse", f"{rec['tag']}^{{commit}}") == published.commit == git(repo, "rev-parse", "HEAD")
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
 
 
 def test_repository_path_checks(tmp_path):
@@ -178,6 +207,38 @@ def test_inconclusive_and_invalid_verdicts():
     assert verdicts(compare(old, broken))[16] == "invalid"
 
 
+def test_too_few_repetitions_or_too_much_noise_is_inconclusive_with_its_own_exit_code():
+    base = synthetic_record("lo-ctx4096-20260101T000000Z", {16: [500.0, 505.0, 495.0]})
+    # one valid repetition, -40%
+    one = synthetic_record("lo-ctx4096-20260101T000100Z", {16: [300.0]})
+    result = compare(base, one)
+    assert verdicts(result) == {16: "inconclusive"} and result.outcome == "inconclusive" and result.exit_code() == 7
+    # n=3 with ~10% CV, -30%
+    noisy_old = synthetic_record("lo-ctx4096-20260101T000200Z", {16: [450.0, 500.0, 550.0]})
+    noisy_new = synthetic_record("lo-ctx4096-20260101T000300Z", {16: [315.0, 350.0, 385.0]})
+    result = compare(noisy_old, noisy_new)
+    assert result.outcome in ("inconclusive", "regressed") and result.exit_code() != 0
+
+
+def test_each_metric_gets_its_own_verdict_and_the_summary_names_them():
+    from dsv4kit.compare import Comparison, Row
+
+    rows = [Row("decode_tok_s", 8, 3, 3, 200.0, 260.0, 30.0, (20.0, 40.0), 5.0, "improved"),
+            Row("median_ttft_ms", 8, 3, 3, 100.0, 14.0, -86.0, (-90.0, -80.0), 10.0, "improved"),
+            Row("median_tpot_ms", 8, 3, 3, 10.0, 13.0, 30.0, (20.0, 40.0), 5.0, "regressed"),
+            Row("p99_tpot_ms", 8, 3, 3, 12.0, 12.2, 1.6, (-1.0, 4.0), 15.0, "no-change")]
+    result = Comparison("a", "b", True, rows=rows)
+    assert result.metric_verdicts() == {"decode_tok_s": "improved", "median_ttft_ms": "improved",
+                                        "median_tpot_ms": "regressed", "p99_tpot_ms": "no-change"}
+    summary = result.summary()
+    assert summary.startswith("throughput improved (decode_tok_s improved +30.0% at C=8)")
+    assert "TTFT improved" in summary and "TPOT regressed (median_tpot_ms regressed +30.0% at C=8" in summary
+    assert result.outcome == "regressed" and result.exit_code() == 1
+    rows[2] = Row("median_tpot_ms", 16, 3, 3, 10.0, 8.0, -20.0, (-25.0, -15.0), 5.0, "improved")
+    rows.append(Row("median_tpot_ms", 8, 3, 3, 10.0, 13.0, 30.0, (20.0, 40.0), 5.0, "regressed"))
+    assert Comparison("a", "b", True, rows=rows).metric_verdicts()["median_tpot_ms"] == "mixed"
+
+
 def test_non_comparable_records_get_no_verdict_and_say_why():
     old = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
     other = synthetic_record("lo-ctx131072-20260101T000100Z", {1: [50.0], 64: [400.0]}, context_length=131072,
@@ -203,8 +264,9 @@ def repo_with_records(tmp_path):
         "base": synthetic_record("lo-ctx4096-20260101T000000Z", BASE),
         "slow": synthetic_record("lo-ctx4096-20260101T000100Z", {1: [100.5, 99.5, 100.0], 16: [450.0, 452.0, 448.0]}),
         "same": synthetic_record("lo-ctx4096-20260101T000200Z", {1: [100.2, 100.9, 99.1], 16: [501.0, 503.0, 497.0]}),
-        "long": synthetic_record("lo-ctx131072-20260101T000300Z", {1: [60.0, 61.0], 16: [280.0, 279.0]},
+        "long": synthetic_record("lo-ctx131072-20260101T000300Z", {1: [60.0, 61.0, 60.5], 16: [280.0, 279.0, 281.0]},
                                  context_length=131072),
+        "two": synthetic_record("lo-ctx4096-20260101T000400Z", {1: [60.0, 61.0], 16: [280.0, 279.0]}),
     }
     for rec in records.values():
         publish_record(repo, rec)
@@ -229,6 +291,9 @@ def test_records_compare_exit_codes(repo_with_records):
                  "--ignore", "context_length", "--json")
     assert result.exit_code == 1  # 128K is much slower than 8K here: regressions
     assert json.loads(result.output)["comparable"] is True
+    # -40% with only two repetitions on a side: inconclusive, and that is never exit 0
+    result = cli("records", "compare", recs["base"]["run_id"], recs["two"]["run_id"], "--results-repo", str(repo))
+    assert result.exit_code == 7 and "INCONCLUSIVE" in result.output and "--repeat 3" in result.output
     result = cli("records", "compare", "nope", recs["long"]["run_id"], "--results-repo", str(repo))
     assert result.exit_code == 2 and "no record 'nope'" in result.output
 
@@ -239,7 +304,7 @@ def test_records_list_and_show(repo_with_records):
     assert result.exit_code == 0
     assert all(r["run_id"] in result.output for r in recs.values())
     rows = json.loads(cli("records", "list", "--results-repo", str(repo), "--json").output)
-    assert [r["context_length"] for r in rows] == [4096, 4096, 4096, 131072]
+    assert [r["context_length"] for r in rows] == [4096, 4096, 4096, 131072, 4096]
     shown = cli("records", "show", recs["long"]["run_id"], "--results-repo", str(repo))
     assert shown.exit_code == 0 and "decode tok/s" in shown.output and "131072" in shown.output
     as_json = json.loads(cli("records", "show", recs["base"]["tag"], "--results-repo", str(repo), "--json").output)
@@ -268,10 +333,42 @@ def test_baseline_ctx_picks_the_newest_record_of_that_host_and_context(repo_with
     from dsv4kit.bench_cmd import _find_baseline
 
     repo, recs = repo_with_records
-    assert _find_baseline(repo, "lo", 4096)["run_id"] == recs["same"]["run_id"]
-    assert _find_baseline(repo, "lo", 131072)["run_id"] == recs["long"]["run_id"]
+    assert _find_baseline(repo, "lo", 4096)["run_id"] == recs["two"]["run_id"]
+    # a newer record with an invalid point, and a newer incomplete one, are passed over
+    publish_record(repo, synthetic_record("lo-ctx4096-20260101T000500Z", BASE, invalid=((1, 0),)))
+    incomplete = synthetic_record("lo-ctx4096-20260101T000600Z", BASE)
+    incomplete["incomplete"] = True
+    publish_record(repo, incomplete)
+    assert _find_baseline(repo, "lo", 4096)["run_id"] == recs["two"]["run_id"]
+    only_invalid = synthetic_record("lo-ctx8192-20260101T000700Z", BASE, context_length=8192, invalid=((1, 0),))
+    publish_record(repo, only_invalid)
     with pytest.raises(typer.Exit) as info:
         _find_baseline(repo, "lo", 8192)
     assert info.value.exit_code == 2
+    assert _find_baseline(repo, "lo", 131072)["run_id"] == recs["long"]["run_id"]
+    with pytest.raises(typer.Exit) as info:
+        _find_baseline(repo, "lo", 16384)
+    assert info.value.exit_code == 2
     with pytest.raises(typer.Exit):
         _find_baseline(repo, "other-box", 4096)
+
+
+def test_records_compare_shows_field_level_differences_of_server_args_and_env():
+    old = synthetic_record("lo-ctx4096-20260101T000000Z", BASE)
+    new = synthetic_record("lo-ctx4096-20260101T000100Z", BASE)
+    old["server"]["resolved_args"] = {"tp_size": 4, "attention_backend": "dsv4", "mem_fraction_static": 0.8}
+    new["server"]["resolved_args"] = {"tp_size": 4, "attention_backend": "triton", "mem_fraction_static": 0.8,
+                                      "enable_metrics": True}
+    old["software"]["server_env"] = {"SGLANG_SM120_TRITON_INDEXER": "0", "NCCL_P2P_DISABLE": "1"}
+    new["software"]["server_env"] = {"SGLANG_SM120_TRITON_INDEXER": "1", "NCCL_P2P_DISABLE": "1"}
+    old["server"]["launch_args"] = ["python", "-m", "sglang.launch_server", "--tp", "4", "--port", "30000"]
+    new["server"]["launch_args"] = ["python", "-m", "sglang.launch_server", "--tp", "4", "--port", "30000",
+                                    "--enable-metrics"]
+    result = compare(old, new)
+    fields = {d["field"]: (d["old"], d["new"]) for d in result.info}
+    assert fields["server.resolved_args.attention_backend"] == ("dsv4", "triton")
+    assert fields["server.resolved_args.enable_metrics"] == (None, True)
+    assert fields["software.server_env.SGLANG_SM120_TRITON_INDEXER"] == ("0", "1")
+    assert fields["server.launch_args.--enable-metrics"] == (None, True)
+    assert "server.resolved_args.tp_size" not in fields and "software.server_env.NCCL_P2P_DISABLE" not in fields
+    assert "note: software.server_env.SGLANG_SM120_TRITON_INDEXER differs: 0 -> 1" in format_comparison(result)

@@ -15,10 +15,15 @@ Steps (each remote step has a timeout; see docs/benchmarking.md):
    SGLang venv against the router on 127.0.0.1 with fixed lengths (``--random-range-ratio 1.0``),
    ``--tokenize-prompt``, the ``random-ids`` dataset, the model directory as tokenizer,
    ``HF_HUB_OFFLINE=1``, warm-up, ``--flush-cache`` (after warm-up, before the measured run),
-   ``--seed``, ``--cache-report``, ``--output-details`` and its own ``--output-file``; fetch the
-   JSONL line and apply the validity gates (``dsv4kit.bench_gates``).
-6. Remove the scratch directory. Only then is a record built (nothing is written before the
-   whole sweep has run), and ``dsv4kit.results_repo.publish`` commits and tags it atomically.
+   ``--seed``, ``--cache-report``, ``--output-details`` and its own ``--output-file``, under the
+   box-side ``bench_remote.py run-point`` (``/metrics`` scrapes, GPU telemetry, a ``meta_info``
+   probe); fetch the JSONL line and the evidence, find the steady-state window and the headline
+   (``dsv4kit.bench_window``), the percentiles and goodput (``dsv4kit.bench_slo``), apply the
+   validity gates (``dsv4kit.bench_gates``) and spill the point locally at once (``Spill``).
+   With ``--ab`` the repetitions alternate between two arms, with a restart before each.
+6. Remove the scratch directory. Only then is the record built, and ``dsv4kit bench`` publishes
+   it (``dsv4kit.results_repo.publish``, atomic). A sweep that stops after some points hands its
+   completed points back as an incomplete record (``exc.partial``).
 """
 
 from __future__ import annotations
@@ -37,10 +42,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit import exitcodes
-from dsv4kit.bench_gates import GateConfig, PointExpectation, evaluate
+from dsv4kit.bench_gates import GateConfig, PointExpectation, effective_max_running, evaluate
+from dsv4kit.bench_slo import latency_block
+from dsv4kit.bench_window import analyze as analyze_window
 from dsv4kit.records import (KIND, SCHEMA_VERSION, comparability_key, decode_info, derive, dumps,
                              split_client_line, strict_json, summarize_points)
 from dsv4kit.scrub import scrub
+from dsv4kit.ssh import RemoteError
 
 CLIENT_MODULE = "sglang.benchmark.serving"
 DATASET = "random-ids"
@@ -73,6 +81,8 @@ class SweepConfig:
     point_timeout_s: float = 3600.0
     server_timeout_s: float = 1800.0
     restart: bool = True
+    #: Seconds between two /metrics scrapes of each serving port during a point.
+    metrics_interval_s: float = 0.25
     gates: GateConfig = field(default_factory=GateConfig)
     verbose: bool = False
 
@@ -232,6 +242,156 @@ class SweepResult:
         return out
 
 
+@dataclass(frozen=True)
+class ABSpec:
+    """``--ab KEY=A,B``: an environment variable of the serving units (an upper-case name, e.g.
+    ``SGLANG_SM120_TRITON_INDEXER``) or a ``sglang.launch_server`` flag (``--attention-backend``)
+    and its two values. Arm ``A`` runs with the first value, ``B`` with the second."""
+    key: str
+    values: dict  # {"A": value, "B": value}
+
+    arms = ("A", "B")
+
+    @property
+    def kind(self) -> str:
+        return "server_flag" if self.key.startswith("--") else "env"
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "kind": self.kind, "values": dict(self.values), "order": "interleaved A B A B, "
+                "a server restart before every arm"}
+
+
+def parse_ab(text: str) -> ABSpec:
+    """``KEY=A,B`` -> ABSpec; bad input is BenchAbort(USAGE)."""
+    key, sep, values = text.partition("=")
+    key = key.strip()
+    parts = [v.strip() for v in values.split(",")] if sep else []
+    problems = []
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*|--[a-z0-9][a-z0-9-]*", key):
+        problems.append(f"KEY must be an environment variable (upper case, e.g. SGLANG_SM120_TRITON_INDEXER) or a "
+                        f"server flag (e.g. --attention-backend), got {key!r}")
+    if len(parts) != 2 or not all(parts):
+        problems.append(f"give exactly two comma-separated values, got {values!r}")
+    elif parts[0] == parts[1]:
+        problems.append(f"the two values are the same ({parts[0]!r}): nothing to compare")
+    if problems:
+        raise BenchAbort(exitcodes.USAGE, f"--ab {text!r}: " + "; ".join(problems))
+    return ABSpec(key=key, values={"A": parts[0], "B": parts[1]})
+
+
+def arm_extra_vars(host, context_length: int, ab: ABSpec, arm: str) -> tuple[list[str], dict]:
+    """(playbook tags, extra vars) that restart the serving units as arm ``arm`` wants: an env
+    variable goes into ``dsv4_kernel_flags`` (the units' environment file; tags kernel_rollout and
+    sglang_service), a flag replaces its value in ``dsv4_server_extra_args`` (tag sglang_service).
+    The inventory is not changed: the next ``dsv4kit provision`` restores its values."""
+    value = ab.values[arm]
+    extra = {"dsv4_context_length": context_length}
+    if ab.kind == "env":
+        extra["dsv4_kernel_flags"] = {**(host.get("dsv4_kernel_flags") or {}), ab.key: value}
+        return ["kernel_rollout", RESTART_TAG], extra
+    args = [str(a) for a in host.get("dsv4_server_extra_args") or []]
+    kept, skip = [], False
+    for item in args:
+        if skip:
+            skip = False
+            continue
+        if item == ab.key:
+            skip = True
+            continue
+        if item.startswith(ab.key + "="):
+            continue
+        kept.append(item)
+    extra["dsv4_server_extra_args"] = kept + [ab.key, value]
+    return [RESTART_TAG], extra
+
+
+def default_apply_arm(inventory_path, host, context_length: int, ab: ABSpec, arm: str,
+                      progress: Callable[[str], None], timeout: float) -> None:
+    """Restart the serving units with arm ``arm``'s setting (``arm_extra_vars``) via the playbook."""
+    from dsv4kit import provision
+
+    tags, extra = arm_extra_vars(host, context_length, ab, arm)
+    try:
+        summary = provision.run_playbook(inventory_path, limit=host.name, tags=tags, extra_vars=extra,
+                                         progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
+    except provision.ProvisionError as exc:
+        raise BenchAbort(exc.exit_code, f"cannot restart the serving units for arm {arm} "
+                                        f"({ab.key}={ab.values[arm]}): {exc}") from None
+    if summary.failed:
+        raise BenchAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
+                         f"restarting the serving units for arm {arm} ({ab.key}={ab.values[arm]}) failed "
+                         f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
+
+
+def arm_comparison(record: dict):
+    """The A/B verdicts: arm B against arm A, from the one record's points (``dsv4kit.compare``)."""
+    from dsv4kit.compare import compare
+
+    sides = {}
+    for arm in ABSpec.arms:
+        side = dict(record, run_id=f"{record['run_id']}:{arm}",
+                    points=[p for p in record["points"] if p.get("arm") == arm])
+        sides[arm] = side
+    return compare(sides["A"], sides["B"])
+
+
+def slo_limits(host) -> Optional[dict]:
+    """The p99 TTFT/TPOT limits of goodput, from the inventory (None when neither is set)."""
+    limits = {"ttft_ms": host.get("dsv4_bench_slo_ttft_ms"), "tpot_ms": host.get("dsv4_bench_slo_tpot_ms")}
+    if all(v is None for v in limits.values()):
+        return None
+    return {**limits, "source": "inventory dsv4_bench_slo_ttft_ms / dsv4_bench_slo_tpot_ms", "percentile": 99}
+
+
+def default_spill_root() -> Path:
+    """Where finished points are kept until their record is published: ``$DSV4KIT_SPILL_DIR``, else
+    ``$XDG_STATE_HOME/dsv4kit/spill`` (``~/.local/state/dsv4kit/spill``)."""
+    if os.environ.get("DSV4KIT_SPILL_DIR"):
+        return Path(os.environ["DSV4KIT_SPILL_DIR"])
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "dsv4kit" / "spill"
+
+
+class Spill:
+    """A local directory holding each finished point the moment it is done (scrubbed, atomic
+    writes): ``point-c<C>-r<R>.json`` and ``details/c<C>_r<R>.json.gz``, then ``record.json``
+    when the sweep ends. The caller removes it once the record is published."""
+
+    def __init__(self, directory: Path, warn: Optional[Callable[[str], None]] = None):
+        self.directory = directory
+        self.warn = warn
+        self.broken: Optional[str] = None
+
+    def _write(self, name: str, data: bytes) -> None:
+        if self.broken:
+            return
+        target = self.directory / name
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+        except OSError as exc:  # the sweep goes on; only the local copy is lost
+            self.broken = str(exc)
+            if self.warn:
+                self.warn(f"warning: cannot spill finished points to {self.directory}: {exc}")
+
+    def point(self, point: dict, details_file: str, details: dict) -> None:
+        arm = f"-{point['arm']}" if point.get("arm") else ""
+        name = f"point-c{point['max_concurrency']}-r{point['repetition']}{arm}.json"
+        self._write(name, dumps(scrub(point)).encode())
+        self._write(details_file, gzip.compress(json.dumps(strict_json(scrub(details)), separators=(",", ":"),
+                                                           allow_nan=False).encode(), mtime=0))
+
+    def finished(self, result: "SweepResult") -> None:
+        self._write("record.json", dumps(result.record).encode())
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 class Remote:
     """The box-side steps over one SSH session."""
 
@@ -299,6 +459,16 @@ class Remote:
                            "--state-dir", str(self.host.get("dsv4_state_dir") or ""),
                            "--unit-dir", f"{prefix}/etc/systemd/system", timeout=PROBE_TIMEOUT_S)
 
+    def fetch_json(self, remote_file: str, label: str) -> dict:
+        with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
+            local = Path(tmp) / "evidence.json"
+            try:
+                self.session.get(remote_file, local)
+                return json.loads(local.read_text())
+            except (OSError, ValueError) as exc:
+                raise BenchAbort(exitcodes.TOOL_FAILED, f"{label}: the box-side evidence file {remote_file} "
+                                                        f"could not be read: {exc}") from None
+
     def fetch_line(self, remote_file: str, label: str) -> dict:
         with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
             local = Path(tmp) / "point.jsonl"
@@ -342,8 +512,13 @@ def default_restart(inventory_path, host, context_length: int, progress: Callabl
 
 def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Callable[[str], None],
               argv: Optional[list[str]] = None, stamp: Optional[str] = None,
-              restart: Optional[Callable] = None) -> SweepResult:
-    """Run the whole sweep over ``session``; return the record (nothing is written here)."""
+              restart: Optional[Callable] = None, spill_root: Optional[Path] = None,
+              ab: Optional["ABSpec"] = None, apply_arm: Optional[Callable] = None) -> SweepResult:
+    """Run the whole sweep over ``session``; return the record (nothing is published here).
+
+    Each finished point is written at once under ``spill_root/<run_id>/`` (``Spill``). When the
+    sweep stops after some points (BenchAbort, RemoteError), the exception carries ``partial``: an
+    incomplete record with the completed points, for the caller to publish."""
     from dsv4kit.provenance import sections, serving_gpu_count, toolkit_info
 
     check_config(cfg)
@@ -361,7 +536,9 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
         env["OPENAI_API_KEY"] = os.environ["DSV4KIT_API_KEY"]
     helper_env = {"OPENAI_API_KEY": env["OPENAI_API_KEY"]} if "OPENAI_API_KEY" in env else None
 
+    spill = Spill(Path(spill_root) / run_id, progress) if spill_root is not None else None
     remote = Remote(session, host, progress)
+    total = cfg.repeat * len(cfg.concurrency) * (2 if ab else 1)
     points: list[dict] = []
     details: dict[str, dict] = {}
     notes: list[str] = []
@@ -391,11 +568,13 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
         startup_time = decode_info(info).get("startup_time")
         prefill_info = None
         prefill_port = host.get("dsv4_prefill_port")
-        if prefill_port and int(prefill_port) != decode_port:
+        prefill_port = int(prefill_port) if prefill_port and int(prefill_port) != decode_port else None
+        if prefill_port:
             answer = remote.helper("server-info", "--port", str(prefill_port), env=helper_env)
             prefill_info = answer.get("server_info") if answer.get("ok") else None
             if prefill_info is None:
                 notes.append(f"prefill server /server_info unavailable: {answer.get('error')}")
+        metrics_ports = [decode_port] + ([prefill_port] if prefill_port else [])
         probe = remote.probe()
         if not (probe.get("packages") or {}).get("sglang"):
             raise BenchAbort(exitcodes.ENVIRONMENT, f"{host.name}: sglang is not installed in {remote.python}")
@@ -404,79 +583,157 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             notes.append(f"GPU facts unavailable: {gpus_note}")
         serving_gpus = serving_gpu_count(host)
         base_url = f"http://127.0.0.1:{router_port}"
-        total = cfg.repeat * len(cfg.concurrency)
-        index = 0
-        for rep in range(cfg.repeat):
-            for c in cfg.concurrency:
-                index += 1
-                label = f"[{index}/{total}] C={c} rep {rep + 1}/{cfg.repeat}"
-                n = cfg.prompts_for(c)
-                out_file = f"{remote.workdir}/c{c}_r{rep}.jsonl"
-                argv_point = client_argv(remote.python, cfg, concurrency=c, base_url=base_url,
-                                         model_path=model_path, output_file=out_file, tag=f"{run_id}/c{c}/r{rep}")
-                progress(f"{label}: {n} prompts of {cfg.input_len}+{cfg.output_len} tokens, "
-                         f"warm-up {cfg.warmup_for(c)}...")
-                t0 = time.monotonic()
-                stream = (lambda line: progress(f"  | {line}")) if cfg.verbose else None
-                result = session.run(shlex.join(argv_point), timeout=cfg.point_timeout_s, env=env,
-                                     cwd=remote.workdir, stream=stream, check=False)
-                wall = time.monotonic() - t0
-                if result.exit_code != 0:
-                    tail = (result.stderr.strip() or result.stdout.strip())[-1500:]
-                    raise BenchAbort(exitcodes.TOOL_FAILED,
-                                     f"{label}: {CLIENT_MODULE} exited {result.exit_code}; sweep aborted, "
-                                     f"nothing recorded:\n{tail}")
-                line = remote.fetch_line(out_file, label)
-                expected = PointExpectation(num_prompts=n, input_len=cfg.input_len, output_len=cfg.output_len,
-                                            max_concurrency=c, startup_time=startup_time)
-                validity = evaluate(line, expected, cfg.gates)
-                raw, point_details, _ = split_client_line(line)
-                derived = derive(raw, serving_gpus)
-                details_file = f"details/c{c}_r{rep}.json.gz"
-                details[details_file] = point_details
-                points.append({
-                    "max_concurrency": c, "repetition": rep, "num_prompts": n,
-                    "warmup_requests": cfg.warmup_for(c),
-                    "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
-                    "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
-                    "derived": derived, "validity": validity,
-                })
-                verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
-                progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s, output "
-                         f"{_num(raw.get('output_throughput'))} tok/s, TTFT p50 {_num(raw.get('median_ttft_ms'))} ms, "
-                         f"TPOT p50 {_num(raw.get('median_tpot_ms'), 2)} ms [{wall:.0f}s]: {verdict}")
-                if not validity["passed"]:
-                    for name in validity["failed"]:
-                        progress(f"    gate {name}: {validity['gates'][name]['detail']}")
+        slo = slo_limits(host)
+
+        def build(incomplete: Optional[str] = None) -> SweepResult:
+            finished = datetime.now(timezone.utc)
+            invalid = sum(1 for p in points if not p["validity"]["passed"])
+            record_notes = list(notes)
+            if invalid:
+                record_notes.append(f"{invalid} of {len(points)} points failed a validity gate; they are excluded "
+                                    f"from the summary")
+            if incomplete:
+                record_notes.append(f"INCOMPLETE: the sweep stopped after {len(points)} of {total} points: {incomplete}")
+            record = {
+                "schema_version": SCHEMA_VERSION,
+                "kind": KIND,
+                "run_id": run_id,
+                "tag": tag,
+                "created_at_utc": created.isoformat(timespec="seconds"),
+                "finished_at_utc": finished.isoformat(timespec="seconds"),
+                "duration_wall_s": round(time.time() - started, 3),
+                "toolkit": toolkit_info(argv),
+                **sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
+                           restarted=restarted, prefill_server_info=prefill_info),
+                "client": client_section(cfg, tool_version=(probe.get("packages") or {}).get("sglang"),
+                                         base_url=base_url),
+                "sweep": {"concurrency": list(cfg.concurrency), "repeat": cfg.repeat, "order": "repetition-major",
+                          "point_timeout_s": cfg.point_timeout_s, "metrics_interval_s": cfg.metrics_interval_s,
+                          "gates": cfg.gates.to_dict(), "slo": slo},
+                "points": list(points),
+                "summary": summarize_points(points) if ab is None else {
+                    "per_concurrency": {}, "per_arm": {arm: summarize_points([p for p in points if p.get("arm") == arm])
+                                                       for arm in ab.arms}},
+                "validity_passed": invalid == 0 and bool(points) and not incomplete,
+                "invalid_points": invalid,
+                "incomplete": bool(incomplete),
+                "incomplete_reason": incomplete,
+                "notes": record_notes,
+            }
+            record["comparability_key"] = comparability_key(record)
+            if ab is not None:
+                record["ab"] = ab.to_dict()
+                comparison = arm_comparison(record)
+                record["ab"]["comparison"] = comparison.to_dict()
+                record["ab"]["outcome"] = comparison.outcome
+                record["ab"]["summary"] = comparison.summary()
+            return SweepResult(record=scrub(record), details=dict(details))
+
+        current = {"info": info, "startup_time": startup_time,
+                   "prefill_startup_time": decode_info(prefill_info or {}).get("startup_time")}
+
+        def run_point(c: int, rep: int, arm: Optional[str]) -> None:
+            label = f"[{len(points) + 1}/{total}] C={c} rep {rep + 1}/{cfg.repeat}" + (
+                f" arm {arm} ({ab.key}={ab.values[arm]})" if arm else "")
+            suffix = f"_{arm}" if arm else ""
+            n = cfg.prompts_for(c)
+            out_file = f"{remote.workdir}/c{c}_r{rep}{suffix}.jsonl"
+            argv_point = client_argv(remote.python, cfg, concurrency=c, base_url=base_url,
+                                     model_path=model_path, output_file=out_file, tag=f"{run_id}/c{c}/r{rep}" + (f"/{arm}" if arm else ""))
+            evidence_file = f"{remote.workdir}/c{c}_r{rep}{suffix}.evidence.json"
+            wrapped = [remote.python, f"{remote.workdir}/bench_remote.py", "run-point",
+                       "--evidence-out", evidence_file, "--metrics-ports", ",".join(map(str, metrics_ports)),
+                       "--probe-port", str(router_port), "--interval", f"{cfg.metrics_interval_s:g}",
+                       "--", *argv_point]
+            progress(f"{label}: {n} prompts of {cfg.input_len}+{cfg.output_len} tokens, "
+                     f"warm-up {cfg.warmup_for(c)}...")
+            t0 = time.monotonic()
+            stream = (lambda line: progress(f"  | {line}")) if cfg.verbose else None
+            result = session.run(shlex.join(wrapped), timeout=cfg.point_timeout_s, env=env,
+                                 cwd=remote.workdir, stream=stream, check=False)
+            wall = time.monotonic() - t0
+            if result.exit_code != 0:
+                tail = (result.stderr.strip() or result.stdout.strip())[-1500:]
+                raise BenchAbort(exitcodes.TOOL_FAILED,
+                                 f"{label}: {CLIENT_MODULE} exited {result.exit_code}; sweep aborted:\n{tail}")
+            line = remote.fetch_line(out_file, label)
+            evidence = remote.fetch_json(evidence_file, label)
+            limits = decode_info(current["info"])
+            expected = PointExpectation(num_prompts=n, input_len=cfg.input_len, output_len=cfg.output_len,
+                                        max_concurrency=c, startup_time=current["startup_time"], prefill_port=prefill_port,
+                                        prefill_startup_time=current["prefill_startup_time"],
+                                        max_running_requests=effective_max_running(current["info"]),
+                                        max_total_num_tokens=limits.get("max_total_num_tokens"))
+            window = analyze_window(line, c, evidence, decode_port)
+            validity = evaluate(line, expected, cfg.gates, evidence, window)
+            latency = latency_block(line, slo)
+            raw, point_details, _ = split_client_line(line)
+            derived = derive(raw, serving_gpus, window, latency)
+            details_file = f"details/c{c}_r{rep}{suffix}.json.gz"
+            point_details["metrics_samples"] = evidence.get("samples") or []
+            telemetry = evidence.get("telemetry") or {"available": False, "reason": "not collected"}
+            point_details["gpu_telemetry_samples"] = telemetry.get("samples") or []
+            details[details_file] = point_details
+            points.append({
+                "max_concurrency": c, "repetition": rep, "num_prompts": n, **({"arm": arm} if arm else {}),
+                "warmup_requests": cfg.warmup_for(c),
+                "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
+                "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
+                "derived": derived, "validity": validity, "window": window, "latency": latency,
+                "server_evidence": {"metrics_ports": metrics_ports, "interval_s": cfg.metrics_interval_s,
+                                    "samples": len(evidence.get("samples") or ()),
+                                    "scrape_errors": evidence.get("scrape_errors") or {},
+                                    "meta_info": evidence.get("meta_info"),
+                                    "startup_after": evidence.get("startup_after")},
+                "gpu_telemetry": {k: v for k, v in telemetry.items() if k != "samples"},
+            })
+            if spill is not None:
+                spill.point(points[-1], details_file, point_details)
+            verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
+            progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s (running batch "
+                     f"{_num((window.get('running') or {}).get('median'))}), output "
+                     f"{_num(raw.get('output_throughput'))} tok/s, TTFT p50 {_num(raw.get('median_ttft_ms'))} ms, "
+                     f"TPOT p50 {_num(raw.get('median_tpot_ms'), 2)} ms [{wall:.0f}s]: {verdict}")
+            if not validity["passed"]:
+                for name in validity["failed"]:
+                    progress(f"    gate {name}: {validity['gates'][name]['detail']}")
+
+        if ab is None:
+            for rep in range(cfg.repeat):
+                for c in cfg.concurrency:
+                    run_point(c, rep, None)
+        else:
+            # Interleaved A B A B ..., a server restart before every arm, so that the variance from
+            # restart to restart is inside each arm's interval.
+            for rep in range(cfg.repeat):
+                for arm in ab.arms:
+                    progress(f"A/B: restarting the serving units with {ab.key}={ab.values[arm]} (arm {arm}, "
+                             f"repetition {rep + 1}/{cfg.repeat})...")
+                    (apply_arm or default_apply_arm)(inventory_path, host, cfg.context_length, ab, arm, progress,
+                                                     cfg.server_timeout_s)
+                    remote.wait_health(serving_ports, cfg.server_timeout_s, helper_env)
+                    current["info"] = remote.server_info(decode_port, helper_env)
+                    if _context_of(current["info"]) != cfg.context_length:
+                        raise BenchAbort(exitcodes.ENVIRONMENT,
+                                         f"{host.name}: after the restart for arm {arm} the decode server reports "
+                                         f"context length {_context_of(current['info'])}, not {cfg.context_length}")
+                    current["startup_time"] = decode_info(current["info"]).get("startup_time")
+                    if prefill_port:
+                        answer = remote.helper("server-info", "--port", str(prefill_port), env=helper_env)
+                        current["prefill_startup_time"] = decode_info(answer.get("server_info") or {}).get(
+                            "startup_time") if answer.get("ok") else None
+                    for c in cfg.concurrency:
+                        run_point(c, rep, arm)
+    except (BenchAbort, RemoteError) as exc:
+        if points:  # the completed points are kept: an incomplete record, never a baseline
+            exc.partial = build(incomplete=str(exc))
+        raise
     finally:
         remote.cleanup()
-
-    finished = datetime.now(timezone.utc)
-    invalid = sum(1 for p in points if not p["validity"]["passed"])
-    if invalid:
-        notes.append(f"{invalid} of {len(points)} points failed a validity gate; they are excluded from the summary")
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "run_id": run_id,
-        "tag": tag,
-        "created_at_utc": created.isoformat(timespec="seconds"),
-        "finished_at_utc": finished.isoformat(timespec="seconds"),
-        "duration_wall_s": round(time.time() - started, 3),
-        "toolkit": toolkit_info(argv),
-        **sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
-                   restarted=restarted, prefill_server_info=prefill_info),
-        "client": client_section(cfg, tool_version=(probe.get("packages") or {}).get("sglang"), base_url=base_url),
-        "sweep": {"concurrency": list(cfg.concurrency), "repeat": cfg.repeat, "order": "repetition-major",
-                  "point_timeout_s": cfg.point_timeout_s, "gates": cfg.gates.to_dict()},
-        "points": points,
-        "summary": summarize_points(points),
-        "validity_passed": invalid == 0 and bool(points),
-        "invalid_points": invalid,
-        "notes": notes,
-    }
-    record["comparability_key"] = comparability_key(record)
-    return SweepResult(record=scrub(record), details=details)
+    result = build()
+    if spill is not None:
+        spill.finished(result)
+    return result
 
 
 def client_section(cfg: SweepConfig, *, tool_version: Optional[str], base_url: str) -> dict:
@@ -519,9 +776,23 @@ def planned_record(cfg: SweepConfig, host) -> dict:
 
 
 def format_summary(record: dict) -> str:
+    summary = record["summary"]
+    if summary.get("per_arm"):
+        ab = record.get("ab") or {}
+        blocks = []
+        for arm, per_c in summary["per_arm"].items():
+            blocks.append(f"arm {arm}: {ab.get('key')}={(ab.get('values') or {}).get(arm)}")
+            blocks.append(_summary_table(per_c["per_concurrency"]))
+        if ab.get("summary") is not None:
+            blocks.append(f"A/B (B against A): {ab.get('outcome')}: {ab.get('summary')}")
+        return "\n".join(blocks)
+    return _summary_table(summary["per_concurrency"])
+
+
+def _summary_table(per_concurrency: dict) -> str:
     lines = [f"{'C':>5} {'valid':>7} {'decode tok/s':>24} {'per GPU':>9} {'output tok/s':>13} "
              f"{'TTFT p50 ms':>12} {'TPOT p50 ms':>12}"]
-    for c, entry in record["summary"]["per_concurrency"].items():
+    for c, entry in per_concurrency.items():
         dec = entry["decode_tok_s"]
 
         def m(name: str, digits: int = 1) -> str:

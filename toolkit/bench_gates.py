@@ -14,11 +14,21 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
                      ``data: {"error": ...}``, and the native client counts it as a success with
                      ``output_len`` = the *requested* length, empty text and ``ttft = 0``.
 ``ttft_positive``    every per-request TTFT > 0 (the same trap, per request).
-``input_lens``       the server-reported prompt length of every request equals ISL.
+``input_lens``       the server-reported prompt length of every request equals ISL, and the server
+                     does report ``prompt_tokens`` (else the client falls back to the planned length).
 ``concurrency``      achieved concurrency (sum of latencies / duration) >= ``min_concurrency_ratio``
-                     x the requested one: the load was actually applied.
-``cold_cache``       prefix-cache hit rate <= ``max_cache_hit_pct`` (the cache was flushed).
-``same_server``      ``server_info.startup_time`` is the one read before the sweep: no restart.
+                     x the requested one: the client applied the load (queued requests count too).
+``running_batch``    in the steady-state window (``dsv4kit.bench_window``) the decode server's
+                     ``sglang:num_running_reqs`` held >= ``min_concurrency_ratio`` x C (median of the
+                     ``/metrics`` samples): the server decoded C requests together. No samples: fail.
+``max_running``      C <= the decode server's effective ``max_running_requests`` (``effective_max_running``).
+``kv_capacity``      C x (ISL + OSL) <= the decode server's ``max_total_num_tokens``.
+``cold_cache``       prefix-cache hit rate <= ``max_cache_hit_pct`` (the cache was flushed), and the
+                     server does report ``cached_tokens`` (else the client's 0 is a default).
+``same_server``      ``startup_time`` of the decode server, and of the prefill server in a PD layout,
+                     is the one read before the sweep: no restart. A missing ``startup_time`` fails.
+
+Every gate needs its evidence: a missing field or sample fails the gate, it never passes it.
 """
 
 from __future__ import annotations
@@ -46,15 +56,40 @@ class PointExpectation:
     input_len: int
     output_len: int
     max_concurrency: int
+    #: The decode server's startup_time read before the sweep (None: it reported none).
     startup_time: Optional[float] = None
+    #: A separate prefill server's port and its startup_time before the sweep (PD layout).
+    prefill_port: Optional[int] = None
+    prefill_startup_time: Optional[float] = None
+    #: The decode server's limits, from /server_info before the sweep (None: not reported).
+    max_running_requests: Optional[int] = None
+    max_total_num_tokens: Optional[int] = None
+
+
+def effective_max_running(server_info: dict) -> Optional[int]:
+    """How many requests the server really runs at once: the sum over DP ranks of
+    ``internal_states[].effective_max_running_requests_per_dp`` (what the scheduler derived, also
+    when ``--max-running-requests`` was not given), else the ``max_running_requests`` argument."""
+    info = decode_info(server_info or {})
+    per_dp = [s.get("effective_max_running_requests_per_dp") for s in info.get("internal_states") or []
+              if isinstance(s, dict)]
+    if per_dp and all(isinstance(v, int) for v in per_dp):
+        return sum(per_dp)
+    value = info.get("max_running_requests")
+    return value if isinstance(value, int) else None
 
 
 def _empty(error: Any) -> bool:
     return error in (None, "")
 
 
-def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateConfig()) -> dict:
+def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateConfig(),
+             evidence: Optional[dict] = None, window: Optional[dict] = None) -> dict:
     """Check one client result line (with ``--output-details``); return the ``validity`` block.
+
+    ``evidence``: what ``bench_remote.py run-point`` saw on the box (``meta_info`` fields, the
+    servers' startup times after the point); ``window``: ``bench_window.analyze``'s block. Without
+    them the gates that need them fail.
 
     ``{"passed": bool, "failed": [names], "gates": {name: {"passed": bool, "detail": str}},
     "retok_ratio", "achieved_concurrency_ratio", "cache_hit_pct", "errors"}``.
@@ -109,9 +144,17 @@ def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateCon
         gate("ttft_positive", zero == 0 and len(ttfts) == n,
              f"{zero} of {len(ttfts)} request(s) have TTFT <= 0" if zero else f"all {len(ttfts)} TTFTs > 0")
 
+    meta = (evidence or {}).get("meta_info") or {}
+    meta_keys = set(meta.get("keys") or ()) if meta.get("ok") else None
+    no_meta = ("no evidence of the server's meta_info fields (the probe request after the point "
+               f"{'failed: ' + str(meta.get('error')) if meta else 'did not run'})")
     input_lens = raw.get("input_lens")
     if input_lens is None:
         gate("input_lens", False, "no per-request input lengths in the client line")
+    elif meta_keys is None or "prompt_tokens" not in meta_keys:
+        gate("input_lens", False, no_meta if meta_keys is None else
+             "the server does not report meta_info.prompt_tokens: the client's input lengths are the planned "
+             "ones, not evidence")
     else:
         off = [x for x in input_lens if x != expected.input_len]
         gate("input_lens", not off,
@@ -125,6 +168,27 @@ def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateCon
          f"{expected.max_concurrency} requested (ratio "
          f"{'n/a' if conc_ratio is None else f'{conc_ratio:.3f}'}, minimum {config.min_concurrency_ratio:g})")
 
+    c = expected.max_concurrency
+    w = window or {}
+    running = w.get("running")
+    if running is None:
+        gate("running_batch", False, f"no evidence of the server's running batch: "
+                                     f"{w.get('evidence') or 'no steady-state window was analysed'}")
+    else:
+        gate("running_batch", running["median"] >= config.min_concurrency_ratio * c,
+             f"decode server's running batch in the steady-state window: median {running['median']:g} "
+             f"(min {running['min']:g}, max {running['max']:g}, {w.get('samples')} samples over "
+             f"{w.get('duration_s')} s) for C={c} (minimum {config.min_concurrency_ratio:g} x C)")
+    limit = expected.max_running_requests
+    gate("max_running", limit is not None and c <= limit,
+         "the decode server's /server_info has no max_running_requests" if limit is None
+         else f"C={c}, max_running_requests {limit}")
+    need = c * (expected.input_len + expected.output_len)
+    capacity = expected.max_total_num_tokens
+    gate("kv_capacity", capacity is not None and need <= capacity,
+         "the decode server's /server_info has no max_total_num_tokens" if capacity is None
+         else f"C x (ISL + OSL) = {need} tokens, max_total_num_tokens {capacity}")
+
     cache_pct = None
     report = raw.get("cache_report")
     if report is not None:
@@ -132,15 +196,33 @@ def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateCon
     elif raw.get("cached_tokens") is not None and sum(raw.get("input_lens") or []):
         cache_pct = 100.0 * sum(raw["cached_tokens"]) / sum(raw["input_lens"])
     if config.expect_cold:
-        gate("cold_cache", cache_pct is not None and cache_pct <= config.max_cache_hit_pct,
-             "no cache report in the client line (run with --cache-report)" if cache_pct is None
-             else f"prefix-cache hit rate {cache_pct:.2f}% (maximum {config.max_cache_hit_pct:g}% when cold)")
+        if cache_pct is None:
+            gate("cold_cache", False, "no cache report in the client line (run with --cache-report)")
+        elif meta_keys is None or "cached_tokens" not in meta_keys:
+            gate("cold_cache", False, no_meta if meta_keys is None else
+                 "the server does not report meta_info.cached_tokens: the client's 0 is a default, not evidence "
+                 "of a cold cache")
+        else:
+            gate("cold_cache", cache_pct <= config.max_cache_hit_pct,
+                 f"prefix-cache hit rate {cache_pct:.2f}% (maximum {config.max_cache_hit_pct:g}% when cold)")
 
-    if expected.startup_time is not None:
-        started = decode_info(raw.get("server_info") or {}).get("startup_time")
-        gate("same_server", started == expected.startup_time,
-             "server startup_time unchanged" if started == expected.startup_time
-             else f"server startup_time changed ({expected.startup_time} -> {started}): it restarted mid-sweep")
+    problems = []
+    started = decode_info(raw.get("server_info") or {}).get("startup_time")
+    if expected.startup_time is None or started is None:
+        problems.append("the decode server reports no startup_time, so a restart cannot be ruled out")
+    elif started != expected.startup_time:
+        problems.append(f"the decode server's startup_time changed ({expected.startup_time} -> {started}): "
+                        f"it restarted mid-sweep")
+    if expected.prefill_port:
+        after = ((evidence or {}).get("startup_after") or {}).get(str(expected.prefill_port)) or {}
+        if expected.prefill_startup_time is None or after.get("startup_time") is None:
+            problems.append("the prefill server reports no startup_time, so a restart cannot be ruled out")
+        elif after["startup_time"] != expected.prefill_startup_time:
+            problems.append(f"the prefill server's startup_time changed ({expected.prefill_startup_time} -> "
+                            f"{after['startup_time']}): it restarted mid-sweep")
+    gate("same_server", not problems, "; ".join(problems) or
+         ("decode and prefill servers' startup_time unchanged" if expected.prefill_port
+          else "server startup_time unchanged"))
 
     failed = [name for name, g in gates.items() if not g["passed"]]
     return {

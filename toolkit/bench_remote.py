@@ -5,6 +5,13 @@ JSON object on stdout:
 
 ``server-info --port P``        ``GET /server_info`` of the server on 127.0.0.1:P.
 ``wait-health --ports P,Q --timeout S``  poll ``GET /health`` until every port answers 200.
+``run-point --evidence-out F --metrics-ports P,Q --probe-port R -- CLIENT ARGV``  run one point's
+                                client, and meanwhile scrape ``GET /metrics`` of the serving ports
+                                every ``--interval`` s; afterwards read ``/server_info`` of those
+                                ports and send one tiny streamed ``/generate`` to the router to see
+                                which ``meta_info`` fields the server reports. Writes the evidence
+                                (samples, the time the measured run began, startup times, fields)
+                                to F as JSON and exits with the client's exit code.
 ``probe --model-path M --state-dir D --unit-dir U``   provenance: package versions, CUDA, GPUs
                                 (``nvidia-smi``; null with a reason when it is absent), OS, the
                                 serving processes' argv and SGLANG_*/CUDA_*/NCCL_* environment
@@ -83,6 +90,280 @@ def cmd_wait_health(args) -> dict:
             return {"ok": False, "pending": sorted(pending), "last_error": {str(k): v for k, v in last.items()}}
         time.sleep(args.interval)
     return {"ok": True, "ports": ports}
+
+
+# ------------------------------------------------------------------------------------- run-point
+#: The client prints this just before the cache flush and the 1 s pause that precede the measured run.
+MAIN_RUN_MARKER = "Starting main benchmark run"
+#: Scraped metrics: name -> how series (tp/dp ranks, is_streaming) combine into one number.
+METRICS = {"sglang:num_running_reqs": "sum", "sglang:num_queue_reqs": "sum", "sglang:gen_throughput": "sum",
+           "sglang:token_usage": "max", "sglang:generation_tokens_total": "sum",
+           "sglang:prompt_tokens_total": "sum"}
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict:
+    """The Prometheus text of ``/metrics`` -> {short name: value} for the metrics in METRICS."""
+    found: dict = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or match.group(1) not in METRICS:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        name = match.group(1).split(":", 1)[1]
+        if name in found:
+            found[name] = found[name] + value if METRICS[match.group(1)] == "sum" else max(found[name], value)
+        else:
+            found[name] = value
+    return found
+
+
+class Scraper:
+    """Poll ``/metrics`` of some ports in a thread until stopped."""
+
+    def __init__(self, ports, interval: float):
+        import threading
+
+        self.ports = ports
+        self.interval = interval
+        self.samples: list = []
+        self.errors: dict = {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop_event.is_set():
+            for port in self.ports:
+                try:
+                    status, body = http_get(port, "/metrics", 5.0)
+                    values = parse_metrics(body)
+                    if values:
+                        self.samples.append({"t": round(time.time(), 4), "port": port, **values})
+                    else:
+                        self._error(port, "no sglang: metrics in the answer (is the server started with "
+                                          "--enable-metrics?)")
+                except urllib.error.HTTPError as exc:
+                    self._error(port, f"HTTP {exc.code} from /metrics (is the server started with --enable-metrics?)")
+                except Exception as exc:
+                    self._error(port, str(getattr(exc, "reason", exc)))
+            self.stop_event.wait(self.interval)
+
+    def _error(self, port, message: str) -> None:
+        entry = self.errors.setdefault(str(port), {"count": 0, "first": message})
+        entry["count"] += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_event.set()
+        self.thread.join(timeout=10)
+
+
+def _meta_info_fields(port: int) -> dict:
+    """One tiny streamed /generate (4 prompt ids, 2 new tokens): which meta_info fields come back."""
+    body = json.dumps({"input_ids": [1, 2, 3, 4], "stream": True,
+                       "sampling_params": {"max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True}}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **_headers()})
+    keys: set = set()
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                try:
+                    chunk = json.loads(line[5:])
+                except ValueError:
+                    continue
+                keys.update((chunk.get("meta_info") or {}).keys())
+    except Exception as exc:
+        return {"ok": False, "error": str(getattr(exc, "reason", exc)), "keys": sorted(keys)}
+    return {"ok": True, "keys": sorted(keys)}
+
+
+#: Sampled per GPU during a point (``nvidia-smi --query-gpu ... -lms``). Drivers before 535 call the
+#: last field ``clocks_throttle_reasons.active``; that spelling is the fallback.
+TELEMETRY_FIELDS = ("timestamp", "index", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu",
+                    "utilization.gpu", "clocks_event_reasons.active")
+#: Once per sweep (probe): the settings that change what a GPU can do.
+SETTINGS_FIELDS = ("index", "persistence_mode", "ecc.mode.current", "clocks.applications.graphics",
+                   "clocks.applications.memory", "clocks.max.sm", "clocks.max.mem", "power.limit",
+                   "power.default_limit")
+#: Bits of clocks_event_reasons.active (NVML's nvmlClocksEventReason*).
+EVENT_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                 0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+                 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
+
+
+def _value(text: str):
+    text = text.strip()
+    if not text or text.startswith("[") or text in ("N/A", "Not Supported"):
+        return None
+    if text.lower().startswith("0x"):
+        try:
+            return int(text, 16)
+        except ValueError:
+            return text
+    try:
+        return float(text) if "." in text else int(text)
+    except ValueError:
+        return text
+
+
+def parse_query_csv(text: str, fields) -> list:
+    """``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` output -> one dict per line."""
+    rows = []
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) != len(fields):
+            continue
+        entry = {name: (cell.strip() if name == "timestamp" else _value(cell)) for name, cell in zip(fields, row)}
+        if "clocks_throttle_reasons.active" in entry:
+            entry["clocks_event_reasons.active"] = entry.pop("clocks_throttle_reasons.active")
+        rows.append(entry)
+    return rows
+
+
+class Telemetry:
+    """``nvidia-smi --query-gpu=TELEMETRY_FIELDS --loop-ms=INTERVAL`` (``-lms``) in the background
+    during a point; an old driver that refuses ``clocks_event_reasons`` gets the old field name."""
+
+    def __init__(self, interval_ms: int, path: str):
+        self.interval_ms = max(int(interval_ms), 100)
+        self.path = path
+        self.proc = None
+        self.fields = TELEMETRY_FIELDS
+        self.reason = None
+
+    def _start(self, fields) -> None:
+        self.out = open(self.path, "w")
+        self.err = open(self.path + ".err", "w+")
+        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                                      "--format=csv,noheader,nounits", f"--loop-ms={self.interval_ms}"],
+                                     stdout=self.out, stderr=self.err)
+        self.fields = fields
+
+    def __enter__(self):
+        if shutil.which("nvidia-smi") is None:
+            self.reason = "nvidia-smi not found on PATH"
+            return self
+        self._start(TELEMETRY_FIELDS)
+        time.sleep(0.3)
+        if self.proc.poll() not in (None, 0):  # an old driver refuses the new field name
+            self.proc = None
+            self.out.close()
+            self.err.seek(0)
+            error = self.err.read().strip()
+            self.err.close()
+            self._start(TELEMETRY_FIELDS[:-1] + ("clocks_throttle_reasons.active",))
+            time.sleep(0.3)
+            if self.proc.poll() not in (None, 0):
+                self.reason = f"nvidia-smi telemetry failed: {error[:300]}"
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for handle in (getattr(self, "out", None), getattr(self, "err", None)):
+            if handle is not None:
+                handle.close()
+
+    def result(self) -> dict:
+        if self.reason:
+            return {"available": False, "reason": self.reason, "samples": [], "per_gpu": {}}
+        with open(self.path) as fh:
+            samples = parse_query_csv(fh.read(), self.fields)
+        return {"available": True, "interval_ms": self.interval_ms, "fields": list(self.fields),
+                "samples": samples, "per_gpu": summarize_telemetry(samples)}
+
+
+def summarize_telemetry(samples: list) -> dict:
+    """Per GPU index: SM clock min/mean/max, memory clock min, power mean/max, temperature max, and
+    every clock-event (throttle) reason seen other than idle."""
+    per = {}
+    for sample in samples:
+        per.setdefault(str(sample.get("index")), []).append(sample)
+    out = {}
+    for index, rows in per.items():
+        def nums(name):
+            return [r[name] for r in rows if isinstance(r.get(name), (int, float))]
+
+        sm, mem, power, temp = nums("clocks.sm"), nums("clocks.mem"), nums("power.draw"), nums("temperature.gpu")
+        bits = 0
+        for r in rows:
+            value = r.get("clocks_event_reasons.active")
+            if isinstance(value, int):
+                bits |= value
+        out[index] = {
+            "samples": len(rows),
+            "sm_clock_mhz": {"min": min(sm), "mean": sum(sm) / len(sm), "max": max(sm)} if sm else None,
+            "mem_clock_mhz_min": min(mem) if mem else None,
+            "power_w": {"mean": sum(power) / len(power), "max": max(power)} if power else None,
+            "temperature_c_max": max(temp) if temp else None,
+            "event_reasons": sorted(name for bit, name in EVENT_REASONS.items() if bits & bit and bit != 0x1),
+        }
+    return out
+
+
+def gpu_settings() -> dict:
+    """Persistence mode, ECC, application and max clocks, power limits per GPU (probe, once)."""
+    if shutil.which("nvidia-smi") is None:
+        return {"available": False, "reason": "nvidia-smi not found on PATH", "devices": []}
+    out, err = _run(["nvidia-smi", f"--query-gpu={','.join(SETTINGS_FIELDS)}", "--format=csv,noheader,nounits"])
+    if out is None:
+        return {"available": False, "reason": err, "devices": []}
+    return {"available": True, "devices": parse_query_csv(out, SETTINGS_FIELDS)}
+
+
+def cmd_run_point(args) -> int:
+    ports = [int(p) for p in args.metrics_ports.split(",") if p]
+    argv = args.client
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    marker_time = None
+    started = time.time()
+    telemetry = Telemetry(args.telemetry_ms, args.evidence_out + ".nvsmi.csv")
+    with telemetry, Scraper(ports, args.interval) as scraper:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            if marker_time is None and MAIN_RUN_MARKER in line:
+                marker_time = time.time()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        code = proc.wait()
+    ended = time.time()
+    startup = {}
+    for port in ports:
+        try:
+            _, body = http_get(port, "/server_info", 10.0)
+            info = json.loads(body)
+            if isinstance(info.get("decode"), list) and info["decode"]:
+                info = info["decode"][0]
+            startup[str(port)] = {"reported": "startup_time" in info, "startup_time": info.get("startup_time")}
+        except Exception as exc:
+            startup[str(port)] = {"reported": False, "error": str(getattr(exc, "reason", exc))}
+    evidence = {
+        "started": started, "ended": ended, "main_run_marker_time": marker_time, "interval_s": args.interval,
+        "metrics_ports": ports, "samples": scraper.samples, "scrape_errors": scraper.errors,
+        "startup_after": startup,
+        "telemetry": telemetry.result(),
+        "meta_info": _meta_info_fields(args.probe_port) if args.probe_port and code == 0 else None,
+    }
+    tmp = args.evidence_out + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(evidence, fh)
+    os.replace(tmp, args.evidence_out)
+    return code
 
 
 # ------------------------------------------------------------------------------------- probe
@@ -185,6 +466,7 @@ def _gpus() -> dict:
     names = sorted({g.get("name") for g in gpus})
     return {
         "available": True,
+        "settings": gpu_settings()["devices"],
         "model": names[0] if len(names) == 1 else names,
         "count": len(gpus),
         "driver": gpus[0].get("driver_version") if gpus else None,
@@ -344,7 +626,16 @@ def main(argv=None) -> int:
     p.add_argument("--model-path", required=True)
     p.add_argument("--state-dir", default="")
     p.add_argument("--unit-dir", default="", help="where the dsv4-*.service units are (<dsv4_prefix>/etc/systemd/system)")
+    p = sub.add_parser("run-point")
+    p.add_argument("--evidence-out", required=True)
+    p.add_argument("--metrics-ports", default="")
+    p.add_argument("--probe-port", type=int, default=0)
+    p.add_argument("--interval", type=float, default=0.25)
+    p.add_argument("--telemetry-ms", type=int, default=500)
+    p.add_argument("client", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.command == "run-point":
+        return cmd_run_point(args)
     handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe}[args.command]
     result = handler(args)
     sys.stdout.write(json.dumps(result) + "\n")

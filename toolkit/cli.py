@@ -17,7 +17,8 @@ app = typer.Typer(
         "In every command --json prints a machine-readable summary on stdout and --output/-o PATH "
         "writes a file, checked before any work (docs/cli.md).\n\n"
         "Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 host unreachable, 4 timeout, "
-        "5 environment missing something, 6 a driven tool failed, 130 interrupted."
+        "5 environment missing something, 6 a driven tool failed, 7 a comparison was inconclusive, "
+        "130 interrupted."
     ),
     no_args_is_help=True,
     add_completion=False,

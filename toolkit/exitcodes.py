@@ -16,6 +16,9 @@ TIMEOUT = 4
 ENVIRONMENT = 5
 #: A tool we drive (ansible-playbook, the bench client) failed; its own error text is shown.
 TOOL_FAILED = 6
+#: A comparison could not reach a verdict: too few valid repetitions, or noise too large to tell
+#: (``records compare``, ``bench --baseline``). Never read as "no regression".
+INCONCLUSIVE = 7
 #: Interrupted by the user (Ctrl-C); nothing half-written was left behind.
 INTERRUPTED = 130
 

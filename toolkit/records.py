@@ -1,4 +1,4 @@
-"""The bench record: one JSON document per sweep (schema version 1), built and checked here.
+"""The bench record: one JSON document per sweep (schema version 2), built and checked here.
 
 Layout (docs/benchmarking.md has the field-by-field description)::
 
@@ -34,7 +34,7 @@ from typing import Any, Iterable, Optional
 from dsv4kit import stats
 from dsv4kit.scrub import scrub
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KIND = "dsv4kit.bench"
 
 #: Client result keys that hold per-request arrays; they go to the details side file.
@@ -47,7 +47,7 @@ VOLATILE_SERVER_KEYS = {"startup_time", "internal_states", "kv_events", "host", 
 #: Metrics summarised per concurrency (over the valid repetitions) and compared.
 SUMMARY_METRICS = ("decode_tok_s", "decode_tok_s_per_gpu", "output_throughput", "total_throughput",
                    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
-                   "concurrency")
+                   "concurrency", "goodput_req_s")
 #: Fields of the comparability key (a verdict needs them all equal, see dsv4kit.compare).
 KEY_FIELDS = ("model", "model_revision", "gpu_model", "gpu_count", "context_length", "dataset",
               "input_len", "output_len", "range_ratio", "tokenize_prompt", "seed", "concurrency",
@@ -72,21 +72,35 @@ def split_client_line(line: dict) -> tuple[dict, dict, Optional[dict]]:
     return raw, details, line.get("server_info")
 
 
-def derive(raw: dict, serving_gpus: Optional[int]) -> dict:
-    """Decode tok/s = C x 1000 / median TPOT (ms), per GPU, and the per-user interactivity."""
+def derive(raw: dict, serving_gpus: Optional[int], window: Optional[dict] = None,
+           latency: Optional[dict] = None) -> dict:
+    """Decode tok/s: tokens delivered per second in the steady-state window (``window``, from
+    ``dsv4kit.bench_window.analyze``), per GPU, and the per-user interactivity (1000 / median TPOT).
+    ``tpot_formula_tok_s`` = C x 1000 / median TPOT is kept for reference only: it assumes C
+    requests decode together, which a queueing server does not do."""
     concurrency = raw.get("max_concurrency")
     tpot = raw.get("median_tpot_ms")
-    decode = (concurrency * 1000.0 / tpot) if (concurrency and tpot) else None
+    decode = (window or {}).get("decode_tok_s")
     per_gpu = (decode / serving_gpus) if (decode is not None and serving_gpus) else None
     out_tps = raw.get("output_throughput")
     return {
         "decode_tok_s": decode,
         "decode_tok_s_per_gpu": per_gpu,
+        "tpot_formula_tok_s": (concurrency * 1000.0 / tpot) if (concurrency and tpot) else None,
         "interactivity_tok_s_user": (1000.0 / tpot) if tpot else None,
         "output_tok_s_per_gpu": (out_tps / serving_gpus) if (out_tps is not None and serving_gpus) else None,
         "achieved_concurrency_ratio": (raw.get("concurrency") / concurrency)
         if (raw.get("concurrency") is not None and concurrency) else None,
         "per_gpu_divisor": serving_gpus,
+    } | (_latency_metrics(latency) if latency is not None else {})
+
+
+def _latency_metrics(latency: dict) -> dict:
+    goodput = latency.get("goodput") or {}
+    return {
+        "p99_ttft_ms": ((latency.get("ttft_ms") or {}).get("p99") or {}).get("value"),
+        "p99_tpot_ms": ((latency.get("tpot_ms") or {}).get("p99") or {}).get("value"),
+        "goodput_req_s": goodput.get("goodput_req_s"),
     }
 
 

@@ -3,8 +3,10 @@
 A record is named by its run id (``box1-ctx131072-20260101T120000Z``), its tag
 (``bench/box1/131072/20260101T120000Z``), a unique run-id prefix, or a ``record.json`` path.
 
-``compare`` exit codes: 0 comparable and no regression; 1 a regression; 2 the records are not
-comparable (the differing key fields are listed; no verdict) or a record was not found.
+``compare`` exit codes: 0 comparable, no regression and every metric told apart from the noise;
+1 a metric regressed (also "mixed": better at one C, worse at another); 2 the records are not
+comparable (the differing key fields are listed; no verdict) or a record was not found;
+7 inconclusive (fewer than 3 valid repetitions on a side, or noise too large to tell).
 """
 
 from __future__ import annotations
@@ -122,12 +124,17 @@ def show(
     for point in record["points"]:
         v = point["validity"]
         dec = point["derived"].get("decode_tok_s")
-        typer.echo(f"C={point['max_concurrency']:<4} rep {point['repetition']}: "
-                   f"decode {'-' if dec is None else f'{dec:.1f}'} tok/s  "
+        running = ((point.get("window") or {}).get("running") or {}).get("median")
+        typer.echo(f"C={point['max_concurrency']:<4} rep {point['repetition']}"
+                   f"{' arm ' + point['arm'] if point.get('arm') else ''}: "
+                   f"decode {'-' if dec is None else f'{dec:.1f}'} tok/s (running batch "
+                   f"{'-' if running is None else f'{running:g}'})  "
                    f"{'valid' if v['passed'] else 'INVALID: ' + ', '.join(v['failed'])}")
         for name in v["failed"]:
             typer.echo(f"    {name}: {v['gates'][name]['detail']}")
     typer.echo("")
+    if record.get("incomplete"):
+        typer.echo(f"INCOMPLETE: {record.get('incomplete_reason')}")
     typer.echo(format_summary(record))
     for note in record.get("notes") or []:
         typer.echo(f"note: {note}")
@@ -142,7 +149,8 @@ def compare_cmd(
     ignore: List[str] = typer.Option([], "--ignore", help="Comparability field allowed to differ (repeatable), e.g. context_length."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Compare B against A per metric and concurrency; exit 1 on a regression, 2 if not comparable."""
+    """Compare B against A per metric and concurrency; exit 1 on a regression, 2 if not comparable,
+    7 if inconclusive (fewer than 3 valid repetitions a side, or too noisy to tell)."""
     from dsv4kit.compare import compare, format_comparison
 
     repo = _repo(results_repo)
@@ -155,9 +163,7 @@ def compare_cmd(
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(format_comparison(result))
-    if not result.comparable:
-        raise typer.Exit(exitcodes.USAGE)
-    raise typer.Exit(exitcodes.CHECK_FAILED if result.regressions else exitcodes.OK)
+    raise typer.Exit(result.exit_code())
 
 
 @app.command("plot")

@@ -11,6 +11,9 @@ then moves the branch and creates the tag in ONE ``git update-ref --stdin`` tran
 (both or neither). An exception or Ctrl-C before that leaves no commit, no tag and no file
 (only unreferenced objects, which ``git gc`` drops). Tags are created, never moved: a tag name
 that exists is refused. Afterwards the work tree (if any) is fast-forwarded to the new commit.
+When another publish moved the branch between reading it and the transaction (git: "cannot lock
+ref"), the commit is rebuilt on the new head and the transaction retried (``PUBLISH_ATTEMPTS``);
+each record lives under its own ``records/<run_id>/``, so two sweeps never write the same path.
 
 The transaction is the commit point. From just before it until the work tree has been updated,
 Ctrl-C is held back (and the git processes run in their own session, out of the terminal's reach):
@@ -45,6 +48,8 @@ _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 _FALLBACK_IDENTITY = {"GIT_AUTHOR_NAME": "dsv4kit", "GIT_AUTHOR_EMAIL": "dsv4kit@localhost",
                       "GIT_COMMITTER_NAME": "dsv4kit", "GIT_COMMITTER_EMAIL": "dsv4kit@localhost"}
 GIT_TIMEOUT_S = 120
+#: Publishing rebuilds on the new head and retries when another publish moved the branch first.
+PUBLISH_ATTEMPTS = 5
 
 
 class ResultsRepoError(RuntimeError):
@@ -65,6 +70,8 @@ class Published:
     interrupted: bool = False
     #: Why the work tree could not be fast-forwarded (the branch and the tag are fine), if so.
     worktree_warning: Optional[str] = None
+    #: How many times the transaction ran (more than 1: another publish moved the branch first).
+    attempts: int = 1
 
 
 @dataclass
@@ -203,22 +210,64 @@ def publish(repo: os.PathLike | str, *, run_id: str, tag: str, files: dict[str, 
     if tag_exists(repo, tag):
         raise ResultsRepoError(f"tag {tag!r} already exists in {repo}; published tags are never moved")
     branch = _out(_git(repo, "symbolic-ref", "-q", "HEAD", check=False)) or "refs/heads/main"
-    head_proc = _git(repo, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False)
-    head = _out(head_proc) if head_proc.returncode == 0 else None
+    env = _identity_env(repo)
+    bare = _bare(repo)
+    published = Published(commit="", tag=tag, run_id=run_id, paths=sorted(files))
+    blobs = {rel: _out(_git(repo, "hash-object", "-w", "--stdin", input=data)) for rel, data in sorted(files.items())}
+    for attempt in range(PUBLISH_ATTEMPTS):
+        head_proc = _git(repo, "rev-parse", "-q", "--verify", f"{branch}^{{commit}}", check=False)
+        head = _out(head_proc) if head_proc.returncode == 0 else None
+        commit, transaction = _prepare(repo, branch, head, run_id, tag, blobs, message, env)
+        published.commit = commit
+        with _sigint_held() as interrupts:
+            try:
+                proc = _git(repo, "update-ref", "--stdin", input=transaction.encode(), check=False, own_session=True)
+            except ResultsRepoError:
+                if not tag_exists(repo, tag):  # a transaction that timed out may still have committed
+                    raise
+                proc = subprocess.CompletedProcess([], 0, b"", b"")
+            if proc.returncode != 0:
+                if interrupts:
+                    raise KeyboardInterrupt  # nothing was changed; the user asked to stop
+                error = proc.stderr.decode(errors="replace").strip()
+                if _lost_race(error) and attempt + 1 < PUBLISH_ATTEMPTS and not tag_exists(repo, tag):
+                    continue  # another publish moved the branch first: rebuild on its head
+                raise ResultsRepoError(f"could not publish {run_id} in {repo} (nothing was changed): {error}")
+            # Committed: the branch and the tag exist. The rest only brings the work tree along.
+            if not bare:
+                try:
+                    updated = _git(repo, "read-tree", "-m", "-u", head or _EMPTY_TREE, commit, check=False,
+                                   own_session=True)
+                    if updated.returncode != 0:
+                        published.worktree_warning = updated.stderr.decode(errors="replace").strip()
+                except ResultsRepoError as exc:
+                    published.worktree_warning = str(exc)
+            published.attempts = attempt + 1
+            break
+    published.interrupted = bool(interrupts)
+    return published
+
+
+def _lost_race(error: str) -> bool:
+    """git's words when the branch moved between reading it and the update-ref transaction."""
+    return "cannot lock ref" in error or "but expected" in error or "reference already exists" in error
+
+
+def _prepare(repo: Path, branch: str, head: Optional[str], run_id: str, tag: str, blobs: dict[str, str],
+             message: str, env: dict) -> tuple[str, str]:
+    """The commit (on ``head``) adding ``blobs`` and the tag object; returns (commit, transaction)."""
     if head:
         prefix = f"{RECORDS_DIR}/{run_id}/"
         existing = _out(_git(repo, "ls-tree", "-r", "--name-only", head, "--", prefix))
         if existing:
             raise ResultsRepoError(f"{prefix} already exists in {repo}; run ids are never reused")
-    env = _identity_env(repo)
     with tempfile.TemporaryDirectory(prefix="dsv4kit-index-") as tmp:
         index_env = {**env, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if head:
             _git(repo, "read-tree", head, env=index_env)
         else:
             _git(repo, "read-tree", "--empty", env=index_env)
-        for rel, data in sorted(files.items()):
-            blob = _out(_git(repo, "hash-object", "-w", "--stdin", input=data))
+        for rel, blob in blobs.items():
             _git(repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=index_env)
         tree = _out(_git(repo, "write-tree", env=index_env))
     parents = ["-p", head] if head else []
@@ -230,31 +279,7 @@ def publish(repo: os.PathLike | str, *, run_id: str, tag: str, files: dict[str, 
         f"update {branch} {commit} {head or ZERO_OID}\n"
         f"create refs/tags/{tag} {tag_obj}\n"
     )
-    bare = _bare(repo)
-    published = Published(commit=commit, tag=tag, run_id=run_id, paths=sorted(files))
-    with _sigint_held() as interrupts:
-        try:
-            proc = _git(repo, "update-ref", "--stdin", input=transaction.encode(), check=False, own_session=True)
-        except ResultsRepoError:
-            if not tag_exists(repo, tag):  # a transaction that timed out may still have committed
-                raise
-            proc = subprocess.CompletedProcess([], 0, b"", b"")
-        if proc.returncode != 0:
-            if interrupts:
-                raise KeyboardInterrupt  # nothing was changed; the user asked to stop
-            raise ResultsRepoError(f"could not publish {run_id} in {repo} (nothing was changed): "
-                                   f"{proc.stderr.decode(errors='replace').strip()}")
-        # Committed: the branch and the tag exist. The rest only brings the work tree along.
-        if not bare:
-            try:
-                updated = _git(repo, "read-tree", "-m", "-u", head or _EMPTY_TREE, commit, check=False,
-                               own_session=True)
-                if updated.returncode != 0:
-                    published.worktree_warning = updated.stderr.decode(errors="replace").strip()
-            except ResultsRepoError as exc:
-                published.worktree_warning = str(exc)
-    published.interrupted = bool(interrupts)
-    return published
+    return commit, transaction
 
 
 @contextmanager

@@ -1,0 +1,67 @@
+"""A stand-in for ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits [-lms=N]`` (tests only).
+
+It behaves like the real tool where the bench relies on it: one CSV line per GPU, fields in the
+order asked, ``[N/A]`` for what a board does not report, ``-lms`` repeats every N ms until it is
+killed, and an unknown field is refused with the real message and exit code 2. ``FAKE_NVSMI_OLD=1``
+is a driver before 535, which does not know ``clocks_event_reasons.*`` yet. ``FAKE_NVSMI_GPUS``
+GPUs (default 2); GPU 1 is power-capped (reason bit 0x4) and hot.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime
+import os
+
+VALUES = {
+    "index": lambda i, t: str(i),
+    "timestamp": lambda i, t: datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3],
+    "name": lambda i, t: "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    "clocks.sm": lambda i, t: str(2400 - 300 * i - (t % 3) * 15),
+    "clocks.mem": lambda i, t: "12481",
+    "power.draw": lambda i, t: f"{350.5 + 200 * i:.2f}",
+    "temperature.gpu": lambda i, t: str(60 + 25 * i),
+    "utilization.gpu": lambda i, t: "97",
+    "clocks_event_reasons.active": lambda i, t: "0x0000000000000004" if i else "0x0000000000000000",
+    "clocks_throttle_reasons.active": lambda i, t: "0x0000000000000004" if i else "0x0000000000000000",
+    "persistence_mode": lambda i, t: "Enabled",
+    "ecc.mode.current": lambda i, t: "Disabled",
+    "clocks.applications.graphics": lambda i, t: "[N/A]",
+    "clocks.applications.memory": lambda i, t: "[N/A]",
+    "clocks.max.sm": lambda i, t: "2617",
+    "clocks.max.mem": lambda i, t: "14001",
+    "power.limit": lambda i, t: "600.00",
+    "power.default_limit": lambda i, t: "600.00",
+}
+
+
+def main(argv: list[str]) -> int:
+    query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
+    loop_ms = None
+    for i, arg in enumerate(argv):  # -lms N, -lms=N, --loop-ms=N (the real tool takes all three)
+        if arg.startswith(("-lms=", "--loop-ms=")):
+            loop_ms = int(arg.split("=", 1)[1])
+        elif arg == "-lms" and i + 1 < len(argv):
+            loop_ms = int(argv[i + 1])
+    if query is None:
+        print("NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0")
+        return 0
+    fields = query.split(",")
+    for field in fields:
+        if field not in VALUES or (os.environ.get("FAKE_NVSMI_OLD") and field.startswith("clocks_event_reasons")):
+            print(f'Field "{field}" is not a valid field to query.', file=sys.stderr)
+            print("", file=sys.stderr)
+            return 2
+    tick = 0
+    while True:
+        for i in range(int(os.environ.get("FAKE_NVSMI_GPUS", "2"))):
+            print(", ".join(VALUES[f](i, tick) for f in fields), flush=True)
+        if loop_ms is None:
+            return 0
+        tick += 1
+        time.sleep(loop_ms / 1000.0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
