@@ -2,7 +2,7 @@
 """Put one pinned revision of a Hugging Face model repository into a directory, verified.
 
 Usage: model_weights.py --repo R --revision SHA --dest DIR [--endpoint URL] [--allow-unpinned]
-       [--check] [--token-stdin] [--workers N]
+       [--check] [--rehash] [--token-stdin] [--workers N]
 Run with the SGLang venv's python (huggingface_hub comes with transformers there). The token is
 read from stdin (--token-stdin), never from argv; it is never printed.
 
@@ -11,7 +11,8 @@ LFS files or the git blob SHA-1 of small ones. A directory that holds a file wit
 or a file the revision does not have, is refused (named, never overwritten). Files that are
 missing are downloaded (a fresh or interrupted download). Once all match, a marker
 (MARKER in DIR) records the revision and each file's size, mtime and digest: a later run whose
-files still have the recorded size and mtime is verified without the network.
+files still have the recorded size and mtime is verified without the network (--rehash: hash
+every file again, for corruption that kept sizes and mtimes).
 
 Prints one JSON object: status (verified, downloaded, would_download, refused, error), changed,
 message and details. Exit 0 ok, 1 refused (a directory that does not match), 2 bad input,
@@ -185,7 +186,7 @@ def run(args, token):
     dest = os.path.abspath(args.dest)
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise Refused(1, "refused", f"{dest} exists and is not a directory")
-    if os.path.isdir(dest) and COMMIT.match(args.revision):
+    if os.path.isdir(dest) and COMMIT.match(args.revision) and not args.rehash:
         marker = verified_by_marker(dest, args.repo, args.revision)
         if marker:
             total = sum(rec["size"] for rec in marker["files"].values())
@@ -216,7 +217,8 @@ def run(args, token):
 
     present = local_files(dest) if os.path.isdir(dest) else []
     extra = [name for name in present if name not in files]
-    problems = check_all(dest, files, read_marker(dest), args.workers) if present else {name: "missing" for name in files}
+    marker = None if args.rehash else read_marker(dest)
+    problems = check_all(dest, files, marker, args.workers) if present else {name: "missing" for name in files}
     missing = sorted(name for name, problem in problems.items() if problem == "missing")
     mismatched = {name: problem for name, problem in problems.items() if problem != "missing"}
     if extra or mismatched:
@@ -270,6 +272,8 @@ def main(argv=None):
     parser.add_argument("--allow-unpinned", action="store_true")
     parser.add_argument("--check", action="store_true", help="report what a run would do, change nothing")
     parser.add_argument("--token-stdin", action="store_true", help="read the token from the first line of stdin")
+    parser.add_argument("--rehash", action="store_true",
+                        help="hash every file again, even those the marker records as unchanged")
     parser.add_argument("--workers", type=int, default=8)
     args = parser.parse_args(argv)
     token = sys.stdin.readline().strip() if args.token_stdin else ""
