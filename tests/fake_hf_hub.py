@@ -248,6 +248,6 @@ def tiny_repo(repo_id: str = "dsv4kit-test/Tiny-V4", commit: str = "1f0a5ce0d8c3
                                                                    "b": "model-00002-of-00002.safetensors"}}).encode(),
         "model-00001-of-00002.safetensors": shard(b"one", 200_000),
         "model-00002-of-00002.safetensors": shard(b"two", 64_000),
-        "encoding/README.md": b"# encoding\nHow messages are encoded.\n",
+        "encoding/encode_messages.py": b"# how messages are encoded\n",
     }
     return FakeRepo(repo_id=repo_id, commit=commit, files=files)
