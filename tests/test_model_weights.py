@@ -204,6 +204,31 @@ def test_an_unpinned_revision_is_refused_before_any_request(box, env, hub, loopb
     # Allowed explicitly: main is resolved to its commit, and that commit is what is recorded.
     allowed = inventory_for(root / "inventory-unpinned", loopback_ssh, prefix, hub, model, dsv4_model_revision="main",
                             dsv4_model_allow_unpinned=True)
+    check = provision(allowed, env, "--tags", "model_weights", "--check", token=TOKEN)
+    assert check.returncode == 0 and changed(check) > 0, check.stderr[-6000:]
+    assert "would download 6 of 6 files" in check.stderr and not model.exists()
     result = provision(allowed, env, "--tags", "model_weights", token=TOKEN)
     assert result.returncode == 0, result.stderr[-6000:]
     assert json.loads((model / ".dsv4kit-weights.json").read_text())["revision"] == hub.repo.commit
+    again = provision(allowed, env, "--tags", "model_weights", token=TOKEN)
+    assert again.returncode == 0 and changed(again) == 0, again.stderr[-6000:]
+
+
+def test_an_interrupted_download_resumes_with_what_is_there(box, env, hub, loopback_ssh):
+    """Files that are there and match are kept (a stopped run, weights copied in by hand); only the
+    rest is fetched, then all of it is recorded."""
+    root, prefix, verified, _, first = box
+    assert first.returncode == 0
+    model = prefix / "models/Resumed"
+    kept = ["config.json", "model-00001-of-00002.safetensors"]
+    for name in kept:
+        (model / name).parent.mkdir(parents=True, exist_ok=True)
+        (model / name).write_bytes((verified / name).read_bytes())
+    before = len(hub.downloads())
+    inventory = inventory_for(root / "inventory-resumed", loopback_ssh, prefix, hub, model)
+    result = provision(inventory, env, "--tags", "model_weights", token=TOKEN)
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert "downloaded 4 of 6 files" in result.stderr
+    fetched = hub.downloads()[before:]
+    assert len(fetched) == 4 and not any(name in path for path in fetched for name in kept)
+    assert sorted(json.loads((model / ".dsv4kit-weights.json").read_text())["files"]) == sorted(hub.repo.files)

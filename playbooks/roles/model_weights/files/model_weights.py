@@ -228,6 +228,9 @@ def run(args, token):
                       f"{dest} does not match {args.repo}@{revision} and is left as it is (nothing is overwritten): "
                       + "; ".join(lines) + ". Point dsv4_model_path at an empty or new directory, or move this one away.",
                       mismatched=sorted(mismatched), extra=extra, **summary)
+    if not missing and verified_by_marker(dest, args.repo, revision):  # a branch that did not move
+        return 0, {"status": "verified", "changed": False, **summary,
+                   "message": f"{dest}: {args.repo}@{revision} verified earlier, files unchanged"}
     if args.check:
         if missing:
             size = sum(files[name]["size"] for name in missing)
