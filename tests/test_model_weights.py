@@ -86,7 +86,7 @@ def box(loopback_ssh, env, hub, tmp_path_factory):
 
 
 def test_fresh_download_is_verified_and_owned_by_the_service_user(box, hub):
-    _, _, model, _, first = box
+    _, prefix, model, _, first = box
     assert first.returncode == 0, first.stderr[-8000:]
     assert changed(first) > 0
     for name, data in hub.repo.files.items():
@@ -98,6 +98,8 @@ def test_fresh_download_is_verified_and_owned_by_the_service_user(box, hub):
     for path in [model, *model.rglob("*")]:
         assert (path.stat().st_uid, path.stat().st_gid) == (nobody.pw_uid, nobody.pw_gid), path
     assert "downloaded 6 of 6 files" in first.stderr
+    log = (prefix / "var/lib/dsv4kit/logs/model-weights.log").read_text()
+    assert "downloaded model-00001-of-00002.safetensors (200000 bytes)" in log and "all 6 files verified" in log
     # The hub got the token; the CDN never did (it refuses one); the cut download was resumed.
     assert any(auth == f"Bearer {TOKEN}" for _, _, auth in hub.requests)
     assert all(auth is None for _, path, auth in hub.requests if path.startswith("/cdn/"))

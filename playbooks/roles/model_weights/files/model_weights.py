@@ -2,7 +2,7 @@
 """Put one pinned revision of a Hugging Face model repository into a directory, verified.
 
 Usage: model_weights.py --repo R --revision SHA --dest DIR [--endpoint URL] [--allow-unpinned]
-       [--check] [--rehash] [--token-stdin] [--workers N]
+       [--check] [--rehash] [--token-stdin] [--workers N] [--log FILE]
 Run with the SGLang venv's python (huggingface_hub comes with transformers there). The token is
 read from stdin (--token-stdin), never from argv; it is never printed.
 
@@ -155,6 +155,17 @@ def write_marker(dest, repo, revision, files):
     os.replace(tmp, path)
 
 
+def progress(log, line):
+    """One line to stderr and, with --log, appended to that file (tail -f it during a download)."""
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n"
+    sys.stderr.write(line)
+    sys.stderr.flush()
+    if log:
+        os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+        with open(log, "a") as handle:
+            handle.write(line)
+
+
 def hub_failure(exc, repo, revision, had_token):
     """A clear Refused for an error huggingface_hub raised."""
     from huggingface_hub import errors
@@ -245,7 +256,9 @@ def run(args, token):
     def fetch(name):
         hf_hub_download(args.repo, name, revision=revision, local_dir=dest, cache_dir=cache_dir,
                         token=token or False, endpoint=args.endpoint)
-        print(f"downloaded {name} ({files[name]['size']} bytes)", file=sys.stderr, flush=True)
+        progress(args.log, f"downloaded {name} ({files[name]['size']} bytes)")
+
+    progress(args.log, f"{args.repo}@{revision}: downloading {len(missing)} of {len(files)} files into {dest}")
 
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.workers) as pool:
@@ -260,6 +273,7 @@ def run(args, token):
         raise Refused(1, "refused", f"after the download {dest} still does not match {args.repo}@{revision}: "
                                     + "; ".join(lines), mismatched=sorted(problems), extra=extra, **summary)
     write_marker(dest, args.repo, revision, files)
+    progress(args.log, f"{args.repo}@{revision}: all {len(files)} files verified")
     status = "downloaded" if missing else "verified"
     message = (f"downloaded {len(missing)} of {len(files)} files into {dest}, all {len(files)} verified"
                if missing else f"{dest} matches {args.repo}@{revision}, recorded as verified")
@@ -278,6 +292,7 @@ def main(argv=None):
     parser.add_argument("--rehash", action="store_true",
                         help="hash every file again, even those the marker records as unchanged")
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--log", default=None, help="also append progress lines to this file")
     args = parser.parse_args(argv)
     token = sys.stdin.readline().strip() if args.token_stdin else ""
     try:
