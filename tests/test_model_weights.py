@@ -234,3 +234,27 @@ def test_an_interrupted_download_resumes_with_what_is_there(box, env, hub, loopb
     fetched = hub.downloads()[before:]
     assert len(fetched) == 4 and not any(name in path for path in fetched for name in kept)
     assert sorted(json.loads((model / ".dsv4kit-weights.json").read_text())["files"]) == sorted(hub.repo.files)
+
+
+def test_a_token_from_ansible_vault_is_used_and_not_shown(box, env, hub, loopback_ssh, tmp_path):
+    """dsv4_hf_token as a real `!vault` value (ansible-vault encrypt_string), run with ansible-playbook
+    itself and a vault password file, at verbosity 3."""
+    root, prefix, _, _, first = box
+    assert first.returncode == 0
+    bindir = Path(sys.executable).parent
+    model = prefix / "models/Vaulted"
+    inventory = inventory_for(root / "inventory-vault", loopback_ssh, prefix, hub, model)
+    password = tmp_path / "vault-pass"
+    password.write_text("dsv4kit-test-vault-password\n")
+    vaulted = subprocess.run([str(bindir / "ansible-vault"), "encrypt_string", "--vault-password-file", str(password),
+                              "--name", "dsv4_hf_token", TOKEN], capture_output=True, text=True, timeout=120, env=env)
+    assert vaulted.returncode == 0 and "!vault" in vaulted.stdout, vaulted.stderr
+    (inventory.parent / "host_vars").mkdir()
+    (inventory.parent / "host_vars/loop.yml").write_text("---\n" + vaulted.stdout)
+    assert TOKEN not in (inventory.parent / "host_vars/loop.yml").read_text()
+    result = subprocess.run([str(bindir / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks/site.yml"),
+                             "--tags", "model_weights", "--vault-password-file", str(password), "-vvv"],
+                            env={**env, "HF_TOKEN": BAD_TOKEN}, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert (model / "config.json").read_bytes() == hub.repo.files["config.json"]
+    assert TOKEN not in result.stdout + result.stderr and BAD_TOKEN not in result.stdout + result.stderr
