@@ -40,7 +40,10 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_nccl_env": (dict, "NCCL environment of the serving units on a PCIe box (name -> value)."),
     # --- serving ---
     "dsv4_model_path": (str, "Model directory on the box."),
-    "dsv4_model_revision": (str, "Model revision (commit hash) recorded in bench records."),
+    "dsv4_model_repo": (str, "Hugging Face repository of the model, e.g. 'deepseek-ai/DeepSeek-V4-Flash'."),
+    "dsv4_model_revision": (str, "Model revision: the commit hash (40 hex digits) downloaded, verified and recorded in bench records."),
+    "dsv4_model_allow_unpinned": (bool, "Accept a branch name as dsv4_model_revision (the weights then follow the branch)."),
+    "dsv4_hf_token": (str, "Hugging Face token for the weights download (vault it); empty: HF_TOKEN from the environment, or none."),
     "dsv4_context_length": (int, "--context-length of the servers, in tokens."),
     "dsv4_router_port": (int, "Port of the router (the public endpoint)."),
     "dsv4_prefill_port": (int, "Port of the prefill server."),
