@@ -50,7 +50,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_cuda_graph_max_bs_decode": (int, "--cuda-graph-max-bs-decode of the decode server (>= the top bench concurrency)."),
     "dsv4_mem_fraction_static": ((int, float), "--mem-fraction-static of both servers."),
     "dsv4_max_running_requests": (int, "--max-running-requests of both servers."),
-    "dsv4_kernel_flags": (dict, "Environment flags that turn the dsv4kit kernels on (name -> '0'/'1')."),
+    "dsv4_kernel_flags": (dict, "Environment flags that turn the dsv4kit kernels on (name -> '0'/'1', or 'auto': the host's latest validation verdict)."),
     "dsv4_server_extra_args": (list, "Extra sglang.launch_server arguments, one list item each."),
     "dsv4_service_user": (str, "System user that runs the serving units (created when missing; an existing user is left as is)."),
     "dsv4_health_timeout": (int, "Seconds the playbook waits for /server_info after (re)starting the serving units."),

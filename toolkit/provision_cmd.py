@@ -27,6 +27,7 @@ def provision(
     check: bool = typer.Option(False, "--check", help="Dry run: report what would change, change nothing."),
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
+    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports: 'auto' kernel flags follow the host's latest (docs/rollout.md)."),
 ) -> None:
     """Provision the box(es) in the inventory with Ansible, showing every task as it runs.
 
@@ -39,9 +40,15 @@ def provision(
 
     path = inventory if inventory is not None else default_inventory_path()
     echo_progress = (lambda line: typer.echo(line, err=True)) if json_out else typer.echo
+    from dsv4kit.kernel_plan import PlanError, resolve_for_provision
+
     try:
+        extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, say=echo_progress)
         summary = run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
-                               progress=echo_progress)
+                               progress=echo_progress, extra_vars=extra_vars)
+    except PlanError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code)
     except InventoryError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exitcodes.USAGE)

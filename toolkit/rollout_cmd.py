@@ -17,9 +17,9 @@ from typing import Optional
 import typer
 
 from dsv4kit import exitcodes
-from dsv4kit.rollout import render, status_report
+from dsv4kit.rollout import DEFAULT_DECISION_FILE, render, status_report
 
-app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status.",
+app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status, plan.",
                   no_args_is_help=True)
 
 
@@ -28,14 +28,14 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def _report_from(python: Path, timeout: float) -> dict:
+def _report_from(python: Path, timeout: float, decision: str = "") -> dict:
     # Absolute (not resolved: a venv's python is a symlink out of the venv), since it runs from "/".
     python = python.absolute()
     if not python.exists():
         _fail(f"--python {python}: no such file", exitcodes.USAGE)
     if python.is_dir() or not os.access(python, os.X_OK):
         _fail(f"--python {python}: not an executable interpreter", exitcodes.USAGE)
-    cmd = [str(python), "-m", "dsv4kit.rollout", "status", "--json"]
+    cmd = [str(python), "-m", "dsv4kit.rollout", "status", "--json", "--decision", decision]
     try:
         # cwd "/": "python -m" puts the working directory first on sys.path, and a source
         # checkout there (its *.egg-info) would shadow the venv's installed dsv4kit metadata.
@@ -67,6 +67,9 @@ def status(
         "Default: this interpreter.", dir_okay=False),
     timeout: float = typer.Option(60.0, "--timeout", min=1.0,
                                   help="Seconds to wait for --python's report."),
+    decision: str = typer.Option(DEFAULT_DECISION_FILE, "--decision",
+                                 help="Decision file kernel_rollout wrote beside the flags: which report "
+                                 "decided each flag, with its numbers ('' for none)."),
 ) -> None:
     """Which SGLang version, whether the dsv4kit plugin is installed, which flags are set, and
     for each target whether it would be replaced or why not.
@@ -77,6 +80,48 @@ def status(
     Exit codes: 0 consistent (flagged targets replaced, or no flag set), 1 a flag is set but a
     target would stay stock, 2 bad input, 4 timeout, 5 SGLang or dsv4kit missing there.
     """
-    report = _report_from(python, timeout) if python is not None else status_report()
+    report = (_report_from(python, timeout, decision) if python is not None
+              else status_report(decision_path=decision or None))
     typer.echo(json.dumps(report, indent=2) if json_out else render(report))
     raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
+
+
+@app.command("plan")
+def plan(
+    host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
+    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+) -> None:
+    """The kernel flags provisioning would set on the host, and the report and numbers behind each.
+
+    'auto' flags (dsv4_kernel_flags) follow the kernel verdict of --from-report, else of the host's
+    latest report in --results-dir; with --from-report every kernel flag follows it. A report is
+    refused (exit 2) when it comes from another GPU model, driver or SGLang version than the host
+    has (read over SSH), its validation failed, or its verdict is missing or incomplete.
+    Exit codes: 0 planned, 2 bad input or a refused report, 3 host unreachable, 5 the host's GPU
+    or driver cannot be read.
+    """
+    from dsv4kit import kernel_plan
+    from dsv4kit.inventory import InventoryError, load_inventory
+
+    try:
+        target = load_inventory(inventory).host(host)
+        target.check_connectable()
+        if from_report is not None:
+            # An explicit report decides every kernel flag, as 'auto' would.
+            target.vars = {**target.vars, "dsv4_kernel_flags": {
+                **(target.get("dsv4_kernel_flags") or {}),
+                **{flag: kernel_plan.AUTO for flag in kernel_plan._flags()}}}
+        result = kernel_plan.plan_host(target, results_dir=results_dir, from_report=from_report,
+                                       say=lambda line: typer.echo(line, err=True))
+    except InventoryError as exc:
+        _fail(str(exc), exitcodes.USAGE)
+    except kernel_plan.PlanError as exc:
+        _fail(str(exc), exc.exit_code)
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        typer.echo("\n".join(kernel_plan.render(result)))
+    raise typer.Exit(exitcodes.OK)
