@@ -139,9 +139,8 @@ def probe_host(host) -> HostFacts:
 
 
 # --------------------------------------------------------------------------- checking a report
-def report_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin: Optional[str],
-                    needed_targets: list[str]) -> list[str]:
-    """Why this report cannot decide the host's auto flags (empty: it can)."""
+def content_problems(report: dict, needed_targets: list[str]) -> list[str]:
+    """Why this report cannot decide any host's auto flags, from the report alone (empty: it can)."""
     problems = []
     if not report.get("passed"):
         problems.append("its validation table failed (a kernel case did not pass)")
@@ -156,7 +155,13 @@ def report_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin: 
     missing = [t for t in needed_targets if t not in targets]
     if missing and status == "complete":
         problems.append(f"its verdict has no {', '.join(missing)} target (validated with --cases?)")
-    ident = verdict.get("identity") or {}
+    return problems
+
+
+def identity_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin: Optional[str]) -> list[str]:
+    """Where the report's GPU model, driver or SGLang version differ from the host's (empty: none)."""
+    problems = []
+    ident = (report.get("verdict") or {}).get("identity") or {}
     gpu_index = (report.get("remote") or {}).get("gpu")
     host_gpu = facts.gpus.get(gpu_index) if gpu_index in facts.gpus else (
         next(iter(facts.gpus.values())) if facts.gpus else None)
@@ -216,9 +221,10 @@ def plan_host(host, *, results_dir: Path = DEFAULT_RESULTS_DIR, from_report: Opt
         say(f"{host.name}: no validation report in {results_dir}; auto kernel flags stay stock (0)")
         return plan
     report = load_report(path)
-    facts = (probe or probe_host)(host)
-    needed = [_target_of(f) for f in autos]
-    problems = report_problems(report, host.name, facts, host.get("dsv4_sglang_version"), needed)
+    problems = content_problems(report, [_target_of(f) for f in autos])
+    if not problems:  # only a usable report is worth an SSH connection
+        facts = (probe or probe_host)(host)
+        problems = identity_problems(report, host.name, facts, host.get("dsv4_sglang_version"))
     if problems:
         raise PlanError(exitcodes.USAGE, f"{host.name}: report {path} refused: " + "; ".join(problems)
                         + f". Run `dsv4kit validate --host {host.name}` on the host as it is now, "

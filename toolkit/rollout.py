@@ -225,6 +225,7 @@ _ROUTE_OF_TARGET = {"indexer": "torch", "indexer_tilelang": "tilelang"}
 
 
 DEFAULT_DECISION_FILE = "/etc/dsv4kit/kernel-decision.json"
+_ON = ("1", "true", "yes", "y")  # SGLang's true spellings, as rollout_targets reads them
 
 
 def read_decision(path: Optional[str], flags: dict) -> dict:
@@ -251,7 +252,8 @@ def read_decision(path: Optional[str], flags: dict) -> dict:
             entry = {"value": str(entry), "source": data.get("source", "inventory")}
         out["flags"][name] = entry
         seen = flags.get(name)
-        if seen is not None and str(entry.get("value")) != (seen.raw or ""):
+        decided_on = str(entry.get("value")).strip().lower() in _ON
+        if seen is not None and not seen.error and decided_on != seen.enabled:
             out["warnings"].append(f"{name} is {seen.raw!r} here but was decided {entry.get('value')!r} "
                                    f"({entry.get('source')}); the environment is not the one provisioned")
     return out
