@@ -107,8 +107,8 @@ def test_validate_verdict_to_plan_to_provision_extra_vars(tmp_path, monkeypatch,
 
     lines = []
     extra = kernel_plan.resolve_for_provision(inventory, results_dir=results, say=lines.append)
-    assert extra["dsv4_kernel_plan"]["box1"]["flags"] == {INDEXER: "0", ATTENTION: "1"}
-    decision = extra["dsv4_kernel_plan"]["box1"]["decision"]
+    assert extra["kernel_rollout_plan"]["box1"]["flags"] == {INDEXER: "0", ATTENTION: "1"}
+    decision = extra["kernel_rollout_plan"]["box1"]["decision"]
     assert decision["report"]["name"] == path.name and decision["flags"][ATTENTION]["numbers"]
     assert any("from report" in line for line in lines)
     json.dumps(extra)  # goes to ansible-playbook --extra-vars

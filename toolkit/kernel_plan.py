@@ -276,7 +276,7 @@ def render(plan: dict) -> list[str]:
 
 def extra_vars(plans: list[dict]) -> dict:
     """The ansible extra-vars that carry the resolved flags and decisions to kernel_rollout, per host."""
-    return {"dsv4_kernel_plan": {p["host"]: {"flags": p["flags"], "decision": {
+    return {"kernel_rollout_plan": {p["host"]: {"flags": p["flags"], "decision": {
         "report": p.get("report"), "flags": p["decisions"]}} for p in plans}}
 
 
