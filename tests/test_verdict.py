@@ -171,3 +171,17 @@ def test_no_gpu_means_no_verdict():
     section = verdict_run.run(["indexer"], 8192, (1,), "cpu", True, identity_fn=identity)
     assert section["status"] == "skipped" and "mean nothing" in section["reason"]
     assert section["targets"] == {} and "not measured" in v.render(section)[0]
+
+
+def test_the_docs_name_the_rule_by_its_constants():
+    """docs/rollout.md states the rule through the names in validation/verdict.py and verdict_run.py,
+    and the shapes it describes are the ones measured."""
+    doc = (REPO / "docs/rollout.md").read_text()
+    section = doc.split("## Which kernels to turn on: following the evidence", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())
+    for name in ("MARGIN", "MIN_SAMPLES", "SAMPLES"):
+        assert f"`{name}`" in section
+    assert f"short request ({verdict_run.SHORT_TOKENS} tokens)" in section
+    assert f"default `{','.join(map(str, verdict_run.DEFAULT_CONCURRENCY))}`" in section
+    assert f"`--local`: {verdict_run.DEFAULT_CONTEXT}" in section
+    assert f"{verdict_run.ATTENTION_HEADS} heads" in section
