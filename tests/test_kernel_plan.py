@@ -265,3 +265,25 @@ def test_probe_output_is_parsed():
     assert facts.gpus[1].startswith("NVIDIA RTX") and facts.driver == "580.95.05" and facts.sglang == "0.5.23"
     facts, notes = kernel_plan.parse_probe("gpu=NVIDIA-SMI has failed because it couldn't communicate\nsglang=\n")
     assert not facts.gpus and facts.sglang is None and "couldn't communicate" in notes[0]
+
+
+# --------------------------------------------------------------------------- validate's options
+def test_validate_local_writes_a_verdict_section_and_checks_its_options(tmp_path):
+    out = tmp_path / "local.json"
+    code, text, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--json", str(out))
+    assert code == exitcodes.OK, err
+    assert "kernel verdict: not measured (no GPU" in text  # this machine: the interpreter
+    verdict = json.loads(out.read_text())["verdict"]
+    assert verdict["shapes"] == {"context_length": verdict_run.DEFAULT_CONTEXT,
+                                 "concurrency": list(verdict_run.DEFAULT_CONCURRENCY)}
+    code, _, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--concurrency", "0,4")
+    assert code == exitcodes.USAGE and "--concurrency '0,4'" in err
+    code, _, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--no-verdict", "--json", str(out))
+    assert code == exitcodes.OK and "verdict" not in json.loads(out.read_text())
+
+
+def test_validate_remote_checks_concurrency_before_connecting(tmp_path):
+    inventory = write_inventory(tmp_path / "inv", ansible_port=1)  # nothing listens: would be exit 3
+    code, _, err = cli("validate", "--host", "box1", "--gpu", "0", "-i", str(inventory), "--installed",
+                       "--concurrency", "x")
+    assert code == exitcodes.USAGE and "--concurrency 'x'" in err

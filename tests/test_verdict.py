@@ -185,3 +185,11 @@ def test_the_docs_name_the_rule_by_its_constants():
     assert f"default `{','.join(map(str, verdict_run.DEFAULT_CONCURRENCY))}`" in section
     assert f"`--local`: {verdict_run.DEFAULT_CONTEXT}" in section
     assert f"{verdict_run.ATTENTION_HEADS} heads" in section
+
+
+def test_the_driver_version_is_read_from_the_nvrm_line():
+    line = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  "
+            "(dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 02:04:16 UTC 2025")
+    assert verdict_run.parse_nvrm(line) == "580.95.05"
+    assert verdict_run.parse_nvrm("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54 Tue") == "550.54"
+    assert verdict_run.parse_nvrm("garbage") is None

@@ -72,22 +72,38 @@ def decode_shapes(target: str, context_length: int, concurrency: Sequence[int]) 
 
 
 # --------------------------------------------------------------------------- identity
-def driver_version() -> Optional[str]:
+def parse_nvrm(line: str) -> Optional[str]:
+    """The driver version from /proc/driver/nvidia/version's first line ("NVRM version: ... 580.95.05 ...")."""
+    match = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", f" {line} ")
+    return match.group(1) if match else None
+
+
+def nvidia_smi_gpus() -> dict:
+    """{index: (name, driver)} from nvidia-smi, the tool `dsv4kit rollout plan` reads the host with."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    found = {}
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            found[int(parts[0])] = (parts[1], parts[2])
+    return found
+
+
+def driver_version(smi: Optional[dict] = None) -> Optional[str]:
     """The NVIDIA driver version: /proc/driver/nvidia/version, else nvidia-smi; None without one."""
     try:
         with open("/proc/driver/nvidia/version") as fh:
-            match = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", fh.readline())
-            if match:
-                return match.group(1)
+            found = parse_nvrm(fh.readline())
+            if found:
+                return found
     except OSError:
         pass
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30)
-        first = done.stdout.strip().splitlines()
-        return first[0].strip() if done.returncode == 0 and first else None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    smi = nvidia_smi_gpus() if smi is None else smi
+    return next(iter(smi.values()))[1] if smi else None
 
 
 def sglang_version() -> Optional[str]:
@@ -103,16 +119,22 @@ def identity(device: str) -> dict:
     """What identifies the environment a verdict holds for: GPU model, driver, SGLang, and the rest."""
     import platform
 
-    info = {"hostname": platform.node(), "device": device, "gpu": None, "capability": None,
-            "driver": driver_version(), "sglang": sglang_version(), "torch": None, "cuda": None,
+    smi = nvidia_smi_gpus() if device == "cuda" else {}
+    info = {"hostname": platform.node(), "device": device, "gpu": None, "gpu_torch": None, "capability": None,
+            "driver": driver_version(smi), "sglang": sglang_version(), "torch": None, "cuda": None,
             "triton": None, "dsv4kit": None, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import torch
 
         info["torch"], info["cuda"] = torch.__version__, torch.version.cuda
         if device == "cuda":
-            info["gpu"] = torch.cuda.get_device_name()
+            info["gpu_torch"] = torch.cuda.get_device_name()
             info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
+            # nvidia-smi's name of the visible GPU (CUDA_DEVICE_ORDER=PCI_BUS_ID: its index), as the
+            # host is read when a report is matched to it; torch's name where nvidia-smi has none.
+            visible = (info["cuda_visible_devices"] or "").split(",")[0].strip()
+            named = smi.get(int(visible)) if visible.isdigit() else None
+            info["gpu"] = named[0] if named else info["gpu_torch"]
     except ImportError:
         pass
     try:
