@@ -94,7 +94,7 @@ def test_validate_verdict_to_plan_to_provision_extra_vars(tmp_path, monkeypatch,
     code, out, err = cli("rollout", "plan", "-i", str(inventory), "--results-dir", str(results), "--json")
     assert code == exitcodes.OK, err
     plan = json.loads(out)
-    assert plan["flags"] == {INDEXER: "0", ATTENTION: "1"}
+    assert plan["ok"] and plan["flags"] == {INDEXER: "0", ATTENTION: "1"}
     assert plan["report"]["name"] == path.name and plan["report"]["gpu_index"] == 7
     indexer = plan["decisions"][INDEXER]
     assert indexer["source"] == "report" and indexer["stock_default"] == "sglang-tilelang"
@@ -165,7 +165,9 @@ def refused(tmp_path, path: Path) -> str:
     inventory = write_inventory(tmp_path / "inv-refused")
     code, out, err = cli("rollout", "plan", "-i", str(inventory), "--from-report", str(path), "--json")
     assert code == exitcodes.USAGE, out + err
-    assert out == "" and "Traceback" not in err
+    assert "Traceback" not in err
+    summary = json.loads(out)  # --json: the refusal is in the summary on stdout too
+    assert summary["ok"] is False and summary["exit_code"] == exitcodes.USAGE and summary["error"] in err
     return err
 
 

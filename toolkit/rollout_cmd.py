@@ -116,12 +116,13 @@ def plan(
                 **{flag: kernel_plan.AUTO for flag in kernel_plan._flags()}}}
         result = kernel_plan.plan_host(target, results_dir=results_dir, from_report=from_report,
                                        say=lambda line: typer.echo(line, err=True))
-    except InventoryError as exc:
-        _fail(str(exc), exitcodes.USAGE)
-    except kernel_plan.PlanError as exc:
-        _fail(str(exc), exc.exit_code)
+    except (InventoryError, kernel_plan.PlanError) as exc:
+        code = getattr(exc, "exit_code", exitcodes.USAGE)
+        if json_out:  # the summary a script reads says it too
+            typer.echo(json.dumps({"host": host, "ok": False, "exit_code": code, "error": str(exc)}, indent=2))
+        _fail(str(exc), code)
     if json_out:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json.dumps({**result, "ok": True, "exit_code": exitcodes.OK}, indent=2))
     else:
         typer.echo("\n".join(kernel_plan.render(result)))
     raise typer.Exit(exitcodes.OK)
