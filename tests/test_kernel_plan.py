@@ -175,8 +175,9 @@ def refused(tmp_path, path: Path) -> str:
     ({"gpu": "NVIDIA H200"}, "measured on GPU 'NVIDIA H200', box1 has 'NVIDIA RTX PRO 6000"),
     ({"driver": "575.57.08"}, "measured on driver '575.57.08', box1 has '580.95.05'"),
     ({"sglang": "0.5.22"}, "measured with SGLang '0.5.22', box1 has '0.5.23' installed"),
+    ({"kernels_sha256": "0" * 64}, "it measured other dsv4kit kernels (sources sha256 000000000000)"),
 ])
-def test_a_report_from_another_gpu_driver_or_sglang_is_refused(tmp_path, monkeypatch, facts, identity, expect):
+def test_a_report_from_another_gpu_driver_sglang_or_kernels_is_refused(tmp_path, monkeypatch, facts, identity, expect):
     path = keep(tmp_path / "r", validated_report(tmp_path, monkeypatch, **identity))
     err = refused(tmp_path, path)
     assert expect in err and f"report {path} refused" in err and "dsv4kit validate --host box1" in err

@@ -43,6 +43,7 @@ class StandIn:
 def identity(device: str, **overrides) -> dict:
     return {"hostname": "box1", "device": device, "gpu": GPU, "capability": "sm_120", "driver": DRIVER,
             "sglang": SGLANG, "torch": "2.14.1", "cuda": "13.0", "triton": "3.8.0", "dsv4kit": "test",
+            "kernels_sha256": verdict_run.kernels_digest(),
             "cuda_visible_devices": "7", **overrides}
 
 

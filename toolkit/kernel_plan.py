@@ -12,7 +12,8 @@ until there is evidence). A report is refused (``PlanError``, exit 2) when it is
 report, its validation failed, its verdict is missing, skipped or incomplete, it lacks a target an
 ``auto`` flag needs, or it was measured on another GPU model, driver or SGLang version than the
 host has: the host's GPU and driver are read over SSH (``probe_host``), its SGLang version must be
-both the one installed there and the inventory's pin.
+both the one installed there and the inventory's pin, and the kernels it measured must be the ones
+this checkout ships (a digest of their sources).
 """
 
 from __future__ import annotations
@@ -175,6 +176,12 @@ def identity_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin
     elif sglang_pin is not None and ident.get("sglang") != sglang_pin:
         problems.append(f"it was measured with SGLang {ident.get('sglang')!r}, the inventory pins "
                         f"dsv4_sglang_version {sglang_pin!r} (provisioning would change it)")
+    from dsv4kit.validation.verdict_run import kernels_digest
+
+    shipped = kernels_digest()
+    if ident.get("kernels_sha256") != shipped:
+        problems.append(f"it measured other dsv4kit kernels (sources sha256 {str(ident.get('kernels_sha256'))[:12]}) "
+                        f"than this checkout ships ({str(shipped)[:12]})")
     return problems
 
 

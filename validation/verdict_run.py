@@ -106,6 +106,22 @@ def driver_version(smi: Optional[dict] = None) -> Optional[str]:
     return next(iter(smi.values()))[1] if smi else None
 
 
+def kernels_digest() -> Optional[str]:
+    """sha256 over the dsv4kit kernel sources (``dsv4kit/kernels/*.py``, by name): which kernels a
+    verdict measured. The same function on the control machine gives the kernels it would ship."""
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("dsv4kit.kernels")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def sglang_version() -> Optional[str]:
     import importlib.metadata
 
@@ -122,7 +138,8 @@ def identity(device: str) -> dict:
     smi = nvidia_smi_gpus() if device == "cuda" else {}
     info = {"hostname": platform.node(), "device": device, "gpu": None, "gpu_torch": None, "capability": None,
             "driver": driver_version(smi), "sglang": sglang_version(), "torch": None, "cuda": None,
-            "triton": None, "dsv4kit": None, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            "triton": None, "dsv4kit": None, "kernels_sha256": kernels_digest(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import torch
 
