@@ -9,6 +9,7 @@ them over the loopback sshd and runs the real playbook.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from datetime import datetime, timezone
@@ -44,7 +45,16 @@ _REPORT_CACHE: dict = {}
 
 
 def validated_report(tmp_path: Path, monkeypatch, *, table=None, cases=CASES, **identity) -> dict:
-    """A `dsv4kit validate` report: the real table on the interpreter, the verdict stood in."""
+    """A `dsv4kit validate` report: the real table on the interpreter, the verdict stood in.
+
+    The same arguments give the same report, so it is made once per session (a deep copy each time)."""
+    key = (repr(table), cases, tuple(sorted(identity.items())))
+    if key not in _REPORT_CACHE:
+        _REPORT_CACHE[key] = _validate(tmp_path, monkeypatch, table, cases, identity)
+    return copy.deepcopy(_REPORT_CACHE[key])
+
+
+def _validate(tmp_path, monkeypatch, table, cases, identity) -> dict:
     monkeypatch.setattr(verdict_run, "run", standins.stand_in_run(table, **identity))
     out = tmp_path / f"report-{len(list(tmp_path.glob('report-*.json')))}.json"
     code = harness.run_cli(cases, str(out), True, emit=lambda s: None,
@@ -290,3 +300,20 @@ def test_validate_remote_checks_concurrency_before_connecting(tmp_path):
     code, _, err = cli("validate", "--host", "box1", "--gpu", "0", "-i", str(inventory), "--installed",
                        "--concurrency", "x")
     assert code == exitcodes.USAGE and "--concurrency 'x'" in err
+
+
+@pytest.mark.parametrize("tags, skip, runs", [
+    (None, None, True), (["kernel_rollout"], None, True), (["sglang_venv,kernel_rollout"], None, True),
+    (["all"], None, True), (["nvidia_driver"], None, False), (["sglang_service", "host_tuning"], None, False),
+    (None, ["kernel_rollout"], False), (["nvidia_*"], None, True),
+])
+def test_only_a_run_with_the_kernel_rollout_stage_resolves_auto(tmp_path, monkeypatch, facts, tags, skip, runs):
+    results = tmp_path / "results"
+    keep(results, validated_report(tmp_path, monkeypatch, driver="575.57.08"))  # stale after a driver upgrade
+    inventory = write_inventory(tmp_path / "inv")
+    if runs:
+        with pytest.raises(kernel_plan.PlanError, match="driver '575.57.08'"):
+            kernel_plan.resolve_for_provision(inventory, results_dir=results, tags=tags, skip_tags=skip)
+    else:  # e.g. the driver upgrade itself: not stopped by the report it makes stale
+        assert kernel_plan.resolve_for_provision(inventory, results_dir=results, tags=tags, skip_tags=skip) is None
+        assert facts["calls"] == 0

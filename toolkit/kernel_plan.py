@@ -306,10 +306,37 @@ def plan_inventory(inventory_path, *, limit=None, results_dir: Path = DEFAULT_RE
     return plans
 
 
+STAGE = "kernel_rollout"
+
+
+def stage_runs(tags=None, skip_tags=None) -> bool:
+    """Whether ``--tags``/``--skip-tags`` let the kernel_rollout stage (which writes the flags) run."""
+    def names(values):
+        values = [values] if isinstance(values, str) else (values or [])
+        return {n.strip() for v in values for n in v.split(",") if n.strip()}
+
+    chosen, skipped = names(tags), names(skip_tags)
+    if STAGE in skipped:
+        return False
+    return not chosen or bool(chosen & {STAGE, "all", "untagged"} | (chosen - _KNOWN_NON_ROLLOUT))
+
+
+# Tags that never select kernel_rollout (the other stages); anything else (a pattern, "tagged")
+# might, and is resolved to be safe.
+_KNOWN_NON_ROLLOUT = {"preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
+                      "sglang_service", "never", "always"}
+
+
 def resolve_for_provision(inventory_path, *, limit=None, results_dir: Path = DEFAULT_RESULTS_DIR,
-                          probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None
-                          ) -> Optional[dict]:
-    """``dsv4kit provision``'s step before Ansible: the extra-vars for the hosts' ``auto`` flags, or None."""
+                          tags=None, skip_tags=None, probe: Optional[Callable] = None,
+                          say: Callable[[str], None] = lambda s: None) -> Optional[dict]:
+    """``dsv4kit provision``'s step before Ansible: the extra-vars for the hosts' ``auto`` flags, or None.
+
+    Nothing is resolved (no report read, no SSH) when the tags leave kernel_rollout out: a driver
+    upgrade alone must not be stopped by a report that the new driver makes stale.
+    """
+    if not stage_runs(tags, skip_tags):
+        return None
     plans = plan_inventory(inventory_path, limit=limit, results_dir=results_dir,
                            probe=probe, say=say)
     for plan in plans:

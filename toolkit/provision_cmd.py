@@ -43,7 +43,8 @@ def provision(
     from dsv4kit.kernel_plan import PlanError, resolve_for_provision
 
     try:
-        extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, say=echo_progress)
+        extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, tags=tags,
+                                           skip_tags=skip_tags, say=echo_progress)
         summary = run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
                                progress=echo_progress, extra_vars=extra_vars)
     except PlanError as exc:
