@@ -3,7 +3,7 @@
 Drop-in for SGLang 0.5.23's ``fp8_paged_mqa_logits_torch_sm120`` (and the TileLang indexer):
 the same eight positional arguments, the same fp32 ``[B, max_seq_len]`` result.
 
-Byte layout of the index-K cache (spec section 2.3)
+Byte layout of the index-K cache (docs/sglang-contract.md §2.3)
 ---------------------------------------------------
 ``kvcache`` is the layer's uint8 pool, ``[num_pages, 64, 1, 132]`` (or flat ``[num_pages, 8448]``).
 The 4-D view is *not* token-major; a page is 8448 contiguous bytes::
@@ -17,7 +17,7 @@ The kernel receives the uint8 pointer and reinterprets it in-kernel as fp8 (valu
 (scales: float offset ``p*2112 + 2048 + o``). All byte offsets are int64: ``num_pages*8448`` and
 ``B*max_seq_len`` can pass 2**31.
 
-Maths (spec section 2.5)
+Maths (docs/sglang-contract.md §2.5)
 ------------------------
 With ``L = seq_lens[b]`` (clamped to ``[0, max_seq_len]``), for ``t < L``::
 
@@ -41,7 +41,7 @@ loads ``L`` on the device and
   vector stores (no per-position program work); ``[L, ceil(L/64)*64)`` is masked to ``-inf`` by
   the page that scores it.
 
-Capture safety (spec section 5): no ``.item()``, no host sync, no allocation other than the output
+Capture safety (docs/sglang-contract.md §5): no ``.item()``, no host sync, no allocation other than the output
 (``torch.empty``, which a CUDA graph serves from its private pool), static launch configuration
 (no autotuning). All arguments are checked on the host before the launch.
 
@@ -302,7 +302,7 @@ def fp8_paged_mqa_logits(
 ) -> torch.Tensor:
     """fp32 ``[B, max_seq_len]`` indexer logits; exact ``-inf`` at every ``t >= seq_lens[b]``.
 
-    Arguments as SGLang 0.5.23 passes them (spec section 2.2): ``q_fp8`` fp8 ``[B, 1, H, 128]``,
+    Arguments as SGLang 0.5.23 passes them (docs/sglang-contract.md §2.2): ``q_fp8`` fp8 ``[B, 1, H, 128]``,
     ``kvcache`` uint8 ``[num_pages, 64, 1, 132]``, ``weight`` fp32 ``[B, H]``, ``seq_lens`` int32
     ``[B]`` or ``[B, 1]`` (compressed lengths, may be 0), ``page_table`` int32 ``[B, P]`` (entries
     past a row's length may be stale and are never read), ``deep_gemm_metadata`` (ignored),

@@ -1,12 +1,12 @@
 """References for the indexer kernel, and the input generator every check shares.
 
 * ``fallback_logits``: the O(max_context) torch fallback with the semantics of SGLang 0.5.23's
-  ``fp8_paged_mqa_logits_torch_sm120`` (spec section 2.5): it gathers all ``P`` pages of every row,
+  ``fp8_paged_mqa_logits_torch_sm120`` (docs/sglang-contract.md §2.5): it gathers all ``P`` pages of every row,
   scores them with a bf16 ``bmm`` (each per-head dot rounded to bf16, relu in bf16), then applies
   the weights, head sum and ``s_k`` in fp32 and writes ``-inf`` at ``t >= L``. This is the
   "before" of the benchmark.
 * ``exact_logits_f64``: the same maths in float64 on ``[0, L)``, ``-inf`` beyond.
-* ``make_indexer_inputs``: the real 8448-byte page layout (spec section 2.3).
+* ``make_indexer_inputs``: the real 8448-byte page layout (docs/sglang-contract.md §2.3).
 
 Byte layout of a page: 64 x 128 fp8 e4m3fn K values (token-major) at bytes ``[0, 8192)``, then 64
 fp32 scales ``s_k = max(amax|k|, 1e-4) / 448`` at bytes ``[8192, 8448)``.

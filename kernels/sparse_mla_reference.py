@@ -1,6 +1,6 @@
 """Float32 reference for DeepSeek-V4 sparse-MLA decode, the V4 KV page builder, and case inputs.
 
-One reference shared by the tests, the validation suite and the benchmark (spec section 4.4)::
+One reference shared by the tests, the validation suite and the benchmark (docs/sglang-contract.md §4.4)::
 
     s_j = softmax_scale * <q[b,h,0:512], kv_j[0:512]>          j over valid SWA + valid extra entries
     m   = max_j s_j
@@ -9,7 +9,7 @@ One reference shared by the tests, the validation suite and the benchmark (spec 
 An entry ``j`` of a row is valid when ``j < length`` and ``idx >= 0`` (and, defensively here as in
 the kernels, ``idx < num_pages * page_size``). V = K over all 512 dims.
 
-``KVLayout.V4`` (spec 4.3), 584 bytes per token stored block-split in a page of
+``KVLayout.V4`` (docs/sglang-contract.md §4.3), 584 bytes per token stored block-split in a page of
 ``page_bytes(ps) = ceil(ps * 584 / 576) * 576`` bytes. For slot ``i``: ``page = i // ps``,
 ``off = i % ps``, ``base = page * stride(0)``:
 
@@ -157,7 +157,7 @@ def sparse_mla_reference(
     extra_indices_in_kvcache: Optional[torch.Tensor] = None, extra_topk_length: Optional[torch.Tensor] = None,
     head_dim_v: int = HEAD_DIM, max_chunk_bytes: int = 1 << 28, **unused,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 maths of spec 4.4. Returns ``(out [T,1,H,512] float32, lse [T,H,1] float32)``.
+    """Float32 maths of docs/sglang-contract.md §4.4. Returns ``(out [T,1,H,512] float32, lse [T,H,1] float32)``.
 
     ``lse`` is the natural-log sum-exp without the sink (``-inf`` for rows with no valid entry),
     as SGLang's torch path returns it. Rows are processed in chunks sized from the shapes only
@@ -227,7 +227,7 @@ def make_inputs(
     holes: bool = False, empty_rows: int = 0, short_rows: bool = True, nan_padding: bool = True,
     strided_q: bool = True, seed: int = 0, device: str = "cpu", unique_slots: bool = False,
 ) -> AttentionInputs:
-    """Build one decode call the way SGLang lays it out (spec 4.2).
+    """Build one decode call the way SGLang lays it out (docs/sglang-contract.md §4.2).
 
     * SWA indices: newest first (``pos, pos-1, ...``), ``-1`` for negative positions, ``topk_length
       = min(seq_len, 128)``; the slots come from a shuffled pool of ``swa_page_size`` pages.

@@ -1,6 +1,6 @@
 """The "before" design: a SIMT sparse-MLA decode, as SGLang 0.5.23's sm_120 Triton path works.
 
-This is the baseline the benchmark compares the tensor-core kernel against (spec 4.5); it is our
+This is the baseline the benchmark compares the tensor-core kernel against (docs/sglang-contract.md §4.5); it is our
 own code reproducing that design, not SGLang's kernel:
 
 * grid ``(T, H)``: one program per (token, head), so every head re-reads the same KV;

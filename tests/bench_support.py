@@ -1,7 +1,7 @@
 """Test support for the bench tests: the real client's venv, a tiny tokenizer, the stand-in server.
 
 - ``client_venv()``: a venv with the real ``sglang.benchmark.serving`` (sglang 0.5.23 installed
-  ``--no-deps``) and its import-time needs (bench-serving-0.5.23.md §7). It is built once and cached
+  ``--no-deps``) and its import-time needs (docs/sglang-contract.md §8.1). It is built once and cached
   under ``$DSV4KIT_TEST_CACHE`` (default ``~/.cache/dsv4kit-tests``) in a directory named by a hash
   of the requirements; ``$DSV4KIT_BENCH_CLIENT_VENV`` points at a prebuilt one instead.
   torch: SGLang's own pin, 2.14.1, with torchvision 0.29.1, *inside the venv* (the system torch
@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SGLANG_VERSION = "0.5.23"
-# Import-time needs of sglang.benchmark.serving (spec §7), pinned where SGLang 0.5.23 pins them.
+# Import-time needs of sglang.benchmark.serving (docs/sglang-contract.md §8.1), pinned where SGLang 0.5.23 pins them.
 CLIENT_REQUIREMENTS = (
     "torch==2.14.1", "torchvision==0.29.1",
     "transformers==5.19.0", "tokenizers==0.23.2", "sentencepiece==0.2.1",
@@ -104,7 +104,7 @@ def make_tokenizer(python: Path, directory: Path, vocab_size: int = VOCAB_SIZE) 
     directory.mkdir(parents=True, exist_ok=True)
     subprocess.run([str(python), "-c", _TOKENIZER_SCRIPT, str(directory), str(vocab_size)], check=True,
                    timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    # config.json too, in case a loader looks for it (spec §2.2).
+    # config.json too, in case a loader looks for it (docs/sglang-contract.md §8.3).
     (directory / "config.json").write_text(json.dumps({"model_type": "dsv4kit-test", "vocab_size": vocab_size + 1}))
     return directory
 

@@ -88,7 +88,7 @@ def main():
                                          inputs.seq_lens[:0], inputs.page_table[:0], None, 128)
     results.append({"name": "empty batch", "shape": list(empty.shape)})
 
-    # The bf16 fallback against float64: about 1e-3, as the spec says.
+    # The bf16 fallback against float64: about 1e-3 (docs/sglang-contract.md §2.5).
     inputs = ref.make_indexer_inputs(16, 64, 8, 512, seed=17)
     fallback = ref.fallback_logits(*inputs.args())
     results.append(check("fallback", inputs, fallback))

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dsv4kit import exitcodes, provision
-from tests.remote_inventory import closed_port
+from tests.remote_inventory import closed_port, keygen
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,9 +24,14 @@ def dsv4kit(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def inventory(tmp_path) -> Path:
     """One box on a closed loopback port: if ansible-playbook runs, the host is unreachable (exit 3)."""
-    host = {"ansible_host": "127.0.0.1", "ansible_port": closed_port(), "ansible_user": "nobody",
+    port = closed_port()
+    # Its key is in known_hosts (dsv4kit checks that before Ansible runs); no server ever answers.
+    key = keygen(tmp_path / "host_key").with_suffix(".pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {key[0]} {key[1]}\n")
+    host = {"ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": "nobody",
             "dsv4_venv_dir": "/opt/dsv4/venv", "dsv4_context_length": 8192, "dsv4_decode_port": 30002,
-            "dsv4_gpu_count": 8}
+            "dsv4_gpu_count": 8, "dsv4_known_hosts": str(known)}
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump({"all": {"children": {"dsv4_boxes": {"hosts": {"box1": host}}}}}))
     return path

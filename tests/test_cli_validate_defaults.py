@@ -1,5 +1,5 @@
 """``dsv4kit validate`` on a box: the inventory's ``dsv4_validate_gpu`` when ``--gpu`` is not given, and
-``--results-dir``/``--json`` checked before anything is built or connected to.
+``--results-dir``/``--output`` checked before anything is built or connected to.
 
 The "box" is this machine over the loopback sshd (tests/remote_inventory.py); the harness runs one
 tiny case through the Triton interpreter, with the dsv4kit installed here (``--installed``).
@@ -54,11 +54,11 @@ def test_unwritable_report_paths_fail_before_building_or_connecting(tmp_path, lo
     assert "--results-dir" in err and "cannot be created" in err and "building" not in err
     results = tmp_path / "results"
     code, _, err = validate("--gpu", "0", "-i", str(inventory), "--results-dir", str(results),
-                            "--json", str(unwritable_dir / "sub" / "copy.json"))
+                            "--output", str(unwritable_dir / "sub" / "copy.json"))
     assert code == exitcodes.USAGE, err
-    assert "--json" in err and "building" not in err
+    assert "--output" in err and "building" not in err
     code, _, err = validate("--gpu", "0", "-i", str(inventory), "--results-dir", str(results),
-                            "--json", str(tmp_path))
+                            "-o", str(tmp_path))
     assert code == exitcodes.USAGE and "is a directory" in err
     assert not any(results.iterdir())  # created, and left empty
 
@@ -79,10 +79,10 @@ def test_a_report_that_cannot_be_written_is_a_clear_error(tmp_path, loopback_ssh
         assert "the report could not be written to" in str(exc) and "no report was kept" in str(exc)
     else:
         raise AssertionError("writing under a file must fail")
-    # --json that cannot be written: the kept report stays, a failed case still exits 1.
+    # --output that cannot be written: the kept report stays, a failed case still exits 1.
     run.results_dir = tmp_path / "results"
     run.json_path = tmp_path / "a-file" / "copy.json"
     assert run._keep({"passed": True, "suites": {}, "environment": {}}) == exitcodes.ENVIRONMENT
     assert run._keep({"passed": False, "suites": {}, "environment": {}}) == exitcodes.CHECK_FAILED
-    assert any("could not be written to --json" in line for line in lines)
+    assert any("could not be written to --output" in line for line in lines)
     assert len(list(run.results_dir.iterdir())) == 2

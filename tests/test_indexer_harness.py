@@ -57,7 +57,7 @@ def test_validate_local_runs_the_indexer_suite_end_to_end(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run(
         [sys.executable, "-m", "dsv4kit.cli", "validate", "--local", "--interpret",
-         "--cases", "indexer:3x1x64,indexer:12x5x300,indexer:16x8x512", "--json", str(report)],
+         "--cases", "indexer:3x1x64,indexer:12x5x300,indexer:16x8x512", "-o", str(report)],
         capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stdout.splitlines()

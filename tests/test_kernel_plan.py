@@ -33,7 +33,9 @@ HOST_FACTS = kernel_plan.HostFacts(gpus={i: standins.GPU for i in range(8)}, dri
 
 def write_inventory(directory: Path, flags: dict | None = None, **host_vars) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    host = {"ansible_host": "192.0.2.10", "dsv4_venv_dir": "/opt/dsv4/venv", "dsv4_context_length": 8192,
+    # Reached only through the stood-in probe: no SSH, so no known_hosts to check either.
+    host = {"ansible_host": "192.0.2.10", "ansible_connection": "local", "dsv4_venv_dir": "/opt/dsv4/venv",
+            "dsv4_context_length": 8192,
             "dsv4_decode_port": 30002, "dsv4_gpu_count": 8, "dsv4_sglang_version": standins.SGLANG,
             "dsv4_kernel_flags": flags or {INDEXER: "auto", ATTENTION: "auto"}, **host_vars}
     path = directory / "hosts.yml"
@@ -256,11 +258,14 @@ def test_the_latest_report_refused_stops_provision_before_ansible(tmp_path, monk
     keep(results, validated_report(tmp_path, monkeypatch), when="20261201T090000Z")
     keep(results, validated_report(tmp_path, monkeypatch, driver="575.57.08"), when="20261201T100000Z")
     inventory = write_inventory(tmp_path / "inv")
-    monkeypatch.setenv("DSV4KIT_PLAYBOOK", str(tmp_path / "no-playbook.yml"))  # would be exit 5
+    playbook = tmp_path / "site.yml"  # a play that would say so, had Ansible been started
+    playbook.write_text("- name: Must not run\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+                        "    - name: Ran\n      ansible.builtin.fail:\n        msg: ANSIBLE-RAN\n")
+    monkeypatch.setenv("DSV4KIT_PLAYBOOK", str(playbook))
     code, out, err = cli("provision", "-i", str(inventory), "--results-dir", str(results))
     assert code == exitcodes.USAGE, out + err
     assert "box1-gpu7-20261201T100000Z.json refused" in err and "driver '575.57.08'" in err
-    assert "PLAY" not in out + err
+    assert "PLAY" not in out + err and "ANSIBLE-RAN" not in out + err
 
 
 def test_auto_for_an_unknown_flag_is_bad_input(tmp_path, facts):
@@ -283,7 +288,7 @@ def test_probe_output_is_parsed():
 # --------------------------------------------------------------------------- validate's options
 def test_validate_local_writes_a_verdict_section_and_checks_its_options(tmp_path):
     out = tmp_path / "local.json"
-    code, text, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--json", str(out))
+    code, text, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "-o", str(out))
     assert code == exitcodes.OK, err
     assert "kernel verdict: not measured (no GPU" in text  # this machine: the interpreter
     verdict = json.loads(out.read_text())["verdict"]
@@ -291,7 +296,7 @@ def test_validate_local_writes_a_verdict_section_and_checks_its_options(tmp_path
                                  "concurrency": list(verdict_run.DEFAULT_CONCURRENCY)}
     code, _, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--concurrency", "0,4")
     assert code == exitcodes.USAGE and "--concurrency '0,4'" in err
-    code, _, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--no-verdict", "--json", str(out))
+    code, _, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--no-verdict", "-o", str(out))
     assert code == exitcodes.OK and "verdict" not in json.loads(out.read_text())
 
 

@@ -339,9 +339,14 @@ def _closed_port() -> int:
 
 
 def test_unreachable_host_gives_summary_and_exit_3(loopback_ssh, env, tmp_path):
-    inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, tmp_path / "prefix", host="downbox")
-    text = inventory.read_text().replace(f"ansible_port: {loopback_ssh.port}", f"ansible_port: {_closed_port()}")
-    inventory.write_text(text)
+    port = _closed_port()
+    # The key is known for the closed port too: dsv4kit's own known_hosts check lets the run through.
+    known = tmp_path / "known_hosts"
+    known.write_text(loopback_ssh.host_key_line().replace(f":{loopback_ssh.port} ", f":{port} "))
+    inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, tmp_path / "prefix", host="downbox",
+                                         overrides={"dsv4_known_hosts": str(known)})
+    text = inventory.read_text().replace(f"ansible_port: {loopback_ssh.port}", f"ansible_port: {port}")
+    inventory.write_text(text.replace(str(loopback_ssh.known_hosts), str(known)))
     result = provision(inventory, env)
     assert result.returncode == 3, result.stdout[-3000:]
     assert "UNREACHABLE!" in result.stdout  # Ansible's own error text is shown

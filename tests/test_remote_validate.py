@@ -66,7 +66,7 @@ def test_validate_ships_the_wheel_runs_the_harness_and_keeps_the_report(box, whe
     monkeypatch.setenv("DSV4KIT_TEST_SECRET_TOKEN", SECRET)
     code, out, err = validate("--gpu", "3", "-i", str(inventory), "--interpret", "--cases", CASE,
                               "--wheel", str(wheel), "--results-dir", str(results),
-                              "--json", str(results.parent / "copy.json"))
+                              "--output", str(results.parent / "copy.json"))
     assert code == exitcodes.OK, out + err
     # Progress streamed from the box, then the table, then where the report is.
     assert "[lo] == indexer: 1 case(s) on cpu (Triton interpreter)" in out

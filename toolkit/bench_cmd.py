@@ -22,6 +22,7 @@ from typing import Optional
 import typer
 
 from dsv4kit import exitcodes
+from dsv4kit.cli_common import check_hosts, doing, interruptible
 
 DEFAULT_RESULTS_REPO = Path("results/bench")
 
@@ -49,7 +50,9 @@ def _find_baseline(repo: Path, host_name: str, context_length: int) -> dict:
     return results_repo.read_record(repo, entries[-1].run_id)
 
 
+@interruptible("dsv4kit bench", "nothing was run or recorded")
 def bench(
+    invocation: typer.Context,
     ctx: int = typer.Option(..., "--ctx", help="Context length (tokens) the decode server must run with; e.g. 131072. The serving units are restarted with it if they run with another."),
     concurrency: str = typer.Option("1,16,64", "--concurrency", "-c", help="Comma-separated max-concurrency points."),
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens per request (fixed). Default: ctx - max(1024, output-len)."),
@@ -82,6 +85,7 @@ def bench(
     """
     from dsv4kit import bench as sweep
     from dsv4kit import results_repo
+    from dsv4kit.bench_args import check_lengths, check_prompts
     from dsv4kit.bench_gates import GateConfig
     from dsv4kit.compare import compare, format_comparison, key_differences
     from dsv4kit.inventory import InventoryError, default_inventory_path, load_inventory
@@ -95,6 +99,10 @@ def bench(
             _fail(exitcodes.USAGE, f"{name} must be a finite number of seconds, got {value}")
     repo = results_repo_path or default_results_repo()
     inventory_path = inventory or default_inventory_path()
+    doing("checking the inputs before connecting")
+    check_lengths(ctx, input_len, output_len)  # in the user's terms, before any derived length
+    check_prompts(num_prompts, concurrency, min_concurrency_ratio,
+                  ratio_given=invocation.get_parameter_source("min_concurrency_ratio").name != "DEFAULT")
     try:
         isl, osl = sweep.default_lengths(ctx, input_len, output_len)
         cfg = sweep.SweepConfig(
@@ -118,7 +126,6 @@ def bench(
     try:
         inv = load_inventory(inventory_path)
         target = inv.host(host)
-        target.check_connectable()
         sweep.check_host(target)
         if restart:
             warning = sweep.check_restart_tools(target, ctx)
@@ -151,6 +158,9 @@ def bench(
 
     from dsv4kit.ssh import RemoteError, open_session
 
+    # The same checks as provision and validate: inventory, key file, known_hosts (exit 2 or 3).
+    check_hosts(inventory_path, host=target.name, trust_new_host_key=trust_new_host_key)
+    doing("running the sweep")
     try:
         with open_session(target, trust_new_host_key=trust_new_host_key, say=progress) as session:
             result = sweep.run_sweep(cfg, host=target, session=session, inventory_path=inventory_path,

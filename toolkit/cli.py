@@ -14,6 +14,8 @@ app = typer.Typer(
     help=(
         "Bring an 8x RTX PRO 6000 (sm_120) box to a validated, benchmarked DeepSeek-V4-Flash "
         "server on SGLang 0.5.23.\n\n"
+        "In every command --json prints a machine-readable summary on stdout and --output/-o PATH "
+        "writes a file, checked before any work (docs/cli.md).\n\n"
         "Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 host unreachable, 4 timeout, "
         "5 environment missing something, 6 a driven tool failed, 130 interrupted."
     ),
@@ -38,7 +40,8 @@ def _root(
     """dsv4kit: provision, validate, bench, records, rollout."""
 
 
-app.command("validate", no_args_is_help=True)(validate_cmd.validate)
+# Extra arguments reach validate, which explains them (`--json PATH` was once the report file).
+app.command("validate", no_args_is_help=True, context_settings={"allow_extra_args": True})(validate_cmd.validate)
 app.command("provision")(provision_cmd.provision)
 app.command("bench")(bench_cmd.bench)
 app.add_typer(records_cmd.app, name="records")

@@ -12,7 +12,13 @@ from typing import Sequence
 from dsv4kit.compare import METRICS
 
 
-def plot_records(records: Sequence[dict], out: Path, metric: str = "decode_tok_s") -> Path:
+#: Printed on the figure: what a point and its error bar are.
+BARS_NOTE = ("Each point: the mean over the valid repetitions at that concurrency. Error bars: the 95% "
+             "confidence interval (95% CI) of that mean\n(Student t, n-1 degrees of freedom); no bar with "
+             "fewer than 2 valid repetitions. Invalid points are left out (a gap, not a zero).")
+
+
+def _pyplot():
     try:
         import matplotlib
 
@@ -20,10 +26,31 @@ def plot_records(records: Sequence[dict], out: Path, metric: str = "decode_tok_s
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise RuntimeError("records plot needs matplotlib: pip install matplotlib") from exc
+    return plt
+
+
+def plot_records(records: Sequence[dict], out: Path, metric: str = "decode_tok_s") -> Path:
+    plt = _pyplot()
+    fig = figure(records, metric)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.png")
+    try:
+        fig.savefig(tmp, format="png")
+        tmp.replace(out)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)  # only there when saving failed or was interrupted
+    return out
+
+
+def figure(records: Sequence[dict], metric: str = "decode_tok_s"):
+    """The matplotlib figure of ``plot_records`` (the caller closes it)."""
+    plt = _pyplot()
     if not records:
         raise ValueError("no records to plot")
     label = METRICS.get(metric, (None, metric))[1]
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
     all_c: set[int] = set()
     for record in records:
         per_c = record["summary"]["per_concurrency"]
@@ -46,17 +73,9 @@ def plot_records(records: Sequence[dict], out: Path, metric: str = "decode_tok_s
     ax.set_xticklabels([str(c) for c in sorted(all_c)])
     ax.set_xlabel("concurrency (max in-flight requests)")
     ax.set_ylabel(label)
-    ax.set_title(f"{label} vs concurrency")
+    ax.set_title(f"{label} vs concurrency (mean, 95% CI error bars)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.png")
-    try:
-        fig.savefig(tmp, format="png")
-        tmp.replace(out)
-    finally:
-        plt.close(fig)
-        tmp.unlink(missing_ok=True)  # only there when saving failed or was interrupted
-    return out
+    ax.legend(fontsize=7, title="record (context length, input/output tokens)", title_fontsize=7)
+    fig.text(0.01, 0.01, BARS_NOTE, fontsize=6.5, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

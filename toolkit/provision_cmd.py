@@ -9,8 +9,10 @@ from typing import List, Optional
 import typer
 
 from dsv4kit import exitcodes
+from dsv4kit.cli_common import check_hosts, doing, interruptible
 
 
+@interruptible("dsv4kit provision", "nothing was run")
 def provision(
     inventory: Optional[Path] = typer.Option(
         None, "--inventory", "-i",
@@ -32,19 +34,29 @@ def provision(
     """Provision the box(es) in the inventory with Ansible, showing every task as it runs.
 
     Ends with a per-host table (ok / changed / failed / unreachable). Exit codes: 0 ok, 2 bad
-    inventory or option (e.g. an unknown tag), 3 a host was unreachable, 5 ansible-playbook missing, 6 a task failed,
+    inventory, key file or option (e.g. an unknown tag), 3 a host was unreachable or its key is not
+    in known_hosts (checked before Ansible runs), 5 ansible-playbook missing, 6 a task failed,
     130 interrupted.
     """
-    from dsv4kit.inventory import InventoryError, default_inventory_path
-    from dsv4kit.provision import ProvisionError, format_summary, run_playbook
+    from dsv4kit.inventory import InventoryError, default_inventory_path, load_inventory
+    from dsv4kit.kernel_plan import PlanError, resolve_for_provision
+    from dsv4kit.provision import ProvisionError, check_limit, check_tags, check_tools, format_summary, run_playbook
 
     path = inventory if inventory is not None else default_inventory_path()
     echo_progress = (lambda line: typer.echo(line, err=True)) if json_out else typer.echo
-    from dsv4kit.kernel_plan import PlanError, resolve_for_provision
 
     try:
+        doing("checking the inventory and the options")
+        load_inventory(path)
+        check_limit(path, limit)
+        check_tags(check_tools(), tags=tags, skip_tags=skip_tags)
+        # The same checks as validate and bench: inventory, key files, known_hosts (exit 2 or 3).
+        check_hosts(path, limit=limit or [], trust_new_host_key=None)
+        doing("resolving 'auto' kernel flags from the hosts' validation reports")
         extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, tags=tags,
                                            skip_tags=skip_tags, say=echo_progress)
+        doing("running ansible-playbook", "ansible-playbook was stopped; the box may be partly provisioned "
+                                          "(every stage is idempotent: run provision again)")
         summary = run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
                                progress=echo_progress, extra_vars=extra_vars)
     except PlanError as exc:
@@ -56,9 +68,6 @@ def provision(
     except ProvisionError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exc.exit_code)
-    except KeyboardInterrupt:
-        typer.echo("provision: interrupted; ansible-playbook was stopped", err=True)
-        raise typer.Exit(exitcodes.INTERRUPTED)
     table = format_summary(summary)
     if json_out:
         typer.echo(table, err=True)

@@ -10,12 +10,14 @@ comparable (the differing key fields are listed; no verdict) or a record was not
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from dsv4kit import exitcodes
+from dsv4kit.cli_common import JSON_HELP, check_output, deprecated, doing, interruptible
 
 app = typer.Typer(help="List, show, compare and plot bench records.", no_args_is_help=True)
 
@@ -23,9 +25,19 @@ _REPO_HELP = "Results git repository. Default: results/bench or $DSV4KIT_RESULTS
 
 
 def _repo(path: Optional[Path]) -> Path:
+    """The results repository to read; exit 2 when it names a file (or anything not a directory)."""
     from dsv4kit.bench_cmd import default_results_repo
 
-    return path or default_results_repo()
+    repo = path or default_results_repo()
+    if repo.exists() and not repo.is_dir():
+        # Named as the user gave it: the option, the environment variable, or the default.
+        what = (f"--results-repo {str(repo)!r}" if path is not None else
+                f"$DSV4KIT_RESULTS_REPO {str(repo)!r}" if os.environ.get("DSV4KIT_RESULTS_REPO") else
+                f"the default results repository {str(repo)!r}")
+        _fail(exitcodes.USAGE, f"{what} is a file, not a directory: a results repository is a git "
+                               f"directory (give one with --results-repo DIR)")
+    doing(f"reading the results repository {repo}", "nothing was changed")
+    return repo
 
 
 def _fail(code: int, message: str) -> None:
@@ -44,9 +56,10 @@ def _load(repo: Path, ident: str) -> dict:
 
 
 @app.command("list")
+@interruptible("dsv4kit records list", "nothing was changed")
 def list_records(
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
-    json_out: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """List the records, oldest first: run id, tag, context, lengths, concurrency, validity."""
     from dsv4kit.records import RecordError
@@ -78,10 +91,11 @@ def list_records(
 
 
 @app.command("show")
+@interruptible("dsv4kit records show", "nothing was changed")
 def show(
     record_id: str = typer.Argument(..., metavar="ID", help="Run id, tag, unique prefix or record.json path."),
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Print the whole record as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the whole record as JSON on stdout."),
 ) -> None:
     """Show one record: provenance, the per-point gates, and the summary table."""
     from dsv4kit.bench import format_summary
@@ -120,12 +134,13 @@ def show(
 
 
 @app.command("compare")
+@interruptible("dsv4kit records compare", "nothing was changed")
 def compare_cmd(
     old_id: str = typer.Argument(..., metavar="A", help="The old record (baseline)."),
     new_id: str = typer.Argument(..., metavar="B", help="The new record."),
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
     ignore: List[str] = typer.Option([], "--ignore", help="Comparability field allowed to differ (repeatable), e.g. context_length."),
-    json_out: bool = typer.Option(False, "--json", help="JSON on stdout."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Compare B against A per metric and concurrency; exit 1 on a regression, 2 if not comparable."""
     from dsv4kit.compare import compare, format_comparison
@@ -146,9 +161,11 @@ def compare_cmd(
 
 
 @app.command("plot")
+@interruptible("dsv4kit records plot", "no plot was written")
 def plot_cmd(
     record_ids: List[str] = typer.Argument(None, metavar="[IDS]...", help="Records to plot (default: all)."),
-    out: Path = typer.Option(..., "--out", "-o", help="PNG file to write."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG file to write (checked for writability before any work)."),
+    old_out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Deprecated spelling of --output."),
     metric: str = typer.Option("decode_tok_s", "--metric", help="decode_tok_s (default), output_throughput, decode_tok_s_per_gpu, ..."),
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
 ) -> None:
@@ -157,6 +174,15 @@ def plot_cmd(
     from dsv4kit.records import SUMMARY_METRICS, RecordError
     from dsv4kit.results_repo import ResultsRepoError, list_records as entries_of, read_entry
 
+    if old_out is not None:
+        deprecated("--out", "--output/-o")
+        if output is not None:
+            _fail(exitcodes.USAGE, "give --output once (--out is its deprecated spelling)")
+        output = old_out
+    if output is None:
+        _fail(exitcodes.USAGE, "give --output PATH (or -o PATH): the PNG file to write")
+    check_output(output)
+    out = output
     if metric not in SUMMARY_METRICS:
         _fail(exitcodes.USAGE, f"--metric {metric!r} is not one of {', '.join(SUMMARY_METRICS)}")
     repo = _repo(results_repo)
@@ -169,6 +195,7 @@ def plot_cmd(
             _fail(exitcodes.USAGE, str(exc))
         if not records:
             _fail(exitcodes.USAGE, f"no records in {repo} to plot")
+    doing(f"drawing {out}", "no plot was written")
     try:
         path = plot_records(records, out, metric=metric)
     except RuntimeError as exc:

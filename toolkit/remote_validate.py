@@ -3,7 +3,8 @@
 Steps, each bounded by a timeout:
 
 1. Load the host from the inventory (and, without ``--gpu``, its ``dsv4_validate_gpu``); check
-   ``--cases``, ``--results-dir`` and ``--json`` here (bad input fails before any build or SSH).
+   ``--cases``, ``--results-dir`` and ``--output``, then the key file and known_hosts
+   (``dsv4kit.cli_common.check_hosts``) here (bad input fails before any build or SSH).
 2. Build this checkout's wheel (or take ``--wheel``; nothing with ``--installed``).
 3. Connect (host key verified against known_hosts; see ``dsv4kit.ssh``).
 4. Preflight on the box: the venv directory and its python exist, which GPUs exist
@@ -19,7 +20,7 @@ Steps, each bounded by a timeout:
 8. Remove the scratch directory.
 
 Exit codes (``dsv4kit.exitcodes``): 0 all cases passed, 1 a case failed, 2 bad input (inventory,
-no GPU given or configured, --cases, --wheel, an unwritable --results-dir or --json), 3 unreachable /
+no GPU given or configured, --cases, --wheel, an unwritable --results-dir or --output), 3 unreachable /
 authentication / host key, 4 timeout, 5 environment (no venv, no python, GPU absent, a report that
 cannot be written), 6 a driven tool failed (wheel build, pip, harness crash), 130 interrupted.
 """
@@ -113,17 +114,12 @@ def report_filename(host_name: str, gpu: int, when: datetime) -> str:
 
 def format_table(report: dict) -> list[str]:
     """The validation table from a harness JSON report."""
-    from dsv4kit.validation.harness import CheckRow
+    from dsv4kit.validation.harness import row_from_json
 
     lines = []
-    names = {f.name for f in CheckRow.__dataclass_fields__.values()}
     for suite, body in report.get("suites", {}).items():
         for row in body.get("rows", []):
-            values = {k: v for k, v in row.items() if k in names}
-            for key in ("max_abs", "rel", "bar"):
-                if isinstance(values.get(key), str):  # NaN/inf written as text
-                    values[key] = float(values[key])
-            lines.append(CheckRow(**values).line())
+            lines.append(row_from_json(row).line())
         lines.append(f"{suite}: {'PASS' if body.get('passed') else 'FAIL'}")
     return lines
 
@@ -230,38 +226,47 @@ def _default_output() -> Output:
 
 
 def run(*, gpu: Optional[int], host: Optional[str] = None, inventory: Optional[Path] = None, timeout: float = 1800.0,
-        cases: Optional[str] = None, json_path: Optional[Path] = None, interpret: bool = False,
+        cases: Optional[str] = None, output_path: Optional[Path] = None, interpret: bool = False,
         installed: bool = False, trust_new_host_key: bool = False,
         results_dir: Path = Path("results/validation"), wheel: Optional[Path] = None,
-        output: Optional[Output] = None, _test_remote_sleep_s: Optional[float] = None,
+        output: Optional[Output] = None, on_report: Optional[Callable[[dict], None]] = None,
+        _test_remote_sleep_s: Optional[float] = None,
         verdict: bool = True, ctx: Optional[int] = None, concurrency: Optional[str] = None) -> int:
     """Validate on ``gpu`` of an inventory host. Returns the exit code; prints progress and table.
 
-    ``gpu`` None: the host's ``dsv4_validate_gpu`` (exit 2 when it has none). ``verdict``: end with
-    the kernel verdict at ``ctx`` (default: the host's dsv4_context_length) and ``concurrency``.
+    ``gpu`` None: the host's ``dsv4_validate_gpu`` (exit 2 when it has none). ``output_path``:
+    a copy of the report (``--output``). ``on_report`` receives the kept report (``--json``).
+    ``verdict``: end with the kernel verdict at ``ctx`` (default: the host's dsv4_context_length)
+    and ``concurrency``.
 
     ``_test_remote_sleep_s`` (tests only, not reachable from the CLI) makes the box sleep before
     the harness starts, to exercise the timeout path.
     """
     io = output or _default_output()
+    run = _Run(io, gpu=gpu, host_name=host, inventory=inventory, timeout=timeout, cases=cases,
+               json_path=output_path, interpret=interpret, installed=installed,
+               trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
+               test_sleep=_test_remote_sleep_s, on_report=on_report,
+               verdict=(ctx, concurrency) if verdict else None)
     try:
-        return _Run(io, gpu=gpu, host_name=host, inventory=inventory, timeout=timeout, cases=cases,
-                    json_path=json_path, interpret=interpret, installed=installed,
-                    trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
-                    test_sleep=_test_remote_sleep_s, verdict=(ctx, concurrency) if verdict else None).execute()
+        return run.execute()
     except ValidationAbort as exc:
         io.err(f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
-        io.err("interrupted: the remote process group was killed; no report was kept")
+        doing, left = run.step
+        io.err(f"interrupted: dsv4kit validate stopped while {doing}; {left}")
         return exitcodes.INTERRUPTED
 
 
 class _Run:
     def __init__(self, io: Output, *, gpu, host_name, inventory, timeout, cases, json_path, interpret,
-                 installed, trust_new_host_key, results_dir, wheel, test_sleep, verdict=None):
+                 installed, trust_new_host_key, results_dir, wheel, test_sleep, on_report=None, verdict=None):
         self.io = io
+        self.on_report = on_report
         self.verdict = verdict  # (ctx or None, concurrency text or None), or None: no verdict
+        # What is running now and what a Ctrl-C leaves behind, for the message it prints.
+        self.step = ("checking the inputs", "nothing was run")
         self.gpu = gpu
         self.host_name = host_name
         self.inventory = inventory
@@ -276,6 +281,7 @@ class _Run:
         self.test_sleep = test_sleep
         self.started = datetime.now(timezone.utc)
         self.host = None
+        self.gpu_origin = ""  # how a GPU the user did not give was chosen, for messages about it
         self.install_method: Optional[str] = None  # "pip" or "unzip" once the wheel is installed
         self.session = None
         self.scratch: Optional[str] = None
@@ -295,12 +301,16 @@ class _Run:
         if self.installed and self.wheel_arg is not None:
             raise ValidationAbort(exitcodes.USAGE, "--installed and --wheel exclude each other")
         self._check_outputs()
+        self._check_connection_inputs()
         with tempfile.TemporaryDirectory(prefix="dsv4kit-validate-") as local_tmp:
+            self.step = ("building the wheel", "nothing was run on the box")
             built = None if self.installed else self._wheel(Path(local_tmp))
+            self.step = (f"connecting to {self.host.name}", "nothing was run on the box")
             try:
                 self.session = ssh.open_session(self.host, trust_new_host_key=self.trust, say=self.say)
             except ssh.RemoteError as exc:
                 raise ValidationAbort(exc.exit_code, str(exc)) from None
+            self.step = (f"checking {self.host.name}", "its scratch directory was removed; no report was kept")
             try:
                 return self._on_box(built, Path(local_tmp))
             except ssh.RemoteError as exc:  # RemoteTimeout's exit_code is exitcodes.TIMEOUT
@@ -314,7 +324,6 @@ class _Run:
 
         try:
             self.host = load_inventory(self.inventory).host(self.host_name)
-            self.host.check_connectable()
             self.venv = self.host["dsv4_venv_dir"].rstrip("/") or "/"
             self.python = self.host.venv_python
         except InventoryError as exc:
@@ -328,6 +337,7 @@ class _Run:
                                       f"no GPU to validate on: pass --gpu N, or set dsv4_validate_gpu for host "
                                       f"{self.host.name!r} in {self.host.source} (or its group_vars/host_vars)")
             self.gpu = int(default)
+            self.gpu_origin = f" (GPU {self.gpu} is dsv4_validate_gpu of {self.host.name} in the inventory; --gpu N picks another)"
             self.say(f"GPU {self.gpu}: dsv4_validate_gpu of {self.host.name} (--gpu N picks another)")
         if self.verdict is not None:
             from dsv4kit.validation.verdict_run import DEFAULT_CONCURRENCY, parse_concurrency
@@ -339,29 +349,32 @@ class _Run:
                 raise ValidationAbort(exitcodes.USAGE, str(exc)) from None
             self.verdict = (int(ctx or self.host["dsv4_context_length"]), ",".join(map(str, levels)))
 
+    def _check_connection_inputs(self) -> None:
+        """The key file and known_hosts, as provision and bench check them (exit 2 or 3)."""
+        from dsv4kit.cli_common import check_hosts
+
+        try:
+            check_hosts(self.inventory, host=self.host.name, trust_new_host_key=self.trust)
+        except exitcodes.Abort as exc:
+            raise ValidationAbort(exc.exit_code, str(exc)) from None
+
     def _check_outputs(self) -> None:
-        """--results-dir and --json must be writable before anything runs (exit 2 naming the path)."""
+        """--results-dir and --output must be writable before anything runs (exit 2 naming the path)."""
+        from dsv4kit.cli_common import check_output
+
         try:
             self.results_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ValidationAbort(exitcodes.USAGE, f"--results-dir {str(self.results_dir)!r} cannot be created: "
                                                    f"{exc.strerror or exc}") from None
-        targets = [("--results-dir", self.results_dir)]
+        problem = cannot_write(self.results_dir)
+        if problem:
+            raise ValidationAbort(exitcodes.USAGE, f"--results-dir: cannot write into {str(self.results_dir)!r}: {problem}")
         if self.json_path is not None:
-            json_path = Path(self.json_path)
-            if json_path.is_dir():
-                raise ValidationAbort(exitcodes.USAGE, f"--json {str(json_path)!r} is a directory; give a file path")
-            parent = json_path.absolute().parent
             try:
-                parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ValidationAbort(exitcodes.USAGE, f"--json {str(json_path)!r}: its directory cannot be "
-                                                       f"created: {exc.strerror or exc}") from None
-            targets.append(("--json", parent))
-        for option, directory in targets:
-            problem = cannot_write(directory)
-            if problem:
-                raise ValidationAbort(exitcodes.USAGE, f"{option}: cannot write into {str(directory)!r}: {problem}")
+                check_output(self.json_path)
+            except exitcodes.Abort as exc:
+                raise ValidationAbort(exc.exit_code, str(exc)) from None
 
     def _check_cases(self) -> None:
         from dsv4kit.validation.harness import parse_cases
@@ -411,7 +424,7 @@ class _Run:
             self.say(f"warning: the inventory says dsv4_gpu_count={expected}, the box has {len(facts.gpus)} GPU(s)")
         problem = check_gpu(self.gpu, facts, self.interpret, self.host.name)
         if problem:
-            raise ValidationAbort(exitcodes.ENVIRONMENT, problem)
+            raise ValidationAbort(exitcodes.ENVIRONMENT, problem + self.gpu_origin)
         if self.interpret:
             self.say(f"--interpret: kernels run on the box's CPU through the Triton interpreter "
                      f"(GPU check skipped; CUDA_VISIBLE_DEVICES={self.gpu} is still set)")
@@ -491,6 +504,8 @@ class _Run:
         if self.test_sleep:
             command = f"sleep {float(self.test_sleep):g}; {command}"
         self.say(f"running the harness on GPU {self.gpu} (timeout {self.timeout:g}s)")
+        self.step = (f"running the harness on {self.host.name} GPU {self.gpu}",
+                     "the remote process group was killed and its scratch directory removed; no report was kept")
         result = self.session.run(command, timeout=self.timeout, env=env, cwd=self.scratch,
                                   stream=lambda line: self.io.out(f"[{self.host.name}] {line}"), check=False)
         if result.exit_code not in (exitcodes.OK, exitcodes.CHECK_FAILED):
@@ -558,7 +573,7 @@ class _Run:
             try:
                 write_json_atomic(str(self.json_path), report)
             except OSError as exc:
-                json_error = f"the report could not be written to --json {self.json_path}: {exc.strerror or exc}"
+                json_error = f"the report could not be written to --output {self.json_path}: {exc.strerror or exc}"
         env = report.get("environment", {})
         self.io.out("")
         self.io.out(f"validation table: {self.host.name} GPU {self.gpu} "
@@ -574,6 +589,8 @@ class _Run:
         passed = bool(report.get("passed"))
         self.io.out(f"VERDICT: {'PASS' if passed else 'FAIL'}")
         self.io.out(f"report: {path}" + (f" (and {self.json_path})" if self.json_path and not json_error else ""))
+        if self.on_report is not None:
+            self.on_report(report)
         if json_error:  # the report is kept all the same; a failed case still says 1
             self.io.err(f"error: {json_error}")
             return exitcodes.CHECK_FAILED if not passed else exitcodes.ENVIRONMENT

@@ -208,7 +208,7 @@ def _env_bool(environ, name: str, default: bool) -> bool:
 
 
 def indexer_route(environ) -> str:
-    """Which indexer SGLang 0.5.23 calls on sm_120 (spec 3.1), from its own switches: "tilelang",
+    """Which indexer SGLang 0.5.23 calls on sm_120 (docs/sglang-contract.md §3.1), from its own switches: "tilelang",
     "aiter", "torch" or "deepgemm". Unset switches take the sm_120 defaults that SGLang's model
     hook applies (TileLang and torch on), so only explicit settings move the route."""
     if _env_bool(environ, "SGLANG_OPT_USE_TILELANG_INDEXER", True):
@@ -275,7 +275,7 @@ def status_report(environ=None, decision_path: Optional[str] = None) -> dict:
                    "supported": version_supported(version),
                    "supported_versions": list(SUPPORTED_SGLANG_VERSIONS), "location": sglang_dir},
     }
-    # SGLang's own switches that decide which indexer target it dispatches to (spec 3.1) and the
+    # SGLang's own switches that decide which indexer target it dispatches to (docs/sglang-contract.md §3.1) and the
     # plugin whitelist; shown as seen, unset meaning SGLang's sm_120 defaults.
     report["sglang_env"] = {name: environ.get(name) for name in SGLANG_CONTEXT_ENV}
     flags = {name: read_flag(name, environ) for name in FLAGS}

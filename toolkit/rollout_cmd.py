@@ -2,7 +2,8 @@
 
 ``dsv4kit rollout status`` reports on this interpreter's environment; with ``--python PATH`` it
 runs ``PATH -m dsv4kit.rollout status --json`` (the SGLang venv's interpreter, where the dsv4kit
-wheel is installed) under a timeout and renders that. The report itself lives in
+wheel is installed) under a timeout and renders that; with ``--host NAME`` it asks the box's venv
+over SSH, with the serving units' environment (:mod:`dsv4kit.rollout_remote`). The report itself lives in
 :mod:`dsv4kit.rollout`, which needs only the standard library.
 """
 
@@ -17,6 +18,7 @@ from typing import Optional
 import typer
 
 from dsv4kit import exitcodes
+from dsv4kit.cli_common import JSON_HELP, check_hosts, doing, interruptible
 from dsv4kit.rollout import DEFAULT_DECISION_FILE, render, status_report
 
 app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status, plan.",
@@ -36,13 +38,14 @@ def _report_from(python: Path, timeout: float, decision: str = "") -> dict:
     if python.is_dir() or not os.access(python, os.X_OK):
         _fail(f"--python {python}: not an executable interpreter", exitcodes.USAGE)
     cmd = [str(python), "-m", "dsv4kit.rollout", "status", "--json", "--decision", decision]
+    doing(f"waiting for {python}'s report (it was stopped)")
     try:
         # cwd "/": "python -m" puts the working directory first on sys.path, and a source
         # checkout there (its *.egg-info) would shadow the venv's installed dsv4kit metadata.
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL, cwd="/")
     except subprocess.TimeoutExpired:
-        _fail(f"{' '.join(cmd)} did not finish within {timeout:g}s", exitcodes.TIMEOUT)
+        _fail(f"{' '.join(cmd)} did not finish within {timeout:g}s (--timeout)", exitcodes.TIMEOUT)
     except OSError as exc:
         _fail(f"cannot run {python}: {exc}", exitcodes.ENVIRONMENT)
     try:
@@ -59,17 +62,24 @@ def _report_from(python: Path, timeout: float, decision: str = "") -> dict:
 
 
 @app.command("status")
+@interruptible("dsv4kit rollout status", "nothing was changed")
 def status(
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     python: Optional[Path] = typer.Option(
         None, "--python", help="Interpreter of the SGLang venv to inspect (e.g. "
         "/opt/sglang/venv/bin/python); it runs 'python -m dsv4kit.rollout status --json'. "
         "Default: this interpreter.", dir_okay=False),
+    host: Optional[str] = typer.Option(
+        None, "--host", help="Inventory host to inspect over SSH (the SSH layer of dsv4kit validate): its "
+        "dsv4_venv_dir python, with the environment its serving units get."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="--host: accept and record an unknown host key (a changed key is always refused)."),
     timeout: float = typer.Option(60.0, "--timeout", min=1.0,
-                                  help="Seconds to wait for --python's report."),
-    decision: str = typer.Option(DEFAULT_DECISION_FILE, "--decision",
-                                 help="Decision file kernel_rollout wrote beside the flags: which report "
-                                 "decided each flag, with its numbers ('' for none)."),
+                                  help="Seconds to wait for the report of --python or --host."),
+    decision: Optional[str] = typer.Option(
+        None, "--decision", help="Decision file kernel_rollout wrote beside the flags: which report decided "
+        f"each flag, with its numbers ('' for none). Default: {DEFAULT_DECISION_FILE}; with --host, the "
+        "host's <dsv4_prefix>/etc/dsv4kit/kernel-decision.json."),
 ) -> None:
     """Which SGLang version, whether the dsv4kit plugin is installed, which flags are set, and
     for each target whether it would be replaced or why not.
@@ -77,9 +87,30 @@ def status(
     Reads SGLang's files (it imports nothing from SGLang); for a flag that is on, a child
     process checks that the dsv4kit kernel modules import (they need torch and triton there).
     Flags are read from the environment of the command: run it with the server's environment.
+    With --host NAME the box is asked over SSH (host key checked against known_hosts), its flags
+    read from the serving units' environment files.
     Exit codes: 0 consistent (flagged targets replaced, or no flag set), 1 a flag is set but a
-    target would stay stock, 2 bad input, 4 timeout, 5 SGLang or dsv4kit missing there.
+    target would stay stock, 2 bad input, 3 host unreachable, 4 timeout, 5 SGLang or dsv4kit
+    missing there.
     """
+    if python is not None and host is not None:
+        _fail("give --python or --host, not both", exitcodes.USAGE)
+    if not timeout < float("inf"):
+        _fail(f"--timeout must be a finite number of seconds, got {timeout}", exitcodes.USAGE)
+    if host is not None:
+        from dsv4kit.rollout_remote import environment_line, remote_report
+
+        target = check_hosts(inventory, host=host, trust_new_host_key=trust_new_host_key)[0]
+        doing(f"asking {target.name} over SSH", "the remote command was stopped; nothing was changed")
+        report = remote_report(target, timeout=timeout, trust_new_host_key=trust_new_host_key,
+                               say=lambda line: typer.echo(line, err=True), decision=decision)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            typer.echo(environment_line(report, target))
+            typer.echo(render(report))
+        raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
+    decision = DEFAULT_DECISION_FILE if decision is None else decision
     report = (_report_from(python, timeout, decision) if python is not None
               else status_report(decision_path=decision or None))
     typer.echo(json.dumps(report, indent=2) if json_out else render(report))
@@ -87,12 +118,13 @@ def status(
 
 
 @app.command("plan")
+@interruptible("dsv4kit rollout plan", "nothing was changed")
 def plan(
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
     results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The kernel flags provisioning would set on the host, and the report and numbers behind each.
 

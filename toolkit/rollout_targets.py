@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 #: The SGLang releases whose call sites, argument layouts and hook registry the kernels were
-#: checked against (specs/sglang-0.5.23-dsv4-kernels.md). Any other version stays stock.
+#: checked against (docs/sglang-contract.md). Any other version stays stock.
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 
 #: The entry-point group SGLang loads in every scheduler/worker process, and our entry there.
@@ -66,7 +66,7 @@ class Target:
 
 
 TARGETS = (
-    # The torch sm_120 fallback: used when SGLANG_OPT_USE_TILELANG_INDEXER=0 (spec 3.1 step 4).
+    # The torch sm_120 fallback: used when SGLANG_OPT_USE_TILELANG_INDEXER=0 (docs/sglang-contract.md §3.1, step 4).
     Target(
         key="indexer",
         flag=INDEXER_FLAG,
@@ -75,7 +75,7 @@ TARGETS = (
         parameters=_INDEXER_PARAMETERS,
         kernel="dsv4kit.kernels.indexer:fp8_paged_mqa_logits",
     ),
-    # The sm_120 default (spec 3.1 step 2); its module imports tilelang at the top.
+    # The sm_120 default (docs/sglang-contract.md §3.1, step 2); its module imports tilelang at the top.
     Target(
         key="indexer_tilelang",
         flag=INDEXER_FLAG,
@@ -85,7 +85,7 @@ TARGETS = (
         kernel="dsv4kit.kernels.indexer:fp8_paged_mqa_logits",
         requires="tilelang",
     ),
-    # Sparse-MLA decode, keyword arguments only (spec 4.7). The backend reads
+    # Sparse-MLA decode, keyword arguments only (docs/sglang-contract.md §4.7). The backend reads
     # SM120_DECODE_MAX_TOKENS from the same module to decide how to pad heads.
     Target(
         key="attention",
@@ -98,7 +98,7 @@ TARGETS = (
     ),
 )
 
-#: The keyword arguments SGLang 0.5.23 passes to flash_mla_with_kvcache_sm120 (BK:4350-4360).
+#: The keyword arguments SGLang 0.5.23 passes to flash_mla_with_kvcache_sm120 (docs/sglang-contract.md §4.2).
 ATTENTION_KWARGS = ("q", "k_cache", "head_dim_v", "softmax_scale", "indices", "topk_length",
                     "attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")
 

@@ -6,7 +6,7 @@ The dsv4kit wheel registers ``register`` under SGLang's ``sglang.srt.plugins`` e
 SGLang calls every such entry in each scheduler / worker process (``load_plugins()``, called at
 the top of ``run_scheduler_process``), then ``HookRegistry.apply_hooks()`` rebinds each
 registered target with ``setattr`` on its module (plus stale ``from X import Y`` copies). Both
-targets are looked up at call time by SGLang (spec 3.1 and 4.7), so a rebinding is enough.
+targets are looked up at call time by SGLang (docs/sglang-contract.md §3.1 and §4.7), so a rebinding is enough.
 
 What it does
 ------------
@@ -19,7 +19,7 @@ For each target of :data:`dsv4kit.rollout_targets.TARGETS` whose flag is on, it 
 
 and only then registers a ``HookType.REPLACE`` hook: a guard object holding the original
 function. On the first call that would go to the kernel, the guard checks the shapes and dtypes
-against the contract (spec 2.2 / 4.2), imports the kernel and runs it; any mismatch or error
+against the contract (docs/sglang-contract.md §2.2 / §4.2), imports the kernel and runs it; any mismatch or error
 there switches that target back to the original for the rest of the process. Every failed check
 leaves SGLang's function in place and logs one WARNING line naming the target and the reason;
 nothing here raises into SGLang.
@@ -291,7 +291,7 @@ _MAX_REFUSALS_LOGGED = 8
 
 
 class _IndexerGuard(_Guard):
-    """fp8 paged MQA logits: the eight positional arguments of spec 2.2."""
+    """fp8 paged MQA logits: the eight positional arguments of docs/sglang-contract.md §2.2."""
 
     def __call__(self, *args, **kwargs):
         status = self.state.get("status")
@@ -346,12 +346,12 @@ class _IndexerGuard(_Guard):
 
 
 def _v4_page_bytes(page_size: int) -> int:
-    # KVLayout.V4 (spec 4.3): 584 bytes a token, pages padded to a multiple of 576 bytes.
+    # KVLayout.V4 (docs/sglang-contract.md §4.3): 584 bytes a token, pages padded to a multiple of 576 bytes.
     return math.ceil(page_size * 584 / 576) * 576
 
 
 class _AttentionGuard(_Guard):
-    """Sparse-MLA decode, keyword arguments only (spec 4.2). ``T`` above the kernel's limit (and
+    """Sparse-MLA decode, keyword arguments only (docs/sglang-contract.md §4.2). ``T`` above the kernel's limit (and
     above SGLang's ``SM120_DECODE_MAX_TOKENS``) goes to the original on every call."""
 
     def __init__(self, target: Target, original: Callable, module: Any):

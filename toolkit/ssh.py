@@ -230,7 +230,7 @@ class RemoteSession:
         if self.known_hosts.is_file():
             try:
                 client.load_host_keys(str(self.known_hosts))
-            except (OSError, paramiko.SSHException) as exc:
+            except Exception as exc:  # noqa: BLE001 - a broken line raises InvalidHostKey, no SSHException
                 raise UnknownHostKey(f"cannot read known_hosts {self.known_hosts}: {exc}") from None
         client.set_missing_host_key_policy(_host_key_policy(self))
         self._conn = conn

@@ -30,7 +30,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from dsv4kit.validation.harness import CheckRow, RunOptions, load_sglang_function
+from dsv4kit.validation.harness import CheckRow, RunOptions, load_sglang_function, skipped_row
 
 NAME = "attention"
 KERNEL_REL_BAR = 1e-2
@@ -191,8 +191,8 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
     progress = options.progress or (lambda _msg: None)
     sglang_fn, sglang_reason = load_sglang_function(options, SGLANG_MODULE, "_sm120_sparse_decode_fwd")
     if sglang_fn is None:
-        yield CheckRow(suite=NAME, case="-", impl="sglang", passed=True,
-                       note=f"SGLang torch path {sglang_reason}: its rows are skipped")
+        yield skipped_row(NAME, "-", "sglang",
+                          f"SGLang torch path {sglang_reason}: its rows are skipped")
 
     for case in cases:
         progress(f"attention: {case.label}")
@@ -232,8 +232,8 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
                 yield _row("sglang", case, _stats(theirs, ref_out, inputs), None,
                            "SGLang's installed torch path (_sm120_sparse_decode_fwd)")
             except Exception as exc:  # noqa: BLE001
-                yield CheckRow(suite=NAME, case=case.label, impl="sglang", passed=True,
-                               note=f"SGLang torch path raised {type(exc).__name__}: {str(exc)[:80]}")
+                yield skipped_row(NAME, case.label, "sglang",
+                                  f"SGLang torch path raised {type(exc).__name__}: {str(exc)[:80]}")
         del inputs, ref_out
 
     decode_cases = [c for c in cases if c.T <= SM120_DECODE_MAX_TOKENS]
@@ -243,17 +243,20 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
         yield _determinism_row(max(decode_cases, key=lambda c: c.T), flash_mla_with_kvcache_sm120, progress)
     elif decode_cases:
         for impl in ("graph-replay", "determinism"):
-            yield CheckRow(suite=NAME, case="-", impl=impl, passed=True,
-                           note="needs CUDA; skipped on the interpreter")
+            yield skipped_row(NAME, "-", impl,
+                              "needs CUDA; skipped on the interpreter")
 
 
 def _graph_cases(cases: list[AttentionCase]) -> list[AttentionCase]:
-    """One c4 and one c128 case (the largest T of each kind), else the largest case."""
+    """Per layer kind (c4, c128) the largest-T case and, if different, the smallest-T one (small
+    calls take other tiles and launch with programmatic dependent launch); else the largest."""
     picked = []
     for kind in ("c4", "c128"):
         of_kind = [c for c in cases if c.kind == kind]
         if of_kind:
-            picked.append(max(of_kind, key=lambda c: (c.T, c.heads)))
+            largest = max(of_kind, key=lambda c: (c.T, c.heads))
+            smallest = min(of_kind, key=lambda c: (c.T, -c.heads))
+            picked.extend([largest] if smallest == largest else [largest, smallest])
     return picked or [max(cases, key=lambda c: c.T)]
 
 

@@ -251,7 +251,7 @@ def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda parti
             p["speedup_vs_simt"] = p["simt_us"] / p["kernel_us"]
             p["ratio_to_floor"] = p["kernel_us"] / p["floor_us"]
             p["simt_ratio_to_floor"] = p["simt_us"] / p["floor_us"]
-            cfg = dec.default_config(H, dec.device_capability(layers[0]["q"].device))
+            cfg = dec.default_config(H, dec.device_capability(layers[0]["q"].device), T)
             p["num_splits"] = dec.choose_num_splits(T, -(-H // cfg.block_h), 128 + width, cfg.block_n,
                                                     props["sm_count"])
             _log(f"  kernel {p['kernel_us']:.1f} us (rel {p['kernel_rel']:.2e}), SIMT {p['simt_us']:.1f} us, "
@@ -593,6 +593,17 @@ def render(result: dict) -> str:
     return table(result)
 
 
+#: Printed under the figure: what a bar is and what the terms mean.
+PLOT_NOTE = (
+    "Bars and points: the median time of one layer call over the timed CUDA-graph replays (a single "
+    "median per point; no interval is drawn).\n"
+    "c4 layer: the 128-token sliding window (SWA) plus the top-512 entries of the 4x-compressed KV. "
+    "c128 layer: SWA plus the 128x-compressed KV (width 8256; a 128K-token request fills 1024).\n"
+    "T: query tokens per request in one decode call (1 = plain decode). "
+    "floor: max(KV bytes / measured copy bandwidth, bf16 MMA FLOPs / measured bf16 matmul rate), "
+    "the time no kernel can beat on this GPU.")
+
+
 def plot(result: dict, path: str) -> Optional[str]:
     try:
         import matplotlib
@@ -601,7 +612,20 @@ def plot(result: dict, path: str) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = figure(result)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def figure(result: dict):
+    """The benchmark figure (the caller closes it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5.4))
     pts = result["points"]
     labels = [f"{p['layer']}\nT={p['T']}" for p in pts]
     x = range(len(pts))
@@ -612,7 +636,8 @@ def plot(result: dict, path: str) -> Optional[str]:
     ax1.set_yscale("log")
     ax1.set_xticks(list(x))
     ax1.set_xticklabels(labels)
-    ax1.set_ylabel("us per layer call (CUDA-graph replay)")
+    ax1.set_xlabel("layer kind, T = query tokens per decode call")
+    ax1.set_ylabel("us per layer call (median, CUDA-graph replay)")
     ax1.set_title(f"Sparse-MLA decode, H=64, {result['environment']['gpu']}")
     ax1.legend()
     sweep = result["c128_length_sweep"]
@@ -627,10 +652,9 @@ def plot(result: dict, path: str) -> Optional[str]:
         ax2.set_ylabel("us per layer call")
         ax2.set_title("c128 layer, T=64: time follows the valid length")
         ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    fig.text(0.01, 0.01, PLOT_NOTE, fontsize=7, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig
 
 
 def _write_atomic(path: str, text: str) -> None:

@@ -4,7 +4,7 @@
 
 * Measures the device's copy bandwidth first, in the same run.
 * Grid: B in {1, 16, 64}, H = 64, actual length in {2K, 32K, 128K} tokens (c4 length = tokens/4),
-  context in {8K, 128K, 1M} tokens with ``max_seq_len`` as SGLang computes it (spec section 2.8:
+  context in {8K, 128K, 1M} tokens with ``max_seq_len`` as SGLang computes it (docs/sglang-contract.md §2.8:
   ``P = ceil((ctx + 4) / 256)``, ``max_seq_len = P * 64``); points with length > context are skipped.
 * Every implementation is timed under CUDA-graph replay (several calls per graph, so launch gaps
   do not count). Floor = (index-K pages for the actual length + the full logits rows) / bandwidth.
@@ -401,6 +401,16 @@ def summarise(points: list[dict]) -> dict:
     }
 
 
+#: Printed under the figure: what a point is and what the terms mean.
+PLOT_NOTE = (
+    "Each point: the median over 3 timed batches of CUDA-graph replays of the time of one call (a single "
+    "median; no interval is drawn).\n"
+    "B: requests in the batch. length: tokens of each request. context: the max context the page "
+    "table is sized for (the torch fallback's cost follows it; the kernel's follows the length).\n"
+    "memory floor: the bytes the call must read and write (live fp8 KV pages + logits) / measured copy "
+    "bandwidth, the time no kernel can beat on this GPU.")
+
+
 def plot(payload: dict, path: str, log) -> Optional[str]:
     try:
         import matplotlib
@@ -410,6 +420,19 @@ def plot(payload: dict, path: str, log) -> Optional[str]:
     except ImportError:
         log("matplotlib is not installed: skipping the plot")
         return None
+    fig = figure(payload)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def figure(payload: dict):
+    """The benchmark figure (the caller closes it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     points = payload["points"]
     batches = sorted({p["batch"] for p in points})
     lengths = sorted({p["tokens"] for p in points})
@@ -432,16 +455,15 @@ def plot(payload: dict, path: str, log) -> Optional[str]:
             ax.set_yscale("log")
             ax.set_title(f"B={batch}, length {_fmt_tokens(tokens)} tokens", fontsize=9)
             ax.set_xlabel("context (tokens)")
-            ax.set_ylabel("time per call (us)")
+            ax.set_ylabel("time per call (us, median)")
             ax.grid(True, which="both", alpha=0.3)
             if i == 0 and j == 0:
                 ax.legend(fontsize=7)
     env = payload["environment"]
     fig.suptitle(f"DSV4 indexer logits under CUDA-graph replay, H=64 - {env.get('gpu')}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    fig.text(0.01, 0.005, PLOT_NOTE, fontsize=7, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.16 / len(batches), 1, 1))
+    return fig
 
 
 _GENERATED = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", re.S)

@@ -54,27 +54,67 @@ class CheckRow:
     suite: str
     case: str  # human label of the case, e.g. "B=16 H=64 pages=32 seqlen<=2048"
     impl: str  # "kernel", "fallback", "sglang", "graph-replay", "determinism", ...
-    passed: bool
+    passed: Optional[bool]  # None when skipped: nothing was compared
     max_abs: Optional[float] = None  # max |out - ref| over compared (finite) positions
     rel: Optional[float] = None  # ||out - ref|| / ||ref|| over compared positions
     pattern_ok: Optional[bool] = None  # -inf pattern (indexer) / no NaN in real heads (attention)
     bar: Optional[float] = None  # the rel bar this row was held to, None when informational
     note: str = ""
     extra: dict = field(default_factory=dict)
+    skipped: bool = False  # the comparison could not run here (note says why); passed is None
+
+    @property
+    def status(self) -> str:
+        """``skipped``, ``info`` (measured, held to no bar), ``pass`` or ``fail``."""
+        if self.skipped:
+            return "skipped"
+        if not self.passed:
+            return "fail"
+        return "info" if self.bar is None else "pass"
 
     def line(self) -> str:
+        """One table row; the rel bar the row is held to stands beside rel (``tol -``: none)."""
         def fmt(v: Optional[float]) -> str:
             return "-" if v is None else f"{v:.3e}"
 
         pattern = "-" if self.pattern_ok is None else ("match" if self.pattern_ok else "MISMATCH")
-        verdict = "PASS" if self.passed else "FAIL"
-        if self.bar is None and self.passed:
-            verdict = "info"
+        tol = "-" if self.bar is None else f"{self.bar:.1e}"
+        verdict = {"skipped": "SKIPPED", "info": "info", "pass": "PASS", "fail": "FAIL"}[self.status]
         text = (
             f"{self.suite:<9} {self.impl:<12} {self.case:<40} "
-            f"max|d|={fmt(self.max_abs):>9}  rel={fmt(self.rel):>9}  pattern={pattern:<8} {verdict}"
+            f"max|d|={fmt(self.max_abs):>9}  rel={fmt(self.rel):>9} tol={tol:>7}  pattern={pattern:<8} {verdict}"
         )
         return text + (f"  {self.note}" if self.note else "")
+
+
+def skipped_row(suite: str, case: str, impl: str, reason: str) -> CheckRow:
+    """A comparison that could not run here: marked skipped (not passed), ``reason`` in the note."""
+    return CheckRow(suite=suite, case=case, impl=impl, passed=None, skipped=True, note=reason)
+
+
+def worst_line(suite: str, row: CheckRow) -> str:
+    """The suite's worst kernel row in one line, its bar beside its rel."""
+    tol = "" if row.bar is None else f" (tol {row.bar:.1e})"
+    return f"WORST {suite}: {row.case} rel={row.rel:.3e}{tol} max|d|={row.max_abs:.3e}"
+
+
+def row_from_json(values: dict) -> CheckRow:
+    """A row of a saved report (fields this version does not know, e.g. ``status``, are left out)."""
+    names = {f.name for f in dataclasses.fields(CheckRow)}
+    values = {k: v for k, v in values.items() if k in names}
+    for key in ("max_abs", "rel", "bar"):
+        if isinstance(values.get(key), str):  # NaN/inf written as text
+            values[key] = float(values[key])
+    measured = ("max_abs", "rel", "pattern_ok", "bar")
+    if "skipped" not in values and all(values.get(key) is None for key in measured):
+        # Reports from before rows carried ``skipped``: a row that measured nothing was skipped.
+        values.update(skipped=True, passed=None)
+    return CheckRow(**values)
+
+
+def row_json(row: CheckRow) -> dict:
+    """A row as the report stores it, with its ``status``."""
+    return {**dataclasses.asdict(row), "status": row.status}
 
 
 @dataclass
@@ -84,7 +124,7 @@ class SuiteReport:
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.rows) and bool(self.rows)
+        return all(r.passed for r in self.rows if not r.skipped) and bool(self.rows)
 
     def worst(self, impl: str = "kernel") -> Optional[CheckRow]:
         rows = [r for r in self.rows if r.impl == impl and r.rel is not None]
@@ -205,7 +245,7 @@ def run_suites(
         report = SuiteReport(name, rows)
         worst = report.worst()
         if worst is not None:
-            emit(f"WORST {name}: {worst.case} rel={worst.rel:.3e} max|d|={worst.max_abs:.3e}")
+            emit(worst_line(name, worst))
         emit(f"{name}: {'PASS' if report.passed else 'FAIL'}")
         reports.append(report)
     return reports, environment_info(options.device, options.interpret)
@@ -225,7 +265,7 @@ def report_json(reports: list[SuiteReport], env: dict, started: float) -> dict:
             r.name: {
                 "passed": r.passed,
                 "worst": dataclasses.asdict(worst[r.name]) if worst[r.name] else None,
-                "rows": [dataclasses.asdict(row) for row in r.rows],
+                "rows": [row_json(row) for row in r.rows],
             }
             for r in reports
         },
@@ -259,7 +299,9 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.harness",
                                      description="Run the dsv4kit kernel validation table.")
     parser.add_argument("--cases", default=None, help="comma-separated SUITE or SUITE:SPEC items")
-    parser.add_argument("--json", dest="json_path", default=None, help="write the report here")
+    parser.add_argument("--output", "-o", dest="json_path", default=None, help="write the report to this file")
+    # The old spelling: dsv4kit validate --installed runs whichever dsv4kit the box has rolled out.
+    parser.add_argument("--json", dest="json_path", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--interpret", action="store_true",
                         help="run kernels through Triton's CPU interpreter (small cases)")
     parser.add_argument("--no-sglang", action="store_true",
@@ -292,11 +334,12 @@ class VerdictRequest:
 
 def run_cli(cases: Optional[str], json_path: Optional[str], interpret: Optional[bool],
             compare_sglang: bool = True, emit: Callable[[str], None] = print,
+            on_report: Optional[Callable[[dict], None]] = None,
             verdict: Optional[VerdictRequest] = None) -> int:
     """Shared by ``dsv4kit validate --local`` and ``python -m``. Returns an exit code.
 
-    With ``verdict``, the report ends with the kernel verdict of the selected suites.
-    """
+    ``on_report`` receives the finished report (``dsv4kit validate --json`` prints it). With
+    ``verdict``, the report ends with the kernel verdict of the selected suites."""
     from dsv4kit import exitcodes
 
     started = time.time()
@@ -323,6 +366,8 @@ def run_cli(cases: Optional[str], json_path: Optional[str], interpret: Optional[
     if json_path:
         write_json_atomic(json_path, payload)
         emit(f"report: {json_path}")
+    if on_report is not None:
+        on_report(payload)
     return exitcodes.OK if payload["passed"] else exitcodes.CHECK_FAILED
 
 

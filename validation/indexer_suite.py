@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from dsv4kit.validation.harness import CheckRow, RunOptions, load_sglang_function
+from dsv4kit.validation.harness import CheckRow, RunOptions, load_sglang_function, skipped_row
 
 NAME = "indexer"
 KERNEL_REL_BAR = 5e-4
@@ -90,8 +90,8 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
     cases = [parse_case(s) for s in specs]
     sglang_fn, sglang_reason = load_sglang_function(options, SGLANG_FALLBACK, "fp8_paged_mqa_logits_torch_sm120")
     if sglang_fn is None:
-        yield CheckRow(suite=NAME, case="-", impl="sglang", passed=True,
-                       note=f"SGLang fallback {sglang_reason}: its rows are skipped")
+        yield skipped_row(NAME, "-", "sglang",
+                          f"SGLang fallback {sglang_reason}: its rows are skipped")
     progress = options.progress or (lambda _msg: None)
 
     for index, case in enumerate(cases):
@@ -127,8 +127,8 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
                 yield _row("sglang", case, ref.compare(theirs, exact, inputs.seq_lens), None,
                            "SGLang's installed torch_sm120 fallback")
             except Exception as exc:  # noqa: BLE001
-                yield CheckRow(suite=NAME, case=case.label, impl="sglang", passed=True,
-                               note=f"SGLang fallback raised {type(exc).__name__}: {str(exc)[:80]}")
+                yield skipped_row(NAME, case.label, "sglang",
+                                  f"SGLang fallback raised {type(exc).__name__}: {str(exc)[:80]}")
         del inputs, exact
 
     if options.device == "cuda" and cases:
@@ -138,8 +138,8 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
         yield _determinism_row(largest, fp8_paged_mqa_logits, ref, progress)
     elif cases:
         for impl in ("graph-replay", "determinism"):
-            yield CheckRow(suite=NAME, case="-", impl=impl, passed=True,
-                           note="needs CUDA; skipped on the interpreter")
+            yield skipped_row(NAME, "-", impl,
+                              "needs CUDA; skipped on the interpreter")
 
 
 def _random_lengths(case: IndexerCase, seed: int) -> list[int]:
@@ -209,12 +209,12 @@ def _determinism_row(case: IndexerCase, fn, ref, progress) -> CheckRow:
 
 def report_lines(payload: dict) -> str:
     """The indexer rows of a saved harness report, as the harness printed them (docs quote this)."""
-    from dsv4kit.validation.harness import CheckRow
+    from dsv4kit.validation.harness import row_from_json, worst_line
 
     suite = payload["suites"][NAME]
-    lines = [CheckRow(**row).line() for row in suite["rows"]]
+    lines = [row_from_json(row).line() for row in suite["rows"]]
     worst = suite.get("worst")
     if worst:
-        lines.append(f"WORST {NAME}: {worst['case']} rel={worst['rel']:.3e} max|d|={worst['max_abs']:.3e}")
+        lines.append(worst_line(NAME, row_from_json(worst)))
     lines.append(f"{NAME}: {'PASS' if suite['passed'] else 'FAIL'}")
     return "\n".join(lines)
