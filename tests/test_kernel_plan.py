@@ -33,7 +33,9 @@ HOST_FACTS = kernel_plan.HostFacts(gpus={i: standins.GPU for i in range(8)}, dri
 
 def write_inventory(directory: Path, flags: dict | None = None, **host_vars) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    host = {"ansible_host": "192.0.2.10", "dsv4_venv_dir": "/opt/dsv4/venv", "dsv4_context_length": 8192,
+    # Reached only through the stood-in probe: no SSH, so no known_hosts to check either.
+    host = {"ansible_host": "192.0.2.10", "ansible_connection": "local", "dsv4_venv_dir": "/opt/dsv4/venv",
+            "dsv4_context_length": 8192,
             "dsv4_decode_port": 30002, "dsv4_gpu_count": 8, "dsv4_sglang_version": standins.SGLANG,
             "dsv4_kernel_flags": flags or {INDEXER: "auto", ATTENTION: "auto"}, **host_vars}
     path = directory / "hosts.yml"
