@@ -24,7 +24,7 @@ def validate(
     results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Remote: where reports are kept, named by host, GPU and time."),
     wheel: Optional[Path] = typer.Option(None, "--wheel", help="Remote: ship this prebuilt dsv4kit wheel instead of building one from this checkout."),
     verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (see --ctx, --concurrency); `dsv4kit provision` takes 'auto' kernel flags from it."),
-    ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context length (tokens) of the verdict's decode shapes. Default: the host's dsv4_context_length (--local: 131072)."),
+    verdict_ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context length (tokens) of the verdict's decode shapes. Default: the host's dsv4_context_length (--local: 131072)."),
     concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Comma-separated decode batch sizes of the verdict (bench's concurrencies). Default: 1,16,64."),
 ) -> None:
     """Run the kernel validation table and exit non-zero on any failed case.
@@ -54,7 +54,7 @@ def validate(
             except ValueError as exc:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(exitcodes.USAGE)
-            request = VerdictRequest(ctx or DEFAULT_CONTEXT, levels)
+            request = VerdictRequest(verdict_ctx or DEFAULT_CONTEXT, levels)
         code = run_cli(cases, str(json_path) if json_path else None, interpret, verdict=request)
         raise typer.Exit(code)
 
@@ -64,6 +64,6 @@ def validate(
         gpu=gpu, host=host, inventory=inventory, timeout=timeout, cases=cases,
         json_path=json_path, interpret=bool(interpret), installed=installed,
         trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
-        verdict=verdict, ctx=ctx, concurrency=concurrency,
+        verdict=verdict, ctx=verdict_ctx, concurrency=concurrency,
     )
     raise typer.Exit(code)
