@@ -258,11 +258,14 @@ def test_the_latest_report_refused_stops_provision_before_ansible(tmp_path, monk
     keep(results, validated_report(tmp_path, monkeypatch), when="20261201T090000Z")
     keep(results, validated_report(tmp_path, monkeypatch, driver="575.57.08"), when="20261201T100000Z")
     inventory = write_inventory(tmp_path / "inv")
-    monkeypatch.setenv("DSV4KIT_PLAYBOOK", str(tmp_path / "no-playbook.yml"))  # would be exit 5
+    playbook = tmp_path / "site.yml"  # a play that would say so, had Ansible been started
+    playbook.write_text("- name: Must not run\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+                        "    - name: Ran\n      ansible.builtin.fail:\n        msg: ANSIBLE-RAN\n")
+    monkeypatch.setenv("DSV4KIT_PLAYBOOK", str(playbook))
     code, out, err = cli("provision", "-i", str(inventory), "--results-dir", str(results))
     assert code == exitcodes.USAGE, out + err
     assert "box1-gpu7-20261201T100000Z.json refused" in err and "driver '575.57.08'" in err
-    assert "PLAY" not in out + err
+    assert "PLAY" not in out + err and "ANSIBLE-RAN" not in out + err
 
 
 def test_auto_for_an_unknown_flag_is_bad_input(tmp_path, facts):
