@@ -40,6 +40,8 @@ def write_loopback_inventory(directory: Path, sshd, prefix: Path, *, host: str =
         "dsv4_venv_packages": list(TINY_PACKAGES),
         "dsv4_service_user": "root",  # an existing user: the test never creates one
         "dsv4_known_hosts": str(sshd.known_hosts),
+        # Forced on: these tests check the rollout itself ('auto' is tests/test_kernel_plan_e2e.py's).
+        "dsv4_kernel_flags": {"SGLANG_SM120_TRITON_INDEXER": "1", "SGLANG_SM120_MMA_ATTENTION": "1"},
     })
     all_vars.update(overrides or {})
     (directory / "group_vars/all.yml").write_text(yaml.safe_dump(all_vars, sort_keys=False))

@@ -29,6 +29,7 @@ def provision(
     check: bool = typer.Option(False, "--check", help="Dry run: report what would change, change nothing."),
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
+    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports: 'auto' kernel flags follow the host's latest (docs/rollout.md)."),
 ) -> None:
     """Provision the box(es) in the inventory with Ansible, showing every task as it runs.
 
@@ -38,10 +39,12 @@ def provision(
     130 interrupted.
     """
     from dsv4kit.inventory import InventoryError, default_inventory_path, load_inventory
+    from dsv4kit.kernel_plan import PlanError, resolve_for_provision
     from dsv4kit.provision import ProvisionError, check_limit, check_tags, check_tools, format_summary, run_playbook
 
     path = inventory if inventory is not None else default_inventory_path()
     echo_progress = (lambda line: typer.echo(line, err=True)) if json_out else typer.echo
+
     try:
         doing("checking the inventory and the options")
         load_inventory(path)
@@ -49,10 +52,16 @@ def provision(
         check_tags(check_tools(), tags=tags, skip_tags=skip_tags)
         # The same checks as validate and bench: inventory, key files, known_hosts (exit 2 or 3).
         check_hosts(path, limit=limit or [], trust_new_host_key=None)
+        doing("resolving 'auto' kernel flags from the hosts' validation reports")
+        extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, tags=tags,
+                                           skip_tags=skip_tags, say=echo_progress)
         doing("running ansible-playbook", "ansible-playbook was stopped; the box may be partly provisioned "
                                           "(every stage is idempotent: run provision again)")
         summary = run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
-                               progress=echo_progress)
+                               progress=echo_progress, extra_vars=extra_vars)
+    except PlanError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code)
     except InventoryError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exitcodes.USAGE)

@@ -230,11 +230,14 @@ def run(*, gpu: Optional[int], host: Optional[str] = None, inventory: Optional[P
         installed: bool = False, trust_new_host_key: bool = False,
         results_dir: Path = Path("results/validation"), wheel: Optional[Path] = None,
         output: Optional[Output] = None, on_report: Optional[Callable[[dict], None]] = None,
-        _test_remote_sleep_s: Optional[float] = None) -> int:
+        _test_remote_sleep_s: Optional[float] = None,
+        verdict: bool = True, ctx: Optional[int] = None, concurrency: Optional[str] = None) -> int:
     """Validate on ``gpu`` of an inventory host. Returns the exit code; prints progress and table.
 
     ``gpu`` None: the host's ``dsv4_validate_gpu`` (exit 2 when it has none). ``output_path``:
     a copy of the report (``--output``). ``on_report`` receives the kept report (``--json``).
+    ``verdict``: end with the kernel verdict at ``ctx`` (default: the host's dsv4_context_length)
+    and ``concurrency``.
 
     ``_test_remote_sleep_s`` (tests only, not reachable from the CLI) makes the box sleep before
     the harness starts, to exercise the timeout path.
@@ -243,7 +246,8 @@ def run(*, gpu: Optional[int], host: Optional[str] = None, inventory: Optional[P
     run = _Run(io, gpu=gpu, host_name=host, inventory=inventory, timeout=timeout, cases=cases,
                json_path=output_path, interpret=interpret, installed=installed,
                trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
-               test_sleep=_test_remote_sleep_s, on_report=on_report)
+               test_sleep=_test_remote_sleep_s, on_report=on_report,
+               verdict=(ctx, concurrency) if verdict else None)
     try:
         return run.execute()
     except ValidationAbort as exc:
@@ -257,9 +261,10 @@ def run(*, gpu: Optional[int], host: Optional[str] = None, inventory: Optional[P
 
 class _Run:
     def __init__(self, io: Output, *, gpu, host_name, inventory, timeout, cases, json_path, interpret,
-                 installed, trust_new_host_key, results_dir, wheel, test_sleep, on_report=None):
+                 installed, trust_new_host_key, results_dir, wheel, test_sleep, on_report=None, verdict=None):
         self.io = io
         self.on_report = on_report
+        self.verdict = verdict  # (ctx or None, concurrency text or None), or None: no verdict
         # What is running now and what a Ctrl-C leaves behind, for the message it prints.
         self.step = ("checking the inputs", "nothing was run")
         self.gpu = gpu
@@ -334,6 +339,15 @@ class _Run:
             self.gpu = int(default)
             self.gpu_origin = f" (GPU {self.gpu} is dsv4_validate_gpu of {self.host.name} in the inventory; --gpu N picks another)"
             self.say(f"GPU {self.gpu}: dsv4_validate_gpu of {self.host.name} (--gpu N picks another)")
+        if self.verdict is not None:
+            from dsv4kit.validation.verdict_run import DEFAULT_CONCURRENCY, parse_concurrency
+
+            ctx, concurrency = self.verdict
+            try:
+                levels = parse_concurrency(concurrency) if concurrency else DEFAULT_CONCURRENCY
+            except ValueError as exc:
+                raise ValidationAbort(exitcodes.USAGE, str(exc)) from None
+            self.verdict = (int(ctx or self.host["dsv4_context_length"]), ",".join(map(str, levels)))
 
     def _check_connection_inputs(self) -> None:
         """The key file and known_hosts, as provision and bench check them (exit 2 or 3)."""
@@ -484,6 +498,8 @@ class _Run:
             args += ["--cases", self.cases]
         if self.interpret:
             args.append("--interpret")
+        if self.verdict is not None:
+            args += ["--ctx", str(self.verdict[0]), "--concurrency", self.verdict[1]]
         command = " ".join(shlex.quote(a) for a in args)
         if self.test_sleep:
             command = f"sleep {float(self.test_sleep):g}; {command}"
@@ -565,6 +581,11 @@ class _Run:
                     f"torch {env.get('torch')}, triton {env.get('triton')}, sglang {env.get('sglang') or 'absent'})")
         for line in format_table(report):
             self.io.out(line)
+        if "verdict" in report:
+            from dsv4kit.validation.verdict import render
+
+            for line in render(report["verdict"]):
+                self.io.out(line)
         passed = bool(report.get("passed"))
         self.io.out(f"VERDICT: {'PASS' if passed else 'FAIL'}")
         self.io.out(f"report: {path}" + (f" (and {self.json_path})" if self.json_path and not json_error else ""))

@@ -224,8 +224,45 @@ def indexer_route(environ) -> str:
 _ROUTE_OF_TARGET = {"indexer": "torch", "indexer_tilelang": "tilelang"}
 
 
-def status_report(environ=None) -> dict:
-    """The full report as a JSON-able dict; ``exit_code`` says how a script should read it."""
+DEFAULT_DECISION_FILE = "/etc/dsv4kit/kernel-decision.json"
+_ON = ("1", "true", "yes", "y")  # SGLang's true spellings, as rollout_targets reads them
+
+
+def read_decision(path: Optional[str], flags: dict) -> dict:
+    """The kernel_rollout role's decision file: which report decided each flag, with its numbers.
+
+    Normalised to {"path", "report", "flags": {FLAG: {"value", "source", ...}}, "warnings"}; a flag
+    whose value in this environment differs from the decided one is a warning (a hand edit?).
+    """
+    out = {"path": path, "report": None, "flags": {}, "warnings": []}
+    if not path:
+        return out
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        out["warnings"].append(f"no decision file at {path}: the flags were not set by dsv4kit provision")
+        return out
+    except (OSError, ValueError) as exc:
+        out["warnings"].append(f"the decision file {path} is unreadable: {exc}")
+        return out
+    out["report"] = data.get("report") if isinstance(data, dict) else None
+    for name, entry in ((data.get("flags") or {}) if isinstance(data, dict) else {}).items():
+        if not isinstance(entry, dict):  # written from the inventory: name -> value
+            entry = {"value": str(entry), "source": data.get("source", "inventory")}
+        out["flags"][name] = entry
+        seen = flags.get(name)
+        decided_on = str(entry.get("value")).strip().lower() in _ON
+        if seen is not None and not seen.error and decided_on != seen.enabled:
+            out["warnings"].append(f"{name} is {seen.raw!r} here but was decided {entry.get('value')!r} "
+                                   f"({entry.get('source')}); the environment is not the one provisioned")
+    return out
+
+
+def status_report(environ=None, decision_path: Optional[str] = None) -> dict:
+    """The full report as a JSON-able dict; ``exit_code`` says how a script should read it.
+
+    ``decision_path``: the kernel_rollout role's decision file, shown as ``decision``."""
     environ = os.environ if environ is None else environ
     from dsv4kit import __version__
 
@@ -245,6 +282,7 @@ def status_report(environ=None) -> dict:
     report["flags"] = {name: {"value": f.raw, "enabled": f.enabled, "error": f.error}
                        for name, f in flags.items()}
     report["plugin"] = plugin = _plugin_report(environ)
+    report["decision"] = read_decision(decision_path, flags)
     if not report["sglang"]["installed"]:
         report["targets"] = []
         report["problems"] = ["SGLang is not installed in this interpreter's environment"]
@@ -311,7 +349,7 @@ def status_report(environ=None) -> dict:
                         f"(SGLANG_OPT_USE_TILELANG_INDEXER, SGLANG_OPT_USE_AITER_INDEXER, "
                         f"SGLANG_FP8_PAGED_MQA_LOGITS_TORCH), which dsv4kit does not replace: the kernel never runs")
     report["problems"] = problems
-    report["warnings"] = warnings
+    report["warnings"] = warnings + report["decision"]["warnings"]
     report["exit_code"] = exitcodes.CHECK_FAILED if problems else exitcodes.OK
     return report
 
@@ -331,10 +369,12 @@ def render(report: dict) -> str:
         lines.append(f"Plugin: installed ({plugin['dist']}; {plugin['entry_point']})")
     else:
         lines.append(f"Plugin: NOT active: {plugin['problem']}")
+    decision = report.get("decision") or {}
     for name, f in report["flags"].items():
         value = "unset" if f["value"] is None else repr(f["value"])
         state = "on" if f["enabled"] else ("INVALID" if f["error"] else "off")
         lines.append(f"Flag {name}: {state} ({value})")
+        lines.extend(_decision_lines(decision, name))
     context = ", ".join(f"{k}={v}" for k, v in report.get("sglang_env", {}).items() if v is not None)
     lines.append(f"SGLang switches: {context or 'none set (SGLang sm_120 defaults: TileLang indexer)'}")
     for entry in report["targets"]:
@@ -354,6 +394,26 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _decision_lines(decision: dict, flag: str) -> list:
+    entry = (decision.get("flags") or {}).get(flag)
+    if not entry:
+        return []
+    source = entry.get("source")
+    if source == "report":
+        report = decision.get("report") or {}
+        ident = report.get("identity") or {}
+        lines = [f"  decided by report {entry.get('report')} ({report.get('measured_on')} GPU "
+                 f"{report.get('gpu_index')}, {report.get('started_utc')}; {ident.get('gpu')}, driver "
+                 f"{ident.get('driver')}, SGLang {ident.get('sglang')}): {entry.get('recommend')}: {entry.get('why')}"]
+        for n in entry.get("numbers") or []:
+            ours = "-" if n.get("ours_us") is None else f"{n['ours_us']:.1f}"
+            stock = "-" if n.get("stock_us") is None else f"{n['stock_us']:.1f}"
+            lines.append(f"    {n.get('shape')}: dsv4kit {ours} us, {entry.get('stock_default')} {stock} us: "
+                         f"{n.get('outcome')}")
+        return lines
+    return [f"  decided by {source}: {entry.get('why') or 'set in dsv4_kernel_flags'}"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsv4kit.rollout",
                                      description="State of the dsv4kit kernel rollout into SGLang.")
@@ -361,11 +421,14 @@ def main(argv=None) -> int:
     status = sub.add_parser("status", help="SGLang version, plugin, flags and which targets would "
                                            "be replaced (reads files only; imports no SGLang)")
     status.add_argument("--json", action="store_true", help="print the report as JSON")
+    status.add_argument("--decision", default=DEFAULT_DECISION_FILE,
+                        help="the decision file kernel_rollout wrote beside the flags "
+                             f"(default {DEFAULT_DECISION_FILE}); '' for none")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
         return int(exc.code or 0)
-    report = status_report()
+    report = status_report(decision_path=args.decision or None)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return report["exit_code"]
 

@@ -19,9 +19,9 @@ import typer
 
 from dsv4kit import exitcodes
 from dsv4kit.cli_common import JSON_HELP, check_hosts, doing, interruptible
-from dsv4kit.rollout import render, status_report
+from dsv4kit.rollout import DEFAULT_DECISION_FILE, render, status_report
 
-app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status.",
+app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status, plan.",
                   no_args_is_help=True)
 
 
@@ -30,14 +30,14 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def _report_from(python: Path, timeout: float) -> dict:
+def _report_from(python: Path, timeout: float, decision: str = "") -> dict:
     # Absolute (not resolved: a venv's python is a symlink out of the venv), since it runs from "/".
     python = python.absolute()
     if not python.exists():
         _fail(f"--python {python}: no such file", exitcodes.USAGE)
     if python.is_dir() or not os.access(python, os.X_OK):
         _fail(f"--python {python}: not an executable interpreter", exitcodes.USAGE)
-    cmd = [str(python), "-m", "dsv4kit.rollout", "status", "--json"]
+    cmd = [str(python), "-m", "dsv4kit.rollout", "status", "--json", "--decision", decision]
     doing(f"waiting for {python}'s report (it was stopped)")
     try:
         # cwd "/": "python -m" puts the working directory first on sys.path, and a source
@@ -76,6 +76,10 @@ def status(
     trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="--host: accept and record an unknown host key (a changed key is always refused)."),
     timeout: float = typer.Option(60.0, "--timeout", min=1.0,
                                   help="Seconds to wait for the report of --python or --host."),
+    decision: Optional[str] = typer.Option(
+        None, "--decision", help="Decision file kernel_rollout wrote beside the flags: which report decided "
+        f"each flag, with its numbers ('' for none). Default: {DEFAULT_DECISION_FILE}; with --host, the "
+        "host's <dsv4_prefix>/etc/dsv4kit/kernel-decision.json."),
 ) -> None:
     """Which SGLang version, whether the dsv4kit plugin is installed, which flags are set, and
     for each target whether it would be replaced or why not.
@@ -99,13 +103,58 @@ def status(
         target = check_hosts(inventory, host=host, trust_new_host_key=trust_new_host_key)[0]
         doing(f"asking {target.name} over SSH", "the remote command was stopped; nothing was changed")
         report = remote_report(target, timeout=timeout, trust_new_host_key=trust_new_host_key,
-                               say=lambda line: typer.echo(line, err=True))
+                               say=lambda line: typer.echo(line, err=True), decision=decision)
         if json_out:
             typer.echo(json.dumps(report, indent=2))
         else:
             typer.echo(environment_line(report, target))
             typer.echo(render(report))
         raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
-    report = _report_from(python, timeout) if python is not None else status_report()
+    decision = DEFAULT_DECISION_FILE if decision is None else decision
+    report = (_report_from(python, timeout, decision) if python is not None
+              else status_report(decision_path=decision or None))
     typer.echo(json.dumps(report, indent=2) if json_out else render(report))
     raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
+
+
+@app.command("plan")
+@interruptible("dsv4kit rollout plan", "nothing was changed")
+def plan(
+    host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
+    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """The kernel flags provisioning would set on the host, and the report and numbers behind each.
+
+    'auto' flags (dsv4_kernel_flags) follow the kernel verdict of --from-report, else of the host's
+    latest report in --results-dir; with --from-report every kernel flag follows it. A report is
+    refused (exit 2) when it comes from another GPU model, driver or SGLang version than the host
+    has (read over SSH), its validation failed, or its verdict is missing or incomplete.
+    Exit codes: 0 planned, 2 bad input or a refused report, 3 host unreachable, 5 the host's GPU
+    or driver cannot be read.
+    """
+    from dsv4kit import kernel_plan
+    from dsv4kit.inventory import InventoryError, load_inventory
+
+    try:
+        target = load_inventory(inventory).host(host)
+        target.check_connectable()
+        if from_report is not None:
+            # An explicit report decides every kernel flag, as 'auto' would.
+            target.vars = {**target.vars, "dsv4_kernel_flags": {
+                **(target.get("dsv4_kernel_flags") or {}),
+                **{flag: kernel_plan.AUTO for flag in kernel_plan._flags()}}}
+        result = kernel_plan.plan_host(target, results_dir=results_dir, from_report=from_report,
+                                       say=lambda line: typer.echo(line, err=True))
+    except (InventoryError, kernel_plan.PlanError) as exc:
+        code = getattr(exc, "exit_code", exitcodes.USAGE)
+        if json_out:  # the summary a script reads says it too
+            typer.echo(json.dumps({"host": host, "ok": False, "exit_code": code, "error": str(exc)}, indent=2))
+        _fail(str(exc), code)
+    if json_out:
+        typer.echo(json.dumps({**result, "ok": True, "exit_code": exitcodes.OK}, indent=2))
+    else:
+        typer.echo("\n".join(kernel_plan.render(result)))
+    raise typer.Exit(exitcodes.OK)

@@ -51,7 +51,10 @@ try:
 except ImportError as exc:
     print(json.dumps({"dsv4kit_missing": str(exc)}))
     sys.exit(0)
-report = status_report()
+try:  # the decision file kernel_rollout wrote beside the flags (a dsv4kit before it has no such argument)
+    report = status_report(decision_path=sys.argv[2] or None)
+except TypeError:
+    report = status_report()
 report["environment_from"] = used
 print(json.dumps(report))
 '''
@@ -62,8 +65,13 @@ def unit_dir(host) -> str:
     return f"{prefix}/etc/systemd/system"
 
 
+def decision_file(host) -> str:
+    prefix = str(host.get("dsv4_prefix") or "/").rstrip("/")
+    return f"{prefix}/etc/dsv4kit/kernel-decision.json"
+
+
 def remote_report(host, *, timeout: float, trust_new_host_key: bool = False,
-                  say: Optional[Callable[[str], None]] = None) -> dict:
+                  say: Optional[Callable[[str], None]] = None, decision: Optional[str] = None) -> dict:
     """The box's rollout report; Abort with 3 (unreachable), 4 (timeout), 5 (no venv python or
     no dsv4kit there) or 6 (no report came back)."""
     from dsv4kit import ssh
@@ -71,7 +79,8 @@ def remote_report(host, *, timeout: float, trust_new_host_key: bool = False,
     python = host.venv_python
     units = unit_dir(host)
     command = (f"if [ ! -x {shlex.quote(python)} ]; then echo __no_python__; exit 0; fi; "
-               f"{shlex.quote(python)} -c {shlex.quote(_BOX_SCRIPT)} {shlex.quote(units)}")
+               f"{shlex.quote(python)} -c {shlex.quote(_BOX_SCRIPT)} {shlex.quote(units)} "
+               f"{shlex.quote(decision_file(host) if decision is None else decision)}")
     try:
         with ssh.open_session(host, trust_new_host_key=trust_new_host_key, say=say) as session:
             result = session.run(command, timeout=timeout, cwd="/", check=False)

@@ -28,6 +28,9 @@ def validate(
     trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Remote: accept and record an unknown host key (its fingerprint is printed and saved). A changed key is always refused."),
     results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Remote: where reports are kept, named by host, GPU and time."),
     wheel: Optional[Path] = typer.Option(None, "--wheel", help="Remote: ship this prebuilt dsv4kit wheel instead of building one from this checkout."),
+    verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (see --ctx, --concurrency); `dsv4kit provision` takes 'auto' kernel flags from it."),
+    verdict_ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context length (tokens) of the verdict's decode shapes. Default: the host's dsv4_context_length (--local: 131072)."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Comma-separated decode batch sizes of the verdict (bench's concurrencies). Default: 1,16,64."),
 ) -> None:
     """Run the kernel validation table and exit non-zero on any failed case.
 
@@ -55,14 +58,23 @@ def validate(
         typer.echo(line, err=True)
 
     if local:
-        from dsv4kit.validation.harness import run_cli
+        from dsv4kit.validation.harness import VerdictRequest, run_cli
+        from dsv4kit.validation.verdict_run import DEFAULT_CONCURRENCY, DEFAULT_CONTEXT, parse_concurrency
 
+        request = None
+        if verdict:
+            try:
+                levels = parse_concurrency(concurrency) if concurrency else DEFAULT_CONCURRENCY
+            except ValueError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(exitcodes.USAGE)
+            request = VerdictRequest(verdict_ctx or DEFAULT_CONTEXT, levels)
         if output is not None:
             check_output(output)
         doing("running the validation table", "no report was written")
         code = run_cli(cases, str(output) if output else None, interpret,
                        emit=to_stderr if json_out else typer.echo,
-                       on_report=print_report if json_out else None)
+                       on_report=print_report if json_out else None, verdict=request)
         raise typer.Exit(code)
 
     from dsv4kit import remote_validate
@@ -74,5 +86,6 @@ def validate(
         trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
         output=remote_validate.Output(out=to_stderr, err=to_stderr) if json_out else None,
         on_report=print_report if json_out else None,
+        verdict=verdict, ctx=verdict_ctx, concurrency=concurrency,
     )
     raise typer.Exit(code)

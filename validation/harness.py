@@ -306,17 +306,40 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
                         help="run kernels through Triton's CPU interpreter (small cases)")
     parser.add_argument("--no-sglang", action="store_true",
                         help="do not compare against SGLang's installed fallback")
+    parser.add_argument("--ctx", type=int, default=None,
+                        help="context length of the kernel verdict's decode shapes (default: no verdict)")
+    parser.add_argument("--concurrency", default=None,
+                        help="comma-separated decode batch sizes of the verdict (default: 1,16,64)")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    verdict = None
+    if args.ctx is not None:
+        from dsv4kit.validation.verdict_run import DEFAULT_CONCURRENCY, parse_concurrency
+
+        try:
+            verdict = VerdictRequest(args.ctx, parse_concurrency(args.concurrency) if args.concurrency
+                                     else DEFAULT_CONCURRENCY)
+        except ValueError as exc:
+            parser.error(str(exc))
     return run_cli(args.cases, args.json_path, True if args.interpret else None,
-                   compare_sglang=not args.no_sglang)
+                   compare_sglang=not args.no_sglang, verdict=verdict)
+
+
+@dataclass(frozen=True)
+class VerdictRequest:
+    """Measure the kernel verdict (``dsv4kit.validation.verdict_run``) at these decode shapes."""
+
+    context_length: int
+    concurrency: tuple
 
 
 def run_cli(cases: Optional[str], json_path: Optional[str], interpret: Optional[bool],
             compare_sglang: bool = True, emit: Callable[[str], None] = print,
-            on_report: Optional[Callable[[dict], None]] = None) -> int:
+            on_report: Optional[Callable[[dict], None]] = None,
+            verdict: Optional[VerdictRequest] = None) -> int:
     """Shared by ``dsv4kit validate --local`` and ``python -m``. Returns an exit code.
 
-    ``on_report`` receives the finished report (``dsv4kit validate --json`` prints it)."""
+    ``on_report`` receives the finished report (``dsv4kit validate --json`` prints it). With
+    ``verdict``, the report ends with the kernel verdict of the selected suites."""
     from dsv4kit import exitcodes
 
     started = time.time()
@@ -330,6 +353,15 @@ def run_cli(cases: Optional[str], json_path: Optional[str], interpret: Optional[
                          progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     reports, env = run_suites(selection, options, emit=lambda s: emit(s) or sys.stdout.flush())
     payload = report_json(reports, env, started)
+    if verdict is not None:
+        from dsv4kit.validation import verdict_run
+        from dsv4kit.validation.verdict import render
+
+        targets = [name for name in selection if name in verdict_run.TARGETS]
+        payload["verdict"] = verdict_run.run(targets, verdict.context_length, verdict.concurrency, device,
+                                             interpret, progress=options.progress)
+        for line in render(payload["verdict"]):
+            emit(line)
     emit(f"VERDICT: {'PASS' if payload['passed'] else 'FAIL'}")
     if json_path:
         write_json_atomic(json_path, payload)
