@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import platform
 import subprocess
 from dataclasses import dataclass, field
@@ -101,7 +102,8 @@ class FakeGPUBox:
 
     def build_deb(self, deb: Deb, directory: Path) -> Path:
         tree = self.work / "debs" / f"{deb.name}_{deb.version}"
-        (tree / "DEBIAN").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tree, ignore_errors=True)  # a rebuilt package holds only its own files
+        (tree / "DEBIAN").mkdir(parents=True)
         control = [f"Package: {deb.name}", f"Version: {deb.version}", "Architecture: all",
                    "Maintainer: dsv4kit tests <tests@invalid>", f"Description: stand-in for {deb.name}"]
         if deb.depends:

@@ -44,6 +44,8 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_model_revision": (str, "Model revision (commit hash) recorded in bench records."),
     "dsv4_context_length": (int, "--context-length of the servers, in tokens."),
     "dsv4_router_port": (int, "Port of the router (the public endpoint)."),
+    "dsv4_router_open": (bool, "True: the router listens on every address (needs dsv4_router_api_key); false: 127.0.0.1 only."),
+    "dsv4_router_api_key": (str, "API key the router requires (a Vault value); empty: no key."),
     "dsv4_prefill_port": (int, "Port of the prefill server."),
     "dsv4_decode_port": (int, "Port of the decode server."),
     "dsv4_disaggregation_bootstrap_port": (int, "--disaggregation-bootstrap-port of the prefill server."),

@@ -27,6 +27,9 @@ def provision(
     check: bool = typer.Option(False, "--check", help="Dry run: report what would change, change nothing."),
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
+    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Ask for the sudo password on the box (as ansible-playbook -K)."),
+    ask_vault_pass: bool = typer.Option(False, "--ask-vault-pass", help="Ask for the Ansible Vault password of vaulted inventory values."),
+    vault_id: Optional[List[str]] = typer.Option(None, "--vault-id", help="An Ansible Vault identity, as ansible-playbook takes it (label@FILE, label@prompt; repeatable)."),
 ) -> None:
     """Provision the box(es) in the inventory with Ansible, showing every task as it runs.
 
@@ -36,12 +39,14 @@ def provision(
     """
     from dsv4kit.inventory import InventoryError, default_inventory_path
     from dsv4kit.provision import ProvisionError, format_summary, run_playbook
+    from dsv4kit.provision_secrets import PlaybookSecrets
 
     path = inventory if inventory is not None else default_inventory_path()
     echo_progress = (lambda line: typer.echo(line, err=True)) if json_out else typer.echo
     try:
+        secrets = PlaybookSecrets.ask(ask_become_pass=ask_become_pass, ask_vault_pass=ask_vault_pass, vault_ids=vault_id)
         summary = run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
-                               progress=echo_progress)
+                               progress=echo_progress, secrets=secrets)
     except InventoryError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exitcodes.USAGE)
