@@ -94,3 +94,30 @@ def test_the_box_is_closed_by_default():
     assert sandbox["NoNewPrivileges"] == "true" and sandbox["PrivateTmp"] == "true" and sandbox["ProtectSystem"]
     assert "PrivateDevices" not in sandbox  # CUDA needs /dev/nvidia*
     assert "--api-key ${DSV4_ROUTER_API_KEY}" in router  # from a root-only file, never in the unit
+
+
+@pytest.mark.slow
+def test_a_vaulted_inventory_provisions_with_a_vault_id(tmp_path, loopback_ssh):
+    """The loader accepts the vaulted value (it used to stop with exit 2) and the Vault secret reaches
+    ansible-playbook, which decrypts it on the real loopback box."""
+    from dsv4kit.provision import run_playbook
+    from tests.provision_inventory import write_loopback_inventory
+
+    password = tmp_path / "vault-pass"
+    password.write_text("correct horse\n")
+    inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, tmp_path / "prefix")
+    all_vars = inventory.parent / "group_vars/all.yml"
+    text = all_vars.read_text().replace("dsv4_router_api_key: ''\n", "")
+    all_vars.write_text(text + _vaulted("s3cret-router-key", password))
+    playbook = tmp_path / "show.yml"
+    playbook.write_text(yaml.safe_dump([{"name": "Read the vaulted key", "hosts": "dsv4_boxes", "gather_facts": False,
+                                         "tasks": [{"name": "Check the key decrypts", "ansible.builtin.assert": {
+                                             "that": ["dsv4_router_api_key == 's3cret-router-key'"]}}]}]))
+    lines: list[str] = []
+    secrets = PlaybookSecrets.ask(vault_ids=[f"default@{password}"])
+    summary = run_playbook(inventory, playbook=playbook, progress=lines.append, secrets=secrets, timeout=300)
+    assert summary.exit_code == 0, "\n".join(lines[-40:])
+    assert "s3cret-router-key" not in "\n".join(lines)
+    lines.clear()
+    summary = run_playbook(inventory, playbook=playbook, progress=lines.append, timeout=300)
+    assert summary.exit_code == 6 and "vault" in "\n".join(lines).lower()  # no secret: Ansible's own error

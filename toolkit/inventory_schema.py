@@ -41,7 +41,9 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_nccl_env": (dict, "NCCL environment of the serving units on a PCIe box (name -> value)."),
     # --- serving ---
     "dsv4_model_path": (str, "Model directory on the box."),
-    "dsv4_model_revision": (str, "Model revision (commit hash) recorded in bench records."),
+    "dsv4_model_revision": (str, "Model revision: the commit hash the model_weights stage downloads and verifies, recorded in bench records."),
+    "dsv4_model_repo": (str, "Hugging Face repository of the model, e.g. 'deepseek-ai/DeepSeek-V4-Flash'."),
+    "dsv4_hf_token": (str, "Hugging Face token for the model download (a Vault value; empty: HF_TOKEN of the control machine, or none)."),
     "dsv4_context_length": (int, "--context-length of the servers, in tokens."),
     "dsv4_router_port": (int, "Port of the router (the public endpoint)."),
     "dsv4_router_open": (bool, "True: the router listens on every address (needs dsv4_router_api_key); false: 127.0.0.1 only."),

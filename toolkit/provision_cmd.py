@@ -20,7 +20,7 @@ def provision(
     tags: Optional[List[str]] = typer.Option(
         None, "--tags", "-t",
         help="Only these stages: preflight, nvidia_driver, cuda_toolkit, host_tuning, sglang_venv, "
-        "flash_attn, kernel_rollout, sglang_service. A name that is not a tag of the playbook (or Ansible's "
+        "model_weights, flash_attn, kernel_rollout, sglang_service. A name that is not a tag of the playbook (or Ansible's "
         "all/always/never/tagged/untagged) is refused (exit 2).",
     ),
     skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn; checked like --tags)."),
