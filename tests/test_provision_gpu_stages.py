@@ -46,7 +46,9 @@ def gpu_box(tmp_path, loopback_ssh):
         "provision_task_environment": box.environment(),
     }
     box.inventory = write_loopback_inventory(tmp_path / "inventory", loopback_ssh, prefix,
-                                             overrides={"dsv4_gpu_present": True}, role_vars=role_vars)
+                                             # Never a real reboot of this machine: a pending one stops the run.
+                                             overrides={"dsv4_gpu_present": True, "dsv4_driver_skip_reboot": True},
+                                             role_vars=role_vars)
     yield box
     box.close()
 
@@ -71,17 +73,17 @@ def test_driver_and_cuda_install_for_real_over_a_conflicting_legacy_source(gpu_b
     legacy.write_text(LEGACY_SOURCE.format(url=f"file://{box.cuda_repo}/"))
     (box.root / "etc/apt/keyrings").mkdir(parents=True)
     (box.root / "etc/apt/keyrings/cuda.asc").write_bytes(box.key.read_bytes())
-    # An older run's source plus cuda-keyring's: apt refuses every command on such a box.
+    # cuda-keyring installed by hand next to an older dsv4kit's source: apt refuses every command.
     keyring_list = box.root / "etc/apt/sources.list.d/cuda-debian12-x86_64.list"
     keyring_list.write_text(f"deb [signed-by={box.keyring}] file://{box.cuda_repo}/ /\n")
+    box.keyring.write_bytes(box.key.read_bytes())
     broken = box.run("apt-get", "update", check=False)
     assert "Conflicting values set for option Signed-By" in broken.stderr
-    keyring_list.unlink()
 
     # --check reports the source it would remove and changes nothing.
     check = provision(box, "--check")
     assert check.returncode == 0, check.stdout[-6000:]
-    assert f"Removing {legacy}" in check.stdout
+    assert f"Removing {legacy}" in check.stdout and "apt cannot read its sources now" in check.stdout
     assert legacy.is_file() and not installed(box)
 
     first = provision(box)
@@ -90,7 +92,7 @@ def test_driver_and_cuda_install_for_real_over_a_conflicting_legacy_source(gpu_b
     assert (box.state.parent.parent / "prefix/var/lib/dsv4kit/apt-sources-removed/cuda.sources").is_file()
     assert keyring_list.is_file(), "cuda-keyring's own source is the one source of the CUDA repository"
     packages = installed(box)
-    assert packages["cuda-keyring"][0] == "1.1-1"
+    assert "cuda-keyring" not in packages  # its source was there: reused, not installed a second time
     assert packages[f"linux-headers-{KERNEL}"][0] == "1.0-1"
     # The CUDA repository's driver, not Ubuntu's higher version of the same names, and no point release.
     for name in (f"nvidia-headless-{BRANCH}-open", f"nvidia-utils-{BRANCH}", f"nvidia-kernel-common-{BRANCH}"):
@@ -154,6 +156,8 @@ def test_secure_boot_uses_canonicals_signed_modules(gpu_box):
     assert f"linux-modules-nvidia-{BRANCH}-open-{KERNEL}" in packages
     assert f"nvidia-dkms-{BRANCH}-open" not in packages and f"linux-headers-{KERNEL}" not in packages
     assert packages[f"nvidia-utils-{BRANCH}"][0].endswith("ubuntu0.24.04.1")  # one origin: Ubuntu's
+    assert packages["cuda-keyring"][0] == "1.1-1"  # no CUDA source on this box: NVIDIA's keyring installed
+    assert (box.root / "etc/apt/sources.list.d/cuda-debian12-x86_64.list").is_file()
     assert box.proc_version.is_file()
 
 
