@@ -99,9 +99,10 @@ def test_the_role_downloads_with_a_token_it_never_logs(hub, tmp_path, loopback_s
     model = prefix / "models/DeepSeek-V4-Flash"
     inventory = write_loopback_inventory(
         tmp_path / "inv", loopback_ssh, prefix,
-        overrides={"dsv4_model_path": str(model), "dsv4_model_revision": COMMIT, "dsv4_hf_token": TOKEN,
-                   "dsv4_venv_dir": sys.prefix},  # the venv running the tests has huggingface_hub
-        role_vars={"model_weights_fetch": True, "model_weights_endpoint": hub.endpoint})
+        overrides={"dsv4_model_path": str(model), "dsv4_model_revision": COMMIT, "dsv4_hf_token": TOKEN},
+        # The Python running the tests has huggingface_hub (on a box: the SGLang venv's).
+        role_vars={"model_weights_fetch": True, "model_weights_endpoint": hub.endpoint,
+                   "model_weights_python": sys.executable})
     lines: list[str] = []
     summary = run_playbook(inventory, tags=["model_weights"], progress=lines.append, timeout=600)
     log = "\n".join(lines)
