@@ -14,9 +14,10 @@ from dsv4kit.provision import PlaybookSummary, format_summary
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES = REPO / "playbooks" / "roles"
-STAGES = ["preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
-          "kernel_rollout", "model_weights", "sglang_service"]
-PLAY_VARS = {"dsv4_root", "dsv4_etc_dir", "dsv4_restart_flag", "dsv4_rollout_unverified_flag"}  # playbooks/site.yml
+STAGES = ["preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "model_weights", "flash_attn",
+          "kernel_rollout", "sglang_service"]
+PLAY_VARS = {"dsv4_root", "dsv4_etc_dir", "dsv4_restart_flag", "dsv4_rollout_unverified_flag", "dsv4_venv_key",
+             "dsv4_venv_build_dir"}  # playbooks/site.yml
 RESTART = "Restart the serving units"
 
 

@@ -148,7 +148,8 @@ def test_recreated_venv_gets_the_dsv4kit_wheel_again(box, env):
     inventory, prefix, first = box
     assert first.returncode == 0
     venv = prefix / "opt/dsv4/venv"
-    shutil.rmtree(venv)
+    assert venv.is_symlink()  # to the versioned venv of the pins
+    shutil.rmtree(venv.resolve())
     lines: list[str] = []
     summary = run_in_process(inventory, env, lines, tags=["sglang_venv", "kernel_rollout"])
     assert summary.exit_code == 0, "\n".join(lines[-80:])
@@ -322,6 +323,40 @@ def test_rollout_check_catches_a_misspelt_kernel_flag(box, env):
     assert "flags read differently: ['SGLANG_SM120_MMA_ATTENTON=1']" in log
     written = (prefix / "etc/dsv4kit/kernel-flags.env").read_text()
     assert "SGLANG_SM120_TRITON_INDEXER=0" in written
+
+
+def _six_version(venv: Path) -> str:
+    return subprocess.run([str(venv / "bin/python"), "-c", "import six; print(six.__version__)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_pin_change_builds_a_new_venv_and_the_old_one_stays_for_rollback(box, env):
+    """A new pin never upgrades the venv under the running servers: a new versioned venv is built
+    (packages, dsv4kit wheel, its status check), the symlink dsv4_venv_dir switches in sglang_service
+    and the restart follows. Rollback is the old pins and one run: nothing is installed again."""
+    inventory, prefix, first = box
+    assert first.returncode == 0
+    venv = prefix / "opt/dsv4/venv"
+    old = venv.resolve()
+    assert venv.is_symlink() and _six_version(venv) == "1.17.0"
+    stages = ["sglang_venv", "kernel_rollout", "sglang_service"]
+    lines: list[str] = []
+    summary = run_in_process(inventory, env, lines, tags=stages, extra_vars={"dsv4_venv_packages": ["six==1.16.0"]})
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    new = venv.resolve()
+    assert new != old and _six_version(venv) == "1.16.0"
+    assert _six_version(old) == "1.17.0"  # untouched, for rollback
+    assert (new / ".dsv4kit-wheel.installed").is_file() and _handled(lines)
+    switch = lines.index(next(l for l in lines if l.startswith("TASK [sglang_service : Switch the venv")))
+    rollout = lines.index(next(l for l in lines if l.startswith("TASK [kernel_rollout : Check the rollout status")))
+    assert rollout < switch  # the switch comes once the new venv is complete
+
+    lines.clear()
+    summary = run_in_process(inventory, env, lines, tags=stages)
+    assert summary.exit_code == 0, "\n".join(lines[-80:])
+    assert venv.resolve() == old and _six_version(venv) == "1.17.0" and _handled(lines)
+    assert _task_outcome(lines, "sglang_venv : Install the pinned packages") == "ok"
+    assert _task_outcome(lines, "kernel_rollout : Install the wheel into the venv without dependencies") == "skipping"
 
 
 def test_check_mode_on_a_new_box_changes_nothing(loopback_ssh, env, tmp_path):

@@ -27,6 +27,21 @@ class InventoryError(ValueError):
     """The inventory is missing, malformed, or names something that does not exist."""
 
 
+class VaultedValue(str):
+    """An Ansible Vault value (``!vault |``) as written: its ciphertext, never decrypted here.
+
+    Ansible decrypts it (``dsv4kit provision --ask-vault-pass`` / ``--vault-id``); the schema check
+    accepts it for any field, since its type is only known once decrypted.
+    """
+
+
+class _InventoryLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that also reads Ansible's ``!vault`` tag."""
+
+
+_InventoryLoader.add_constructor("!vault", lambda loader, node: VaultedValue(loader.construct_scalar(node)))
+
+
 @dataclass
 class Host:
     name: str
@@ -170,7 +185,7 @@ def load_inventory(path: Optional[os.PathLike | str] = None) -> Inventory:
 def _read_yaml(path: Path) -> Any:
     try:
         with open(path) as fh:
-            return yaml.safe_load(fh)
+            return yaml.load(fh, Loader=_InventoryLoader)  # noqa: S506 - a SafeLoader plus !vault
     except yaml.YAMLError as exc:
         raise InventoryError(f"{path}: not valid YAML: {exc}") from None
 
@@ -220,6 +235,8 @@ def _check_vars(path: Path, host: str, values: dict) -> None:
                 + "; the schema is in toolkit/inventory_schema.py"
             )
         kind = known[name][0]
+        if isinstance(value, VaultedValue):
+            continue
         # bool is an int in Python; a YAML 'true' for an int field is a mistake worth naming.
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,))):
             raise InventoryError(

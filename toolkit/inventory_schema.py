@@ -17,6 +17,7 @@ from __future__ import annotations
 FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     # --- versions (all pins) ---
     "dsv4_driver_branch": (str, "NVIDIA driver branch, open kernel modules (>= 580 for Blackwell)."),
+    "dsv4_cuda_keyring_version": (str, "Version of NVIDIA's cuda-keyring package (e.g. '1.1-1'), installed unless its source is there."),
     "dsv4_cuda_version": (str, "CUDA toolkit version, e.g. '13.0' (apt package cuda-toolkit-13-0)."),
     "dsv4_python_version": (str, "Python version of the SGLang venv, e.g. '3.12'."),
     "dsv4_torch_version": (str, "torch version installed in the venv (must match SGLang's pin)."),
@@ -46,6 +47,8 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_hf_token": (str, "Hugging Face token for the weights download (vault it); empty: HF_TOKEN from the environment, or none."),
     "dsv4_context_length": (int, "--context-length of the servers, in tokens."),
     "dsv4_router_port": (int, "Port of the router (the public endpoint)."),
+    "dsv4_router_open": (bool, "True: the router listens on every address (needs dsv4_router_api_key); false: 127.0.0.1 only."),
+    "dsv4_router_api_key": (str, "API key the router requires (a Vault value); empty: no key."),
     "dsv4_prefill_port": (int, "Port of the prefill server."),
     "dsv4_decode_port": (int, "Port of the decode server."),
     "dsv4_disaggregation_bootstrap_port": (int, "--disaggregation-bootstrap-port of the prefill server."),

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from dsv4kit import exitcodes
 from dsv4kit.inventory import InventoryError, load_inventory
+from dsv4kit.provision_secrets import PlaybookSecrets
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COUNTERS = ("ok", "changed", "unreachable", "failed", "skipped", "rescued", "ignored")
@@ -200,8 +201,15 @@ def check_limit(inventory_path: os.PathLike | str, limit: Optional[Iterable[str]
 
 
 def build_command(inventory_path, playbook, *, limit=None, tags=None, skip_tags=None, extra_vars=None,
-                  check=False, diff=False) -> list[str]:
+                  check=False, diff=False, vault_ids=None, become_password_file=None,
+                  vault_password_file=None) -> list[str]:
     command = [ansible_playbook_executable(), "-i", str(inventory_path), str(playbook)]
+    for vault_id in vault_ids or []:
+        command += ["--vault-id", str(vault_id)]
+    if vault_password_file is not None:
+        command += ["--vault-password-file", str(vault_password_file)]
+    if become_password_file is not None:
+        command += ["--become-password-file", str(become_password_file)]
     if _split(limit):
         command += ["--limit", ",".join(_split(limit))]
     if _split(tags):
@@ -229,6 +237,7 @@ def run_playbook(
     progress: Callable[[str], None] = print,
     playbook: Optional[os.PathLike | str] = None,
     timeout: Optional[float] = None,
+    secrets: Optional["PlaybookSecrets"] = None,
 ) -> PlaybookSummary:
     """Run the playbook; stream its output to ``progress``; return the per-host summary.
 
@@ -236,13 +245,15 @@ def run_playbook(
     ansible-playbook or playbook: exit 5; a tag the playbook does not have: exit 2; nothing run),
     KeyboardInterrupt (after stopping ansible-playbook).
     A ``timeout`` (seconds) stops the whole run; the summary then fails with the timeout named.
+    ``secrets`` (dsv4kit.provision_secrets) passes a become password and Vault secrets to Ansible.
     """
     load_inventory(inventory_path)  # early, clear errors for a malformed inventory
     check_limit(inventory_path, limit)
     playbook = check_tools(playbook)
     check_tags(playbook, tags=tags, skip_tags=skip_tags)
+    secret_args = secrets.command_args() if secrets is not None else {}
     command = build_command(inventory_path, playbook, limit=limit, tags=tags, skip_tags=skip_tags,
-                            extra_vars=extra_vars, check=check, diff=diff)
+                            extra_vars=extra_vars, check=check, diff=diff, **secret_args)
     env = dict(os.environ)
     env.setdefault("ANSIBLE_CONFIG", str(REPO_ROOT / "ansible.cfg"))
     env.update({"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1"})
@@ -284,6 +295,8 @@ def run_playbook(
     finally:
         if timer is not None:
             timer.cancel()
+        if secrets is not None:
+            secrets.cleanup()  # the password files live only as long as the run
     if timed_out.is_set():
         message = f"dsv4kit: ansible-playbook stopped after the {timeout:.0f} s timeout"
         progress(message)

@@ -22,7 +22,7 @@ def provision(
     tags: Optional[List[str]] = typer.Option(
         None, "--tags", "-t",
         help="Only these stages: preflight, nvidia_driver, cuda_toolkit, host_tuning, sglang_venv, "
-        "flash_attn, kernel_rollout, model_weights, sglang_service. A name that is not a tag of the playbook (or Ansible's "
+        "model_weights, flash_attn, kernel_rollout, sglang_service. A name that is not a tag of the playbook (or Ansible's "
         "all/always/never/tagged/untagged) is refused (exit 2).",
     ),
     skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn; checked like --tags)."),
@@ -30,6 +30,9 @@ def provision(
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
     results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports: 'auto' kernel flags follow the host's latest (docs/rollout.md)."),
+    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Ask for the sudo password on the box (as ansible-playbook -K)."),
+    ask_vault_pass: bool = typer.Option(False, "--ask-vault-pass", help="Ask for the Ansible Vault password of vaulted inventory values."),
+    vault_id: Optional[List[str]] = typer.Option(None, "--vault-id", help="An Ansible Vault identity, as ansible-playbook takes it (label@FILE, label@prompt; repeatable)."),
 ) -> None:
     """Provision the box(es) in the inventory with Ansible, showing every task as it runs.
 
@@ -41,6 +44,7 @@ def provision(
     from dsv4kit.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.kernel_plan import PlanError, resolve_for_provision
     from dsv4kit.provision import ProvisionError, check_limit, check_tags, check_tools, format_summary, run_playbook
+    from dsv4kit.provision_secrets import PlaybookSecrets
 
     path = inventory if inventory is not None else default_inventory_path()
     echo_progress = (lambda line: typer.echo(line, err=True)) if json_out else typer.echo
@@ -57,8 +61,9 @@ def provision(
                                            skip_tags=skip_tags, say=echo_progress)
         doing("running ansible-playbook", "ansible-playbook was stopped; the box may be partly provisioned "
                                           "(every stage is idempotent: run provision again)")
+        secrets = PlaybookSecrets.ask(ask_become_pass=ask_become_pass, ask_vault_pass=ask_vault_pass, vault_ids=vault_id)
         summary = run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
-                               progress=echo_progress, extra_vars=extra_vars)
+                               progress=echo_progress, extra_vars=extra_vars, secrets=secrets)
     except PlanError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exc.exit_code)

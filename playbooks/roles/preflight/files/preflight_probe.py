@@ -35,6 +35,19 @@ def lspci(*args):
         return None
 
 
+def secure_boot():
+    """mokutil's answer ("SecureBoot enabled"/"disabled"), or None without mokutil or EFI."""
+    exe = shutil.which("mokutil")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--sb-state"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout + out.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
 def gpus_from_sysfs():
     found = []
     for dev in sorted(glob.glob("/sys/bus/pci/devices/*")):
@@ -62,6 +75,9 @@ def main():
     disk = shutil.disk_usage(disk_path)
     print(json.dumps({
         "kernel": platform.release(),
+        # "6.8.0-45-generic" -> "generic": Canonical's signed NVIDIA modules are built per flavour.
+        "kernel_flavour": re.sub(r"^[0-9.]+-[0-9]+-", "", platform.release()),
+        "secure_boot": secure_boot(),
         "cmdline": cmdline,
         "lspci_available": listing is not None,
         "gpu_count_lspci": None if lspci_gpus is None else len(lspci_gpus),
