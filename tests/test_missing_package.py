@@ -88,3 +88,18 @@ def test_messages_name_the_distribution_and_the_extra(monkeypatch):
     assert missing.message("matplotlib.pyplot").endswith("pip install 'dsv4kit[plot]'")
     assert missing.message("markupsafe").endswith("'markupsafe' is missing (import markupsafe); "
                                                   "install it with: pip install markupsafe")
+
+
+def test_each_named_extra_declares_the_package_it_is_named_for():
+    # The message's install command must install what is missing (the installed metadata).
+    import re
+    from importlib.metadata import requires
+
+    declared: dict = {}
+    for line in requires("dsv4kit") or []:
+        spec, _, marker = line.partition(";")
+        extra = re.search(r"extra == .([\w-]+).", marker)
+        name = re.split(r"[<>=!~\[ (]", spec.strip(), maxsplit=1)[0].lower()
+        declared.setdefault(extra[1] if extra else "", set()).add(name)
+    for module, (package, extra) in missing.PROVIDERS.items():
+        assert package in declared.get(extra, set()), f"{module}: {package} is not in the {extra or 'base'} dependencies"
