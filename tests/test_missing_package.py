@@ -67,7 +67,7 @@ def test_records_plot_without_matplotlib_is_exit_5_naming_the_plot_extra(tmp_pat
     publish_record(repo, record)
     blocked = _blocker(tmp_path / "blocked", "matplotlib")
     done = _run([sys.executable, "-m", "dsv4kit.cli", "records", "plot", "--results-repo", str(repo),
-                 "--out", str(tmp_path / "p.png")], blocked, timeout=120)
+                 "-o", str(tmp_path / "p.png")], blocked, timeout=120)
     _assert_one_line(done, "matplotlib", "plot")
     assert not (tmp_path / "p.png").exists()
 
