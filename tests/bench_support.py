@@ -1,12 +1,9 @@
 """Test support for the bench tests: the real client's venv, a tiny tokenizer, the stand-in server.
 
 - ``client_venv()``: a venv with the real ``sglang.benchmark.serving`` (sglang 0.5.23 installed
-  ``--no-deps``) and its import-time needs (docs/sglang-contract.md §8.1). It is built once and cached
-  under ``$DSV4KIT_TEST_CACHE`` (default ``~/.cache/dsv4kit-tests``) in a directory named by a hash
-  of the requirements; ``$DSV4KIT_BENCH_CLIENT_VENV`` points at a prebuilt one instead.
-  torch: SGLang's own pin, 2.14.1, with torchvision 0.29.1, *inside the venv* (the system torch
-  2.13 CPU build cannot load a PyPI torchvision, whose ops library links CUDA torch libraries;
-  the venv's torch shadows the system one, which is left untouched).
+  ``--no-deps``; its import chain from the test venv's declared extras, torch 2.13 CPU), built
+  once and cached; see ``tests/sglang_wheel.py``. ``$DSV4KIT_BENCH_CLIENT_VENV`` points at a
+  prebuilt one instead.
 - ``make_tokenizer(python, dir)``: a ``PreTrainedTokenizerFast`` around a ``tokenizers`` WordLevel
   model over the words ``w0 .. w{V-1}`` that the stand-in server generates, saved to ``dir``.
 - ``FakeServer``: ``tests/fake_sglang_server.py`` as a subprocess on 127.0.0.1.
@@ -14,76 +11,19 @@
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from tests.sglang_wheel import client_venv  # noqa: F401  (the bench tests import it from here)
+
 HERE = Path(__file__).resolve().parent
 SGLANG_VERSION = "0.5.23"
-# Import-time needs of sglang.benchmark.serving (docs/sglang-contract.md §8.1), pinned where SGLang 0.5.23 pins them.
-CLIENT_REQUIREMENTS = (
-    "torch==2.14.1", "torchvision==0.29.1",
-    "transformers==5.19.0", "tokenizers==0.23.2", "sentencepiece==0.2.1",
-    "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0",
-    "aiohttp", "requests", "tqdm", "datasets", "orjson", "psutil", "pybase64", "pillow", "starlette",
-    "msgspec", "pyzmq>=25.1.2", "ipython", "gguf",
-)
 VOCAB_SIZE = 200
-BUILD_TIMEOUT_S = 1500
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DSV4KIT_TEST_CACHE", Path.home() / ".cache" / "dsv4kit-tests"))
-
-
-def requirements_key() -> str:
-    text = "\n".join([f"python {sys.version_info[:2]}", f"sglang=={SGLANG_VERSION}", *CLIENT_REQUIREMENTS])
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _pip(python: Path, *args: str) -> None:
-    proc = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"pip install {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-
-
-def client_venv() -> Path:
-    """The cached venv with the real bench client (built on first use; see the module doc)."""
-    override = os.environ.get("DSV4KIT_BENCH_CLIENT_VENV")
-    if override:
-        return Path(override)
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    venv = root / f"bench-client-venv-{requirements_key()}"
-    with open(root / "bench-client-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (venv / ".complete").is_file():
-            return venv
-        building = venv.with_name(venv.name + ".building")
-        shutil.rmtree(building, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(building)], check=True,
-                       timeout=300)
-        python = building / "bin" / "python"
-        _pip(python, *CLIENT_REQUIREMENTS)
-        _pip(python, "--no-deps", f"sglang=={SGLANG_VERSION}")
-        check = subprocess.run([str(python), "-m", "sglang.benchmark.serving", "--help"], capture_output=True,
-                               text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        if check.returncode != 0:
-            raise RuntimeError(f"the bench client does not start in {building}:\n{check.stderr[-3000:]}")
-        # venvs are not relocatable: rebuild the scripts' shebangs by re-creating in place is
-        # unnecessary because we only ever run `bin/python -m ...`; bin/python is a symlink.
-        shutil.rmtree(venv, ignore_errors=True)
-        building.rename(venv)
-        (venv / ".complete").write_text(requirements_key() + "\n")
-        return venv
 
 
 _TOKENIZER_SCRIPT = """

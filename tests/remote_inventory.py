@@ -14,9 +14,8 @@ import yaml
 def write_inventory(directory: Path, server, *, name: str = "lo", **overrides) -> Path:
     """A one-host inventory for ``server`` (a LoopbackSSHD). ``overrides`` replace host variables.
 
-    The "box venv" is ``directory/venv`` whose ``bin/python`` is a symlink to this interpreter
-    (so torch and triton are importable there, as in the box's SGLang venv); the state dir is a
-    private directory under ``directory``.
+    The "box venv" is ``directory/venv`` (:func:`box_venv`: torch, triton and dsv4kit importable
+    there, as in the box's SGLang venv); the state dir is a private directory under ``directory``.
     """
     directory.mkdir(parents=True, exist_ok=True)
     venv = box_venv(directory / "venv")
@@ -50,12 +49,33 @@ def write_inventory(directory: Path, server, *, name: str = "lo", **overrides) -
 
 
 def box_venv(venv: Path) -> Path:
-    """A stand-in for the box's SGLang venv: bin/python -> this interpreter (not a copy)."""
-    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    """A stand-in for the box's SGLang venv: a real venv (``pyvenv.cfg``, ``bin/python`` -> the base
+    interpreter) whose one ``.pth`` adds this interpreter's site-packages as a site directory, so
+    torch, triton and the installed dsv4kit are importable there as in the box's SGLang venv.
+
+    Its files are :data:`BOX_VENV_LAYOUT`. (A bare ``bin/python`` symlink to ``sys.executable``
+    is not a venv: from a venv, Python resolves it to the base interpreter, which lacks torch.)
+    """
     python = venv / "bin" / "python"
-    if not python.exists():
-        python.symlink_to(sys.executable)
+    if python.exists():
+        return venv
+    site_dir = venv / _SITE_PACKAGES
+    site_dir.mkdir(parents=True, exist_ok=True)
+    python.parent.mkdir(exist_ok=True)
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    (venv / "pyvenv.cfg").write_text(
+        f"home = {base.parent}\ninclude-system-site-packages = false\n"
+        f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
+    python.symlink_to(base)
+    purelib = sysconfig.get_paths()["purelib"]
+    (site_dir / "dsv4kit_test_box.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
     return venv
+
+
+_SITE_PACKAGES = Path("lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+#: What :func:`box_venv` writes, relative to the venv (a test checks the venv is left as it was).
+BOX_VENV_LAYOUT = sorted(["bin", "bin/python", "pyvenv.cfg", "lib", str(_SITE_PACKAGES.parent),
+                          str(_SITE_PACKAGES), str(_SITE_PACKAGES / "dsv4kit_test_box.pth")])
 
 
 def keygen(path: Path) -> Path:

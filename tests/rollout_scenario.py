@@ -27,71 +27,17 @@ by these calls.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import json
 import logging
 import os
 import sys
-import types
+
+import standins  # tests/standins.py (this script's directory is on sys.path)
 
 STANDIN_ROOTS = {"torchvision"}
 if os.environ.get("ROLLOUT_STANDIN_TILELANG") == "1":
     STANDIN_ROOTS.add("tilelang")
-
-
-class _Placeholder:
-    def __init__(self, name):
-        self._name = name
-
-    def __getattr__(self, item):
-        if item.startswith("__"):
-            raise AttributeError(item)
-        return _Placeholder(f"{self._name}.{item}")
-
-    def __call__(self, *args, **kwargs):
-        return _Placeholder(f"{self._name}()")
-
-    def __getitem__(self, key):
-        return _Placeholder(f"{self._name}[]")
-
-    def __mro_entries__(self, bases):
-        return (object,)
-
-    def __iter__(self):
-        return iter(())
-
-    def __repr__(self):
-        return f"<stand-in {self._name}>"
-
-
-class _StandinModule(types.ModuleType):
-    def __getattr__(self, item):
-        if item.startswith("__"):
-            raise AttributeError(item)
-        return _Placeholder(f"{self.__name__}.{item}")
-
-    def __call__(self, *args, **kwargs):  # e.g. ``@tilelang.jit(...)`` once tilelang.jit is a module
-        return _Placeholder(f"{self.__name__}()")
-
-
-class _StandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in STANDIN_ROOTS:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _StandinModule(spec.name)
-        module.__path__ = []
-        module.__version__ = "0+standin"
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-sys.meta_path.insert(0, _StandinFinder())
+standins.install(STANDIN_ROOTS)
 
 
 class _Records(logging.Handler):

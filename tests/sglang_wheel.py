@@ -2,15 +2,16 @@
 
 Cache: ``$DSV4KIT_CACHE`` (default ``~/.cache/dsv4kit``):
 
-* ``wheels/sglang-0.5.23-*.whl``: ``pip download --no-deps sglang==0.5.23`` (once);
+* ``wheels/sglang-0.5.23-*.whl``: ``pip download --no-deps sglang==0.5.23`` (once, 39 MB);
 * ``sglang-0.5.23-site/``: the wheel unpacked (``sglang/`` and its ``.dist-info``), put on
   ``PYTHONPATH`` so ``importlib.metadata`` sees a real SGLang 0.5.23 distribution;
-* ``rollout-deps-<hash>/``: the light third-party packages SGLang's import chain of the target
-  modules needs and this machine lacks (``pip install --no-deps --target``, pinned below).
+* ``bench-client-venv-<key>/``: :func:`client_venv`, per test venv (the key hashes its path).
 
-Venvs for the tests are made without the system site-packages (so the editable dsv4kit of this
-checkout and its entry point are invisible) and see the system's torch/triton/numpy through a
-"farm" directory of symlinks to every system package except dsv4kit and sglang.
+SGLang's import chain (transformers, orjson, ...) is not installed here: it is the
+``sglang-chain`` extra of pyproject.toml, part of ``.[test]``, so the test venv has it. Venvs for
+the tests are made without the system site-packages and see the test venv's packages through a
+"farm" directory of symlinks to each of them except dsv4kit and sglang (so the editable dsv4kit
+of this checkout and its entry point are invisible, and each venv chooses its SGLang).
 
 Every cache entry is built in a temporary sibling and renamed into place, under a file lock, so
 an interrupted or concurrent run never leaves half an entry.
@@ -32,23 +33,6 @@ import zipfile
 from pathlib import Path
 
 SGLANG_VERSION = "0.5.23"
-
-# What importing sglang.srt.plugins and the three target modules needs beyond this machine's
-# base image (numpy, scipy, pydantic, requests, regex, orjson, ipython, ...) and what .ci/run
-# installs (torch 2.13 CPU with its dependencies, triton, typer with rich), pinned to what SGLang
-# 0.5.23 pins or what resolved when this list was made. Installed with --no-deps: nothing here may pull
-# another torch.
-RUNTIME_DEPS = (
-    "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "anyio==4.16.0",
-    "apache-tvm-ffi==0.1.11", "click==8.5.1", "compressed-tensors==0.18.0", "dill==0.4.1",
-    "einops==0.8.2", "frozenlist==1.8.0", "gguf==0.19.0", "h11==0.16.0", "hf-xet==1.8.0",
-    "httpcore==1.0.9", "httpcore2==2.16.2", "httpx==0.28.1", "httpx2==2.16.2",
-    "huggingface-hub==2.4.0", "idna==3.20", "loguru==0.7.3", "msgspec==0.23.0",
-    "multidict==7.2.1", "openai==2.8.0", "partial-json-parser==0.2.1.1.post7", "pillow==13.0.0",
-    "propcache==0.5.4", "psutil==7.2.2", "pybase64==1.5.1", "pyzmq==27.3.0", "safetensors==0.8.0",
-    "sentencepiece==0.2.1", "starlette==1.10.0", "tokenizers==0.23.3", "tqdm==4.70.1",
-    "transformers==5.19.0", "truststore==0.10.5", "typing-extensions==4.16.0", "yarl==1.25.1",
-)
 
 # Left out of the farm: our own package (each venv installs the wheel under test, or not) and any
 # SGLang (the tests choose which copy is on PYTHONPATH).
@@ -148,28 +132,9 @@ def sglang_variant(dest: Path, edits: dict | None = None, version: str | None = 
     return dest
 
 
-def runtime_deps() -> Path:
-    """A ``--target`` directory with :data:`RUNTIME_DEPS` (built once per pin set)."""
-    digest = hashlib.sha256("\n".join(RUNTIME_DEPS + (sys.version,)).encode()).hexdigest()[:12]
-    target = cache_dir() / f"rollout-deps-{digest}"
-    with _locked("rollout-deps"):
-        if (target / ".complete").is_file():
-            return target
-        tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".rollout-deps-"))
-        _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-              "--disable-pip-version-check", "--target", str(tmp), *RUNTIME_DEPS], timeout=900)
-        (tmp / ".complete").write_text("\n".join(RUNTIME_DEPS) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        for stale in cache_dir().glob("rollout-deps-*"):  # built for an older pin set
-            if stale != target:
-                shutil.rmtree(stale, ignore_errors=True)
-        return target
-
-
 def system_farm(dest: Path) -> Path:
-    """Symlinks to every entry of this interpreter's site-packages except dsv4kit and sglang.
+    """Symlinks to every entry of this interpreter's (the test venv's) site-packages except dsv4kit
+    and sglang.
 
     ``.pth`` files are left out too: they are only honoured in site directories, and this one is
     added through a ``.pth`` line.
@@ -220,11 +185,11 @@ def session_wheel(base: Path) -> Path:
 def session_venv(base: Path, name: str, with_dsv4kit: bool = True, with_sglang_deps: bool = True) -> Path:
     """A venv under ``base`` (once per session and name), returning its python.
 
-    ``with_sglang_deps``: it sees the system packages (the farm) and :func:`runtime_deps`, as an
-    SGLang venv would; otherwise it is bare (standard library only). ``with_dsv4kit``: the wheel
-    of this checkout is installed into it with ``pip install --no-deps``.
+    ``with_sglang_deps``: it sees the test venv's packages (the farm: torch, triton, SGLang's
+    import chain), as an SGLang venv would; otherwise it is bare (standard library only).
+    ``with_dsv4kit``: the wheel of this checkout is installed into it with ``pip install --no-deps``.
     """
-    paths = [runtime_deps(), _session_farm(base)] if with_sglang_deps else []
+    paths = [_session_farm(base)] if with_sglang_deps else []
     python = make_venv(base / name, paths)
     if with_dsv4kit:
         pip_into(python, "install", "-q", "--no-deps", str(session_wheel(base)))
@@ -234,3 +199,73 @@ def session_venv(base: Path, name: str, with_dsv4kit: bool = True, with_sglang_d
 @functools.lru_cache(maxsize=None)
 def _session_farm(base: Path) -> Path:
     return system_farm(base / "system-farm")
+
+
+#: Compiled packages SGLang's import chain reaches that the bench client never runs, stood in for
+#: in the client venv (tests/standins.py): the PyPI torchvision needs a CUDA torch, and
+#: ``sglang.srt.configs`` imports ``torchvision.transforms`` at import time.
+CLIENT_STANDINS = ("torchvision",)
+_HERE = Path(__file__).resolve().parent
+
+
+def client_venv() -> Path:
+    """A venv (returned as its directory) with the real ``sglang.benchmark.serving`` client.
+
+    SGLang 0.5.23 from the cached wheel, ``pip install --no-deps``; its import chain is the test
+    venv's own packages (the farm: torch 2.13 CPU, transformers, ...), never a second torch;
+    :data:`CLIENT_STANDINS` for compiled packages. Built once per test venv (about a minute) and
+    cached in :func:`cache_dir` (about 220 MB: the installed SGLang); checked with ``--help``.
+    ``$DSV4KIT_BENCH_CLIENT_VENV`` points at a prebuilt one instead.
+    """
+    override = os.environ.get("DSV4KIT_BENCH_CLIENT_VENV")
+    if override:
+        return Path(override)
+    # Per test venv and its package set (the dist-info names carry the versions).
+    packages = sorted(p.name for p in Path(sysconfig.get_paths()["purelib"]).iterdir())
+    key = hashlib.sha256("\n".join([SGLANG_VERSION, sys.prefix, sys.version, *CLIENT_STANDINS,
+                                    (_HERE / "standins.py").read_text(), *packages]).encode()).hexdigest()[:12]
+    entry = cache_dir() / f"bench-client-venv-{key}"
+    wheel = sglang_wheel()
+    with _locked("bench-client-venv"):
+        if (entry / ".complete").is_file():
+            return entry / "venv"
+        tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".bench-client-venv-"))
+        try:
+            _build_client_venv(tmp, wheel)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        (tmp / ".complete").write_text(f"{key}\n{sys.prefix}\n")
+        if entry.exists():
+            shutil.rmtree(entry)
+        os.replace(tmp, entry)
+        _drop_stale_client_venvs(keep=entry)
+        return entry / "venv"
+
+
+def _drop_stale_client_venvs(keep: Path) -> None:
+    """Older client venvs of this test venv, and those whose test venv is gone (dangling links)."""
+    for entry in cache_dir().glob("bench-client-venv-*"):
+        if entry == keep:
+            continue
+        stamp = entry / ".complete"
+        mine = stamp.is_file() and stamp.read_text().splitlines()[1:] == [sys.prefix]
+        farm = entry / "test-packages"
+        links = list(farm.iterdir()) if farm.is_dir() else []
+        if mine or not links or any(not link.exists() for link in links):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _build_client_venv(tmp: Path, wheel: Path) -> None:
+    system_farm(tmp / "test-packages")
+    python = make_venv(tmp / "venv")
+    purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                        timeout=60).stdout.strip())
+    # Relative .pth lines are resolved against the site directory: the entry is renamed into place.
+    (purelib / "dsv4kit_test_packages.pth").write_text(os.path.relpath(tmp / "test-packages", purelib) + "\n")
+    (purelib / "dsv4kit_test_standins.py").write_text((_HERE / "standins.py").read_text())
+    (purelib / "dsv4kit_test_standins.pth").write_text(
+        f"import dsv4kit_test_standins; dsv4kit_test_standins.install({CLIENT_STANDINS!r})\n")
+    pip_into(python, "install", "-q", "--no-deps", str(wheel), timeout=900)
+    _run([str(python), "-m", "sglang.benchmark.serving", "--help"], timeout=600,
+         env={**os.environ, "HF_HUB_OFFLINE": "1"})

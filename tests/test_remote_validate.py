@@ -1,7 +1,7 @@
 """``dsv4kit validate --gpu N`` against the real loopback sshd, the harness on the Triton interpreter.
 
-The "box" is this machine reached over SSH: its venv is a directory whose bin/python is this
-interpreter (tests/remote_inventory.py). Each failure mode must end with a clear message and the
+The "box" is this machine reached over SSH: its venv is a venv that sees this interpreter's
+packages (tests/remote_inventory.py). Each failure mode must end with a clear message and the
 documented exit code, keep no report, and leave no scratch directory behind.
 """
 
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from dsv4kit import exitcodes, remote_validate, wheelbuild
 from dsv4kit.cli import app
-from tests.remote_inventory import closed_port, keygen, write_inventory
+from tests.remote_inventory import BOX_VENV_LAYOUT, closed_port, keygen, write_inventory
 
 CASE = "indexer:1x2x100x16"  # one tiny case: a few seconds in the interpreter
 SECRET = "s3cr3t-value-never-logged"
@@ -89,7 +89,8 @@ def test_validate_ships_the_wheel_runs_the_harness_and_keeps_the_report(box, whe
     # No secrets, no leftovers on the box, the venv untouched.
     assert SECRET not in out + err + kept[0].read_text()
     assert not any(scratch.iterdir())
-    assert sorted(p.name for p in (inventory.parent / "venv").rglob("*")) == ["bin", "python"]
+    venv = inventory.parent / "venv"
+    assert sorted(str(p.relative_to(venv)) for p in venv.rglob("*")) == BOX_VENV_LAYOUT
 
 
 def test_installed_uses_the_rolled_out_dsv4kit(box):

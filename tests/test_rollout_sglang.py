@@ -2,8 +2,8 @@
 
 Each scenario is a fresh process (tests/rollout_scenario.py) in a venv without system
 site-packages that sees: the real SGLang 0.5.23 wheel, unpacked, on PYTHONPATH (or a symlinked
-copy of it with one file or its version changed); the system's torch 2.13 CPU and triton; the
-light packages SGLang's imports need (tests/sglang_wheel.py); and the dsv4kit wheel of this
+copy of it with one file or its version changed); the test venv's torch 2.13 CPU, triton and
+SGLang's import chain (the sglang-chain extra; tests/sglang_wheel.py); and the dsv4kit wheel of this
 checkout, installed with ``pip install --no-deps`` (or installed and then uninstalled). SGLang's
 ``load_plugins()`` finds our entry point through ``importlib.metadata`` as on the box.
 

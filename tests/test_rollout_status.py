@@ -49,7 +49,7 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sglang_venv(base):
-    """An SGLang-like venv (system torch/triton + SGLang's light deps) with the wheel installed."""
+    """An SGLang-like venv (the test venv's torch/triton and SGLang's import chain) with the wheel installed."""
     return sglang_wheel.session_venv(base, "sglang-venv")
 
 

@@ -8,6 +8,7 @@ import typer
 
 from dsv4kit import __version__
 from dsv4kit import bench_cmd, provision_cmd, records_cmd, rollout_cmd, validate_cmd
+from dsv4kit.missing import missing_package_exit
 
 app = typer.Typer(
     name="dsv4kit",
@@ -50,7 +51,8 @@ app.add_typer(rollout_cmd.app, name="rollout")
 
 
 def main() -> None:
-    app()
+    with missing_package_exit():
+        app()
 
 
 if __name__ == "__main__":
