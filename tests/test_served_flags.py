@@ -220,3 +220,25 @@ def test_a_missing_required_environment_file_leaves_the_flags_unknown(tmp_path, 
         assert sw["kernel_flags"] is None and "kernel-flags.env" in sw["kernel_flags_reason"]
     else:
         assert sw["kernel_flags"] == {ATTENTION: "0", INDEXER: "1"}
+
+
+def test_an_environment_file_written_after_the_server_started_is_not_trusted(tmp_path):
+    port = free_port()
+    write_units(tmp_path, Path(sys.executable).parent.parent, port)
+    with launch_server_stand_in(port, {INDEXER: "1"}) as proc:
+        found = probe(tmp_path)
+    [seen] = [p for p in found["processes"] if p["pid"] == proc.pid]
+    assert abs(seen["started_at"] - time.time()) < 60  # the real /proc start time
+    flags_file = str(tmp_path / "etc" / "dsv4kit" / "kernel-flags.env")
+    # the server's environ is unreadable (another user's process); its unit's flags file is newer
+    process = {"pid": proc.pid, "argv": seen["argv"], "env": None, "env_reason": "Permission denied",
+               "started_at": seen["started_at"]}
+    os.utime(flags_file, (seen["started_at"] + 30, seen["started_at"] + 30))
+    units = probe(tmp_path)["units"]
+    sw = software(host(tmp_path, port), {"processes": [process], "units": units, "restart_pending": False})
+    assert sw["kernel_flags"] is None and f"{flags_file} changed after the decode server started" in sw[
+        "kernel_flags_reason"]
+    os.utime(flags_file, (seen["started_at"] - 30, seen["started_at"] - 30))
+    units = probe(tmp_path)["units"]
+    sw = software(host(tmp_path, port), {"processes": [process], "units": units, "restart_pending": False})
+    assert sw["kernel_flags"] == {ATTENTION: "0", INDEXER: "1"}

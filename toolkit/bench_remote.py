@@ -14,8 +14,8 @@ JSON object on stdout:
                                 to F as JSON and exits with the client's exit code.
 ``probe --model-path M --state-dir D --unit-dir U``   provenance: package versions, CUDA, GPUs
                                 (``nvidia-smi``; null with a reason when it is absent), OS, the
-                                serving processes' argv and SGLANG_*/CUDA_*/NCCL_* environment
-                                (``/proc``, when readable), the same from the dsv4-*.service units
+                                serving processes' argv, start time and SGLANG_*/CUDA_*/NCCL_*
+                                environment (``/proc``, when readable), the same from the dsv4-*.service units
                                 and their environment files, whether a unit restart is pending, the
                                 kernel_rollout decision file, model files' hashes, the wheel hash.
 
@@ -478,8 +478,31 @@ def _gpus() -> dict:
     }
 
 
+def _boot_time():
+    try:
+        for line in open("/proc/stat"):
+            if line.startswith("btime "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _started_at(entry: str, btime):
+    """When the process started (epoch seconds), from /proc/<pid>/stat (readable for any user)."""
+    if btime is None:
+        return None
+    try:
+        text = open(os.path.join(entry, "stat")).read()
+        ticks = int(text[text.rindex(")") + 2:].split()[19])  # field 22, starttime in clock ticks
+        return round(btime + ticks / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _serving_processes() -> list:
     found = []
+    btime = _boot_time()
     for entry in glob.glob("/proc/[0-9]*"):
         try:
             with open(os.path.join(entry, "cmdline"), "rb") as fh:
@@ -489,7 +512,7 @@ def _serving_processes() -> list:
         joined = " ".join(argv)
         if not any(marker in joined for marker in SERVER_MARKERS):
             continue
-        proc = {"pid": int(os.path.basename(entry)), "argv": argv}
+        proc = {"pid": int(os.path.basename(entry)), "argv": argv, "started_at": _started_at(entry, btime)}
         try:
             with open(os.path.join(entry, "environ"), "rb") as fh:
                 pairs = [p.decode("utf-8", "replace").split("=", 1) for p in fh.read().split(b"\0") if b"=" in p]
@@ -538,6 +561,7 @@ def _units(unit_dir: str) -> dict:
                 try:
                     unit["env"].update(_read_env_file(env_path))
                     unit["env_files"].append(env_path)
+                    unit.setdefault("env_file_mtimes", {})[env_path] = round(os.path.getmtime(env_path), 2)
                 except OSError:
                     unit["missing_env_files"].append(env_path)
                     if not value.strip().startswith("-"):  # systemd refuses to start the unit without it

@@ -3,8 +3,9 @@
 The inventory's ``dsv4_kernel_flags`` may say ``auto`` (resolved per host at provision time), so
 it cannot tell two records apart. What counts is each server's own environment: the probe's
 ``/proc/<pid>/environ`` of the decode (and, in a PD layout, prefill) ``sglang.launch_server``,
-else its ``dsv4-<role>.service`` unit and environment files (only while no restart is pending:
-otherwise the files hold flags the running server has not picked up). Values are read the way
+else its ``dsv4-<role>.service`` unit and environment files (only while no restart is pending and
+no environment file is newer than the running server: otherwise the files may hold flags it never
+read). Values are read the way
 SGLang reads booleans (``rollout_targets.read_flag``): ``"1"`` on, ``"0"`` off or unset.
 
 When a server's flags cannot be read, ``kernel_flags`` is null with ``kernel_flags_reason``, and
@@ -19,6 +20,8 @@ from typing import Optional
 from dsv4kit.rollout_targets import FLAGS, read_flag
 
 UNKNOWN = "unknown"
+#: /proc/stat's boot time is whole seconds, so a process start time may read up to ~1 s early.
+START_SLACK_S = 2.0
 
 
 def is_unknown(value) -> bool:
@@ -45,6 +48,15 @@ def _process_on(processes: list[dict], port) -> Optional[dict]:
     return decode_process(processes, port)
 
 
+def changed_since(unit: dict, proc: Optional[dict]) -> list[str]:
+    """The unit's environment files written after the (unreadable) process started."""
+    started = (proc or {}).get("started_at")
+    if not isinstance(started, (int, float)):
+        return []
+    return [path for path, mtime in (unit.get("env_file_mtimes") or {}).items()
+            if isinstance(mtime, (int, float)) and mtime > started + START_SLACK_S]
+
+
 def server_flags(role: str, port, processes: list[dict], units: dict, restart_pending: Optional[bool],
                  names: list[str]) -> dict:
     """{"flags": {...} or None, "source": text or None, "reason": text or None} for one server."""
@@ -65,6 +77,9 @@ def server_flags(role: str, port, processes: list[dict], units: dict, restart_pe
     elif unit.get("missing_required_env_files"):
         reasons.append(f"dsv4-{role}.service environment file(s) missing: "
                        f"{', '.join(unit['missing_required_env_files'])}")
+    elif changed_since(unit, proc):
+        reasons.append(f"{', '.join(changed_since(unit, proc))} changed after the {role} server started, "
+                       "so the running server may not have its values")
     elif restart_pending:
         reasons.append("a restart of the serving units is pending, so the unit's environment files may hold "
                        "flags the running server has not picked up")
