@@ -117,8 +117,8 @@ def show(
     typer.echo(f"SGLang {sw.get('sglang_version')}, torch {sw.get('torch')} (CUDA {sw.get('torch_cuda')}), "
                f"triton {sw.get('triton')}")
     flags = sw.get("kernel_flags")
-    typer.echo(f"kernel flags the servers ran with: {flags if flags is not None else 'UNKNOWN (' + str(sw.get('kernel_flags_reason')) + ')'}"
-               f"; inventory: {sw.get('kernel_flags_configured')}")
+    ran = flags if flags is not None else f"UNKNOWN ({sw.get('kernel_flags_reason')})"
+    typer.echo(f"kernel flags the servers ran with: {ran}; inventory: {sw.get('kernel_flags_configured')}")
     typer.echo(f"model {record['model'].get('name')} @ {record['model'].get('revision')}; context length "
                f"{server.get('context_length')}; launch args sha256 {str(server.get('launch_args_sha256'))[:12]}")
     typer.echo(f"workload {ds['name']} {ds['input_len']}/{ds['output_len']} tokens, range ratio {ds['range_ratio']}, "
