@@ -123,8 +123,9 @@ def bench_inventory(directory: Path, sshd, *, venv: Path, model_path: Path, port
     )
 
 
-def write_units(prefix: Path, venv: Path, port: int) -> None:
-    """dsv4-decode.service + environment files under ``prefix``, shaped like the playbook's."""
+def write_units(prefix: Path, venv: Path, port: int, prefill_port: int | None = None) -> None:
+    """dsv4-decode.service (and dsv4-prefill.service on ``prefill_port``) + environment files under
+    ``prefix``, shaped like the playbook's."""
     etc = prefix / "etc" / "dsv4kit"
     units = prefix / "etc" / "systemd" / "system"
     etc.mkdir(parents=True, exist_ok=True)
@@ -139,6 +140,14 @@ def write_units(prefix: Path, venv: Path, port: int) -> None:
         "Environment=CUDA_VISIBLE_DEVICES=4,5,6,7\n"
         f"ExecStart={venv}/bin/python -m sglang.launch_server --tp 4 --port {port} --context-length 4096\n"
     )
+    if prefill_port:
+        (units / "dsv4-prefill.service").write_text(
+            "[Service]\n"
+            f"EnvironmentFile={etc}/nccl.env\n"
+            f"EnvironmentFile={etc}/kernel-flags.env\n"
+            "Environment=CUDA_VISIBLE_DEVICES=0,1,2,3\n"
+            f"ExecStart={venv}/bin/python -m sglang.launch_server --tp 4 --port {prefill_port} --context-length 4096\n"
+        )
 
 
 def client_line(*, n: int = 8, isl: int = 16, osl: int = 8, concurrency: int = 4, tpot_ms: float = 10.0,
@@ -186,8 +195,19 @@ def point_expectation(n: int, isl: int, osl: int, concurrency: int, startup_time
                             max_total_num_tokens=1_000_000)
 
 
+def served_software(indexer: str = "1", *, configured: str = "auto") -> dict:
+    """``software.kernel_*`` as the probe leaves them when the decode server's environment was read:
+    the inventory says ``configured`` for both flags, the server ran with INDEXER=``indexer``."""
+    flags = {"SGLANG_SM120_MMA_ATTENTION": "0", "SGLANG_SM120_TRITON_INDEXER": indexer}
+    return {"kernel_flags": flags, "kernel_flags_reason": None,
+            "kernel_flags_servers": {"decode": {"flags": flags, "source": "/proc/4242/environ", "reason": None}},
+            "kernel_flags_configured": {name: configured for name in flags},
+            "server_env": {"SGLANG_SM120_TRITON_INDEXER": indexer, "NCCL_P2P_DISABLE": "1"}}
+
+
 def synthetic_record(run_id: str, decode: dict, *, context_length: int = 4096, isl: int = 16, osl: int = 8,
-                     gpu_model="NVIDIA RTX PRO 6000 Blackwell", invalid: tuple = (), host: str = "lo") -> dict:
+                     gpu_model="NVIDIA RTX PRO 6000 Blackwell", invalid: tuple = (), host: str = "lo",
+                     indexer: str = "1") -> dict:
     """A schema-valid record whose decode tok/s per concurrency and repetition is ``decode[C][r]``.
 
     ``invalid`` lists (C, repetition) points to mark as failing a gate.
@@ -213,7 +233,7 @@ def synthetic_record(run_id: str, decode: dict, *, context_length: int = 4096, i
         "tag": f"bench/{host}/{context_length}/{stamp}", "created_at_utc": "2026-01-01T00:00:00+00:00",
         "duration_wall_s": 1.0, "toolkit": {"version": "0.1.0", "git_commit": "abc", "git_dirty": False},
         "host": {"name": host}, "gpus": {"model": gpu_model, "count": 8, "serving_count": 8, "driver": "580.1"},
-        "software": {"sglang_version": "0.5.23", "kernel_flags": {"SGLANG_SM120_TRITON_INDEXER": "1"}},
+        "software": {"sglang_version": "0.5.23", **served_software(indexer)},
         "model": {"name": "DeepSeek-V4-Flash", "revision": "r1"},
         "server": {"context_length": context_length, "launch_args_sha256": "x"},
         "client": {"tool": "sglang.benchmark.serving", "tool_version": "0.5.23", "backend": "sglang",

@@ -61,7 +61,7 @@ def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
         prefix = None
         if units:  # the serving units the playbook would have written, under a scratch prefix
             prefix = tmp_path / "prefix"
-            write_units(prefix, bench_venv, server.port)
+            write_units(prefix, bench_venv, server.port, prefill_port)
         inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
                                     model_path=tokenizer_dir, port=server.port, prefill_port=prefill_port,
                                     context_length=context_length or server_kw.get("context_length", 4096),
@@ -168,7 +168,11 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
     assert record["server"]["resolved_args"]["tp_size"] == 4 and record["server"]["resolved_args_sha256"]
     assert record["server"]["prefill"]["resolved_args_sha256"] and record["server"]["prefill"]["context_length"] == 4096
     assert record["model"]["revision"] == "test-rev-1" and record["model"]["tokenizer_json_sha256"]
-    assert sw["kernel_flags"] == {"SGLANG_SM120_TRITON_INDEXER": "1"}
+    # the flags the servers ran with (their units' environment files), not the inventory's
+    assert sw["kernel_flags"] == {"SGLANG_SM120_MMA_ATTENTION": "0", "SGLANG_SM120_TRITON_INDEXER": "1"}
+    assert set(sw["kernel_flags_servers"]) == {"decode", "prefill"} and sw["kernel_flags_reason"] is None
+    assert sw["kernel_flags_configured"] == {"SGLANG_SM120_TRITON_INDEXER": "1"}
+    assert record["comparability_key"]["kernel_flags"] == "SGLANG_SM120_MMA_ATTENTION=0,SGLANG_SM120_TRITON_INDEXER=1"
     # the serving environment, from the units and their environment files (the stand-in is no
     # sglang.launch_server process, so /proc has nothing to say)
     assert sw["server_env"]["SGLANG_SM120_TRITON_INDEXER"] == "1" and sw["server_env"]["NCCL_P2P_DISABLE"] == "1"
@@ -320,8 +324,9 @@ def test_bad_input_fails_before_connecting(tmp_path, loopback_ssh):
 
 def test_a_record_of_the_same_settings_is_a_comparable_baseline(box, tmp_path):
     # The early comparability check (before connecting) must agree with the record a real sweep
-    # writes: the second sweep runs, and the comparison after it has a verdict.
-    server, inventory = box(context_length=4096)
+    # writes: the second sweep runs, and the comparison after it has a verdict (the units tell
+    # which kernel flags the servers ran with).
+    server, inventory = box(context_length=4096, units=True)
     repo = tmp_path / "results"
     args = ["bench", "--ctx", "4096", "--concurrency", "2", "--repeat", "1", *SMALL, "-i", str(inventory),
             "--results-repo", str(repo), "--json"]

@@ -61,7 +61,7 @@ CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_O
 #: The playbook tag that (re)starts the serving units; a context-length restart runs only it.
 RESTART_TAG = "sglang_service"
 #: Comparability-key fields that only the box can tell (the probe), not known before a sweep.
-BOX_KEY_FIELDS = ("gpu_model", "client_tool_version")
+BOX_KEY_FIELDS = ("gpu_model", "client_tool_version", "kernel_flags")
 
 
 class BenchAbort(exitcodes.Abort):
@@ -332,7 +332,8 @@ def arm_comparison(record: dict):
         side = dict(record, run_id=f"{record['run_id']}:{arm}",
                     points=[p for p in record["points"] if p.get("arm") == arm])
         sides[arm] = side
-    return compare(sides["A"], sides["B"])
+    # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both).
+    return compare(sides["A"], sides["B"], ignore=("kernel_flags",))
 
 
 def slo_limits(host) -> Optional[dict]:
@@ -457,7 +458,8 @@ class Remote:
         prefix = str(self.host.get("dsv4_prefix") or "/").rstrip("/")
         return self.helper("probe", "--model-path", str(self.host.get("dsv4_model_path") or ""),
                            "--state-dir", str(self.host.get("dsv4_state_dir") or ""),
-                           "--unit-dir", f"{prefix}/etc/systemd/system", timeout=PROBE_TIMEOUT_S)
+                           "--unit-dir", f"{prefix}/etc/systemd/system",
+                           "--decision-file", f"{prefix}/etc/dsv4kit/kernel-decision.json", timeout=PROBE_TIMEOUT_S)
 
     def fetch_json(self, remote_file: str, label: str) -> dict:
         with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:

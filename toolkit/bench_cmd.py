@@ -280,7 +280,7 @@ def bench(
         comparison = compare(old, record, ignore=ignore)
 
     # A baseline that turns out not comparable on a field only the box tells (GPU model, client
-    # version) gives no verdict: a failed check (1), like a regression; it never masks an invalid point.
+    # version, kernel flags the servers ran with) gives no verdict: a failed check (1), like a regression; it never masks an invalid point.
     # An inconclusive comparison is never a pass: its own code (7), below an invalid point or a regression.
     code = exitcodes.OK
     if not record["validity_passed"] or (comparison is not None and comparison.outcome in ("regressed",

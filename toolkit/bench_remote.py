@@ -14,9 +14,10 @@ JSON object on stdout:
                                 to F as JSON and exits with the client's exit code.
 ``probe --model-path M --state-dir D --unit-dir U``   provenance: package versions, CUDA, GPUs
                                 (``nvidia-smi``; null with a reason when it is absent), OS, the
-                                serving processes' argv and SGLANG_*/CUDA_*/NCCL_* environment
-                                (``/proc``, when readable), the same from the dsv4-*.service units
-                                and their environment files, model files' hashes, the wheel hash.
+                                serving processes' argv, start time and SGLANG_*/CUDA_*/NCCL_*
+                                environment (``/proc``, when readable), the same from the dsv4-*.service units
+                                and their environment files, whether a unit restart is pending, the
+                                kernel_rollout decision file, model files' hashes, the wheel hash.
 
 Ports are not exposed off the box, so everything HTTP goes through here over SSH. An API key,
 when the server needs one, comes from the environment (``OPENAI_API_KEY``), never from argv.
@@ -477,8 +478,31 @@ def _gpus() -> dict:
     }
 
 
+def _boot_time():
+    try:
+        for line in open("/proc/stat"):
+            if line.startswith("btime "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _started_at(entry: str, btime):
+    """When the process started (epoch seconds), from /proc/<pid>/stat (readable for any user)."""
+    if btime is None:
+        return None
+    try:
+        text = open(os.path.join(entry, "stat")).read()
+        ticks = int(text[text.rindex(")") + 2:].split()[19])  # field 22, starttime in clock ticks
+        return round(btime + ticks / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _serving_processes() -> list:
     found = []
+    btime = _boot_time()
     for entry in glob.glob("/proc/[0-9]*"):
         try:
             with open(os.path.join(entry, "cmdline"), "rb") as fh:
@@ -488,7 +512,7 @@ def _serving_processes() -> list:
         joined = " ".join(argv)
         if not any(marker in joined for marker in SERVER_MARKERS):
             continue
-        proc = {"pid": int(os.path.basename(entry)), "argv": argv}
+        proc = {"pid": int(os.path.basename(entry)), "argv": argv, "started_at": _started_at(entry, btime)}
         try:
             with open(os.path.join(entry, "environ"), "rb") as fh:
                 pairs = [p.decode("utf-8", "replace").split("=", 1) for p in fh.read().split(b"\0") if b"=" in p]
@@ -537,8 +561,11 @@ def _units(unit_dir: str) -> dict:
                 try:
                     unit["env"].update(_read_env_file(env_path))
                     unit["env_files"].append(env_path)
+                    unit.setdefault("env_file_mtimes", {})[env_path] = round(os.path.getmtime(env_path), 2)
                 except OSError:
                     unit["missing_env_files"].append(env_path)
+                    if not value.strip().startswith("-"):  # systemd refuses to start the unit without it
+                        unit.setdefault("missing_required_env_files", []).append(env_path)
             elif key == "Environment":
                 for item in shlex.split(value):
                     if "=" in item:
@@ -597,6 +624,19 @@ def _host() -> dict:
     return info
 
 
+def _decision(path: str) -> dict:
+    """The kernel_rollout role's decision file (which report decided the kernel flags), as found."""
+    if not path:
+        return {"path": None, "data": None, "reason": "no decision file path given"}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return {"path": path, "data": json.load(fh)}
+    except FileNotFoundError:
+        return {"path": path, "data": None, "reason": f"no {path}: the flags were not set by dsv4kit provision"}
+    except (OSError, ValueError) as exc:
+        return {"path": path, "data": None, "reason": f"{path} is unreadable: {exc}"}
+
+
 def cmd_probe(args) -> dict:
     return {
         "ok": True,
@@ -607,6 +647,8 @@ def cmd_probe(args) -> dict:
         "gpus": _gpus(),
         "processes": _serving_processes(),
         "units": _units(args.unit_dir),
+        "restart_pending": os.path.exists(os.path.join(args.state_dir, "restart-pending")) if args.state_dir else None,
+        "kernel_decision": _decision(args.decision_file),
         "model": _model(args.model_path),
         "client_env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
     }
@@ -626,6 +668,7 @@ def main(argv=None) -> int:
     p.add_argument("--model-path", required=True)
     p.add_argument("--state-dir", default="")
     p.add_argument("--unit-dir", default="", help="where the dsv4-*.service units are (<dsv4_prefix>/etc/systemd/system)")
+    p.add_argument("--decision-file", default="", help="<dsv4_prefix>/etc/dsv4kit/kernel-decision.json")
     p = sub.add_parser("run-point")
     p.add_argument("--evidence-out", required=True)
     p.add_argument("--metrics-ports", default="")

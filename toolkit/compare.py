@@ -2,7 +2,8 @@
 
 Comparability: every field of the comparability key (``dsv4kit.records.KEY_FIELDS``: model and
 revision, GPU model and count, context length, dataset, ISL/OSL, range ratio, tokenize-prompt,
-seed, concurrency set, prompts per point, backend, client version) must be equal, except the
+seed, concurrency set, prompts per point, backend, client version, the kernel flags the servers
+ran with; an unknown one never matches) must be equal, except the
 ones the caller explicitly lets differ (``ignore``). Otherwise no verdict is given and the
 differing fields are listed. Launch-argument, driver and version differences are reported as
 information: they are usually exactly what is being compared.
@@ -34,6 +35,7 @@ from typing import Iterable, Optional
 
 from dsv4kit import exitcodes, stats
 from dsv4kit.records import KEY_FIELDS, comparability_key, metric_value
+from dsv4kit.served_flags import is_unknown
 
 K_CV = 3.0
 #: A verdict other than "inconclusive" needs at least this many valid repetitions on each side.
@@ -53,7 +55,7 @@ FAMILIES = {"throughput": ("decode_tok_s", "output_throughput"), "TTFT": ("media
             "TPOT": ("median_tpot_ms", "p99_tpot_ms"), "goodput": ("goodput_req_s",)}
 INFO_FIELDS = (("server", "launch_args_sha256"), ("server", "resolved_args_sha256"), ("gpus", "driver"),
                ("software", "sglang_version"), ("software", "torch"), ("software", "triton"),
-               ("software", "kernel_flags"), ("toolkit", "git_commit"))
+               ("software", "kernel_flags_configured"), ("toolkit", "git_commit"))
 
 
 def noise_floor(metric: str, concurrency: int) -> float:
@@ -206,8 +208,9 @@ def field_differences(old: dict, new: dict) -> list[dict]:
 def key_differences(old: dict, new: dict, ignore: Iterable[str] = ()) -> list[dict]:
     ignore = set(ignore)
     k_old, k_new = comparability_key(old), comparability_key(new)
+    # An unknown value (kernel flags the record could not read) matches nothing, not even itself.
     return [{"field": f, "old": k_old.get(f), "new": k_new.get(f)}
-            for f in KEY_FIELDS if f not in ignore and k_old.get(f) != k_new.get(f)]
+            for f in KEY_FIELDS if f not in ignore and (k_old.get(f) != k_new.get(f) or is_unknown(k_old.get(f)))]
 
 
 def _values(record: dict, metric: str, concurrency: int) -> list[float]:

@@ -18,6 +18,7 @@ from typing import Optional
 from dsv4kit import __version__
 from dsv4kit.records import decode_info, resolved_args, sha256_json
 from dsv4kit.scrub import scrub
+from dsv4kit.served_flags import software_fields
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,7 +151,7 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
         "server_env_source": env_source,
         "server_env_reason": None if server_env else ("; ".join(sorted(set(env_reasons))) or None),
         "client_env": probe.get("client_env"),
-        "kernel_flags": host.get("dsv4_kernel_flags"),
+        **software_fields(host, probe),
     }
     model = model_section(host, probe, server_info)
     server = {

@@ -7,7 +7,8 @@ Layout (docs/benchmarking.md has the field-by-field description)::
     host{name, hostname_sha256, os, kernel, cpu_model, ram_gb, ...},
     gpus{model, count, serving_count, driver, cuda_driver_version, compute_cap, devices, ...},
     software{sglang_version, sglang_wheel{sha256, source}, python, torch, torch_cuda, triton, ...,
-             server_env{SGLANG_*, CUDA_*, NCCL_*} (the decode server's), kernel_flags},
+             server_env{SGLANG_*, CUDA_*, NCCL_*} (the decode server's), kernel_flags (what the servers
+             ran with), kernel_flags_reason, kernel_flags_servers, kernel_flags_configured, kernel_decision},
     model{path, revision, snapshot_revision, config_json_sha256, tokenizer_json_sha256},
     server{context_length, launch_args, launch_args_sha256, resolved_args, resolved_args_sha256,
            startup_time, restarted, processes[{pid, argv, env}]},
@@ -31,7 +32,7 @@ import json
 import math
 from typing import Any, Iterable, Optional
 
-from dsv4kit import stats
+from dsv4kit import served_flags, stats
 from dsv4kit.scrub import scrub
 
 SCHEMA_VERSION = 2
@@ -51,7 +52,7 @@ SUMMARY_METRICS = ("decode_tok_s", "decode_tok_s_per_gpu", "output_throughput", 
 #: Fields of the comparability key (a verdict needs them all equal, see dsv4kit.compare).
 KEY_FIELDS = ("model", "model_revision", "gpu_model", "gpu_count", "context_length", "dataset",
               "input_len", "output_len", "range_ratio", "tokenize_prompt", "seed", "concurrency",
-              "num_prompts", "backend", "client_tool_version")
+              "num_prompts", "backend", "client_tool_version", "kernel_flags")
 
 
 class RecordError(ValueError):
@@ -162,6 +163,7 @@ def comparability_key(record: dict) -> dict:
         "num_prompts": client.get("num_prompts"),
         "backend": client.get("backend"),
         "client_tool_version": client.get("tool_version"),
+        "kernel_flags": served_flags.key_value(record),
     }
 
 

@@ -115,7 +115,10 @@ def show(
                 else f"unknown ({gp.get('reason') or 'not probed'})")
     typer.echo(f"host {record['host'].get('name')}: GPUs {gpu_text}; serving on {gp.get('serving_count')}")
     typer.echo(f"SGLang {sw.get('sglang_version')}, torch {sw.get('torch')} (CUDA {sw.get('torch_cuda')}), "
-               f"triton {sw.get('triton')}; kernel flags {sw.get('kernel_flags')}")
+               f"triton {sw.get('triton')}")
+    flags = sw.get("kernel_flags")
+    ran = flags if flags is not None else f"UNKNOWN ({sw.get('kernel_flags_reason')})"
+    typer.echo(f"kernel flags the servers ran with: {ran}; inventory: {sw.get('kernel_flags_configured')}")
     typer.echo(f"model {record['model'].get('name')} @ {record['model'].get('revision')}; context length "
                f"{server.get('context_length')}; launch args sha256 {str(server.get('launch_args_sha256'))[:12]}")
     typer.echo(f"workload {ds['name']} {ds['input_len']}/{ds['output_len']} tokens, range ratio {ds['range_ratio']}, "
