@@ -3,8 +3,8 @@
 Drop-in for SGLang 0.5.23's ``fp8_paged_mqa_logits_torch_sm120`` (and the TileLang indexer):
 the same eight positional arguments, the same fp32 ``[B, max_seq_len]`` result.
 
-Byte layout of the index-K cache (spec section 2.3)
----------------------------------------------------
+Byte layout of the index-K cache (docs/sglang-contract.md)
+----------------------------------------------------------
 ``kvcache`` is the layer's uint8 pool, ``[num_pages, 64, 1, 132]`` (or flat ``[num_pages, 8448]``).
 The 4-D view is *not* token-major; a page is 8448 contiguous bytes::
 
@@ -17,8 +17,8 @@ The kernel receives the uint8 pointer and reinterprets it in-kernel as fp8 (valu
 (scales: float offset ``p*2112 + 2048 + o``). All byte offsets are int64: ``num_pages*8448`` and
 ``B*max_seq_len`` can pass 2**31.
 
-Maths (spec section 2.5)
-------------------------
+Maths
+-----
 With ``L = seq_lens[b]`` (clamped to ``[0, max_seq_len]``), for ``t < L``::
 
     logit[b, t] = s_k[pg, o] * sum_h weight[b, h] * relu( sum_d q8[b, h, d] * k8[pg, o, d] )
@@ -44,16 +44,20 @@ fill the GPU); the exact tail policy also bounds each program's tail share to 40
 (``R >= ceil(P*64 / 4096)``). ``R`` depends only on ``B``, ``P``, the policy and the device's SM
 count, never on ``seq_lens`` values. Program ``(b, j)`` loads ``L`` on the device and
 
-* scores pages ``j, j+R, j+2R, ... < ceil(L/64)``: work follows the actual length, a page at or
-  past ``ceil(L/64)`` is never loaded, and its (possibly stale) page-table entry is never read;
+* scores pages ``j, j+R, j+2R, ... < ceil(L/64)``: work follows the actual length, and a page at
+  or past ``ceil(L/64)`` is never loaded (only column ``j < R <= P`` of the table is read
+  before ``L`` is known, alongside it, and used only if ``j < ceil(L/64)``);
 * (exact policy only) fills its ``1/R`` share of the tail ``[ceil(L/64)*64, max_seq_len)`` with
   ``-inf`` using wide vector stores; ``[L, ceil(L/64)*64)`` is masked to ``-inf`` by the page that
   scores it (both policies).
 
 A program whose ``j >= ceil(L/64)`` (most of them for short rows at a large ``max_seq_len`` with
-the skip policy) loads ``L`` and the first page id, and exits.
+the skip policy) loads ``L`` and that one table entry, and exits before any other load or the
+pipelined loop. A program with exactly one page takes a straight-line path (no pipeline
+prologue); one with more streams its pages through the software-pipelined loop, the next page's
+id and scales prefetched one step ahead.
 
-Capture safety (spec section 5): no ``.item()``, no host sync, no allocation other than the output
+Capture safety: no ``.item()``, no host sync, no allocation other than the output
 (``torch.empty``, which a CUDA graph serves from its private pool), static launch configuration
 (no autotuning). All arguments are checked on the host before the launch.
 
@@ -338,7 +342,7 @@ def fp8_paged_mqa_logits(
 ) -> torch.Tensor:
     """fp32 ``[B, max_seq_len]`` indexer logits; ``-inf`` at ``t >= seq_lens[b]`` as ``tail`` says.
 
-    Arguments as SGLang 0.5.23 passes them (spec section 2.2): ``q_fp8`` fp8 ``[B, 1, H, 128]``,
+    Arguments as SGLang 0.5.23 passes them (docs/sglang-contract.md): ``q_fp8`` fp8 ``[B, 1, H, 128]``,
     ``kvcache`` uint8 ``[num_pages, 64, 1, 132]``, ``weight`` fp32 ``[B, H]``, ``seq_lens`` int32
     ``[B]`` or ``[B, 1]`` (compressed lengths, may be 0), ``page_table`` int32 ``[B, P]`` (entries
     past a row's length may be stale and are never read), ``deep_gemm_metadata`` (ignored),

@@ -136,7 +136,8 @@ def render(result: dict) -> str:
     for n in names:
         rels = [p["rel"][n] for p in result["points"] if n in p["rel"]]
         worst = "-" if not rels else ("nan" if any(math.isnan(r) for r in rels) else f"{max(rels):.2e}")
-        lines.append(f"| {n} | {result['implementations'][n]['origin']} | {worst} |")
+        origin = result["implementations"][n]["origin"].split(":", 1)[0]  # wheel:<dir> -> wheel
+        lines.append(f"| {n} | {origin} | {worst} |")
     for n, why in result.get("unavailable", {}).items():
         lines.append(f"| {n} | - | {why} |")
     t = result["targets"]

@@ -4,7 +4,7 @@
 
 * Measures the device's copy bandwidth first, in the same run.
 * Grid: B in {1, 16, 64}, H = 64, actual length in {2K, 32K, 128K} tokens (c4 length = tokens/4),
-  context in {8K, 128K, 1M} tokens with ``max_seq_len`` as SGLang computes it (spec section 2.8:
+  context in {8K, 128K, 1M} tokens with ``max_seq_len`` as SGLang computes it (SGLang 0.5.23:
   ``P = ceil((ctx + 4) / 256)``, ``max_seq_len = P * 64``); points with length > context are skipped.
 * Every implementation of ``dsv4kit.validation.implementations`` ("dsv4kit": ours as the SGLang
   plugin calls it; "dsv4kit-exact": ours with the exact -inf tail; SGLang 0.5.23's TileLang
@@ -403,14 +403,17 @@ def render_errors(payload: dict) -> str:
     lines = ["| implementation | origin | worst rel | worst max abs | -inf pattern | points |",
              "|---|---|---:|---:|:---:|---:|"]
     origins = payload.get("implementations", {})
+
+    def origin(name: str) -> str:  # "wheel:<dir>" -> "wheel": the directory is the run's own
+        return origins.get(name, {}).get("origin", "-").split(":", 1)[0]
     for n in names:
         rels = [p["rel"][n] for p in payload["points"] if n in p.get("rel", {})]
         absd = [p["max_abs"][n] for p in payload["points"] if n in p.get("max_abs", {})]
         pats = [p["pattern_ok"][n] for p in payload["points"] if n in p.get("pattern_ok", {})]
         if not rels:
-            lines.append(f"| {n} | {origins.get(n, {}).get('origin', '-')} | - | - | - | 0 |")
+            lines.append(f"| {n} | {origin(n)} | - | - | - | 0 |")
             continue
-        lines.append(f"| {n} | {origins.get(n, {}).get('origin', '-')} | {max(rels):.2e} "
+        lines.append(f"| {n} | {origin(n)} | {max(rels):.2e} "
                      f"| {max(absd):.2e} | {'match' if all(pats) else 'MISMATCH'} | {len(rels)} |")
     for n, why in payload.get("unavailable", {}).items():
         lines.append(f"| {n} | - | {why} | | | 0 |")
