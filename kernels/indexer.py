@@ -101,6 +101,7 @@ TAIL_SKIP = "skip"  # nothing at or past ceil(L/64)*64 is written (TileLang's be
 TAIL_POLICIES = (TAIL_EXACT, TAIL_SKIP)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+PIN_FIRST = True  # the early exit reads the first table entry too (keeps its load beside seq_len)
 
 
 @triton.jit
@@ -125,6 +126,7 @@ def _indexer_logits_kernel(
     PREFETCH: tl.constexpr,
     EXACT_TAIL: tl.constexpr,
     DIRECT: tl.constexpr,
+    PIN_FIRST: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -138,7 +140,15 @@ def _indexer_logits_kernel(
     pt_row = page_table_ptr + b * pt_stride
     # The first page id is read alongside seq_len, before n_pages is known: j < R <= P keeps the
     # read inside the table row, and the id is only used if j < n_pages.
-    page_first = tl.load(pt_row + j).to(tl.int64)
+    page_first = tl.load(pt_row + j)
+    scoring = j < n_pages
+    if PIN_FIRST:
+        # The early exit below also reads the entry, so ptxas cannot issue its load after the
+        # exit (where it would wait for seq_len instead of travelling with it). An entry equal
+        # to INT32_MIN (never a page id) sends a program with no page on: its loads are clamped
+        # and its stores masked by n_pages, so it writes nothing.
+        scoring = scoring | (page_first == -2147483648)
+    page_first = page_first.to(tl.int64)
     if EXACT_TAIL:
         # ---- this program's share of the -inf tail [n_pages*PAGE, max_seq_len) ----
         tail_start = n_pages * PAGE
@@ -153,25 +163,31 @@ def _indexer_logits_kernel(
             tl.store(out_row + idx, neg_inf, mask=idx < end)
 
     # ---- scored pages: j, j+R, ... < n_pages ----
+    store_end = tl.minimum(n_pages * PAGE, max_seq_len)
     # A program with no page (most of them for short rows at a large max_seq_len) stops here:
     # it loads nothing else and never enters the pipelined loop's prologue.
-    if j < n_pages:
-        offs_h = tl.arange(0, H)
-        offs_d = tl.arange(0, D)
-        q = tl.load(q_ptr + b * (H * D) + offs_h[:, None] * D + offs_d[None, :])
-        w = tl.load(w_ptr + b * H + offs_h)
+    offs_h = tl.arange(0, H)
+    offs_d = tl.arange(0, D)
+    q_ptrs = q_ptr + b * (H * D) + offs_h[:, None] * D + offs_d[None, :]
+    if scoring:
         kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
         kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
         ok_next = (page_first >= 0) & (page_first < num_pages)
         page_next = tl.where(ok_next, page_first, 0)  # never dereference an id outside the pool
-        # Software prefetch: the next page's id and scales one iteration ahead (the pipeliner
-        # only prefetches the dot operand).
-        s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
         if DIRECT and n_pages - j <= progs_per_row:
-            # Exactly one page here: a straight line, no pipeline prologue/epilogue.
-            _score_page(kv_fp8, q, w, page_next, ok_next, s_next, seq_len, j, out_row,
-                        max_seq_len, offs_t, offs_d, D, PAGE, PAGE_BYTES)
+            # Exactly one page here: a straight line, no pipeline prologue/epilogue. Every load
+            # is issued before the first one is waited on (the stores to shared memory wait).
+            w = tl.load(w_ptr + b * H + offs_h)
+            s_k = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
+            k = tl.load(kv_fp8 + page_next * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
+            q = tl.load(q_ptrs)
+            _score_tile(k, q, w, ok_next, s_k, seq_len, j, out_row, store_end, offs_t, PAGE)
         else:
+            w = tl.load(w_ptr + b * H + offs_h)
+            q = tl.load(q_ptrs)
+            # Software prefetch: the next page's id and scales one iteration ahead (the
+            # pipeliner only prefetches the dot operand).
+            s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
             for p in range(j, n_pages, progs_per_row):
                 if PREFETCH:
                     page = page_next
@@ -188,22 +204,23 @@ def _indexer_logits_kernel(
                     page_ok = (page >= 0) & (page < num_pages)
                     page = tl.where(page_ok, page, 0)
                     s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
-                _score_page(kv_fp8, q, w, page, page_ok, s_k, seq_len, p, out_row, max_seq_len,
-                            offs_t, offs_d, D, PAGE, PAGE_BYTES)
+                k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
+                _score_tile(k, q, w, page_ok, s_k, seq_len, p, out_row, store_end, offs_t, PAGE)
 
 
 @triton.jit
-def _score_page(kv_fp8, q, w, page, page_ok, s_k, seq_len, p, out_row, max_seq_len, offs_t, offs_d,
-                D: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr):
-    """Score page ``p`` of a row (pool page ``page``) and store its 64 logits."""
+def _score_tile(k, q, w, page_ok, s_k, seq_len, p, out_row, store_end, offs_t,
+                PAGE: tl.constexpr):
+    """Score page ``p`` of a row from its loaded K tile and scales; store its logits below
+    ``store_end`` (``min(ceil(L/64)*64, max_seq_len)``)."""
     scored_until = tl.where(page_ok, seq_len, 0)  # a bad id's positions score -inf
-    k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
     scores = tl.dot(k, tl.trans(q))  # [PAGE, H] fp32 accumulation
     scores = tl.maximum(scores, 0.0)
     logit = tl.sum(scores * w[None, :], axis=1) * s_k
     t = p * PAGE + offs_t
     logit = tl.where(t < scored_until, logit, float("-inf"))
-    tl.store(out_row + t, logit, mask=t < max_seq_len)
+    tl.store(out_row + t, logit, mask=t < store_end)
+
 
 
 @functools.lru_cache(maxsize=None)
@@ -374,7 +391,7 @@ def fp8_paged_mqa_logits_for_sglang(q_fp8, kvcache, weight, seq_lens, page_table
 
 def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len,
            progs_per_row, num_warps=NUM_WARPS, num_stages=NUM_STAGES, fill_block=FILL_BLOCK,
-           prefetch=PREFETCH, tail=TAIL_EXACT, direct=DIRECT):
+           prefetch=PREFETCH, tail=TAIL_EXACT, direct=DIRECT, pin_first=PIN_FIRST):
     """Launch on already-checked arguments (the benchmark uses this to sweep configurations)."""
     batch, _, heads, head_dim = q_fp8.shape
     grid = (batch, progs_per_row)
@@ -383,5 +400,6 @@ def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max
         seq_lens_1d.stride(0), page_table.stride(0), num_pages, max_seq_len, progs_per_row,
         H=heads, D=head_dim, PAGE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, SCALE_OFFSET=SCALE_OFFSET,
         FILL=fill_block, PREFETCH=prefetch, EXACT_TAIL=tail == TAIL_EXACT, DIRECT=direct,
+        PIN_FIRST=pin_first,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -61,6 +61,8 @@ def main():
     # end unwritten, "exact" writes -inf there; both -inf on [L, page end). The straight-line
     # one-page path (R >= pages) and the loop (R = 1) both.
     inputs = ref.make_indexer_inputs(6, 64, 5, 300, seed=21)
+    assert inputs.seq_lens[1] == 0
+    inputs.page_table[1, :] = -2 ** 31  # INT32_MIN past the length: sends its programs on
     batch, _, pages, num_pages, seq, kv, msl = indexer.check_args(
         inputs.q_fp8, inputs.kvcache, inputs.weight, inputs.seq_lens, inputs.page_table,
         inputs.max_seq_len, False)

@@ -25,10 +25,10 @@ signature = {"q_ptr": "*fp8e4nv", "kv_ptr": "*u8", "w_ptr": "*fp32", "seq_lens_p
              "pt_stride": "i32", "num_pages": "i32", "max_seq_len": "i32", "progs_per_row": "i32",
              "H": "constexpr", "D": "constexpr", "PAGE": "constexpr", "PAGE_BYTES": "constexpr",
              "SCALE_OFFSET": "constexpr", "FILL": "constexpr", "PREFETCH": "constexpr",
-             "EXACT_TAIL": "constexpr", "DIRECT": "constexpr"}
+             "EXACT_TAIL": "constexpr", "DIRECT": "constexpr", "PIN_FIRST": "constexpr"}
 constexprs = {"H": 64, "D": 128, "PAGE": ix.PAGE_SIZE, "PAGE_BYTES": ix.PAGE_BYTES,
               "SCALE_OFFSET": ix.SCALE_OFFSET, "FILL": ix.FILL_BLOCK, "PREFETCH": ix.PREFETCH,
-              "EXACT_TAIL": sys.argv[3] == "exact", "DIRECT": ix.DIRECT}
+              "EXACT_TAIL": sys.argv[3] == "exact", "DIRECT": ix.DIRECT, "PIN_FIRST": ix.PIN_FIRST}
 # What the launcher specialises at run time: 16-byte aligned pointers, max_seq_len % 16 == 0.
 aligned = [["tt.divisibility", 16]]
 attrs = {(i,): aligned for i in (0, 1, 2, 3, 4, 5, 9)}

@@ -288,7 +288,7 @@ TUNE_POINTS = [
     {"batch": 64, "tokens": 32768, "context": 1048576},
     {"batch": 64, "tokens": 131072, "context": 131072},
 ]
-TUNE_KEYS = ("programs_per_sm", "num_warps", "num_stages", "prefetch", "direct")
+TUNE_KEYS = ("programs_per_sm", "num_warps", "num_stages", "prefetch", "direct", "pin_first")
 
 
 def _tune_configs():
@@ -296,11 +296,11 @@ def _tune_configs():
 
     for per_sm in (2, 4, 8):
         for stages in (2, 3, 4):
-            for prefetch in (False, True):
-                for direct in (False, True):
+            for prefetch, direct in ((True, True), (True, False), (False, True)):
+                for pin_first in (False, True):
                     yield {"programs_per_sm": per_sm, "num_warps": indexer.NUM_WARPS,
                            "num_stages": stages, "prefetch": prefetch,
-                           "fill_block": indexer.FILL_BLOCK, "direct": direct}
+                           "fill_block": indexer.FILL_BLOCK, "direct": direct, "pin_first": pin_first}
 
 
 def tune(torch, log) -> list[dict]:
@@ -325,7 +325,7 @@ def tune(torch, log) -> list[dict]:
                                num_pages, msl, r, num_warps=cfg["num_warps"],
                                num_stages=cfg["num_stages"], fill_block=cfg["fill_block"],
                                prefetch=cfg["prefetch"], tail=indexer.TAIL_SKIP,
-                               direct=cfg["direct"])
+                               direct=cfg["direct"], pin_first=cfg["pin_first"])
                 return out
 
             try:
@@ -456,9 +456,9 @@ def render_tuning(payload: dict) -> str:
     rows = [r for r in payload.get("tuning", []) if r.get("us") is not None]
     if not rows:
         return ""
-    chosen = {"direct": False, **payload["kernel_config"]}
-    keys = ("programs_per_sm", "num_warps", "num_stages", "prefetch",
-            "direct" if "direct" in rows[0] else "fill_block")
+    chosen = {"direct": False, "pin_first": False, **payload["kernel_config"]}
+    keys = TUNE_KEYS if "pin_first" in rows[0] else (
+        "programs_per_sm", "num_warps", "num_stages", "prefetch", "fill_block")
     lines = ["| sweep | B | length | context | best (us) | best config | committed config (us) |",
              "|---|---:|---:|---:|---:|---|---:|"]
     seen = []
@@ -749,7 +749,8 @@ def main(argv=None) -> int:
         "unavailable": unavailable,
         "kernel_config": {"programs_per_sm": indexer.PROGRAMS_PER_SM, "num_warps": indexer.NUM_WARPS,
                           "num_stages": indexer.NUM_STAGES, "fill_block": indexer.FILL_BLOCK,
-                          "prefetch": indexer.PREFETCH, "direct": indexer.DIRECT},
+                          "prefetch": indexer.PREFETCH, "direct": indexer.DIRECT,
+                          "pin_first": indexer.PIN_FIRST},
         "targets": {"floor_factor": FLOOR_FACTOR, "floor_min_tokens": FLOOR_MIN_TOKENS,
                     "read_bytes_per_position": READ_BYTES_PER_POSITION,
                     "stock": f"{OURS} <= {TILELANG_NAME} at every point",
