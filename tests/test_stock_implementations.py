@@ -127,3 +127,42 @@ def test_unknown_target_is_refused():
 
     with pytest.raises(ValueError, match="target must be one of"):
         implementations("topk", "cpu")
+
+
+def test_flashmla_is_called_as_sglangs_sm90_backend_calls_it():
+    import types
+
+    import torch
+
+    from dsv4kit.validation.implementations import _flashmla_call
+
+    calls, made = [], []
+
+    def get_mla_metadata():
+        made.append(object())
+        return made[-1], None
+
+    interface = types.SimpleNamespace(get_mla_metadata=get_mla_metadata,
+                                      flash_mla_with_kvcache=lambda **kw: calls.append(kw) or ("out", "lse"))
+    call = _flashmla_call(interface)
+    lengths = torch.ones(2, dtype=torch.int32)
+    kw = dict(q=torch.zeros(2, 1, 64, 512), k_cache=torch.zeros(3, 256, 1, 584), head_dim_v=512,
+              softmax_scale=0.5, indices=torch.zeros(2, 1, 128, dtype=torch.int32), topk_length=lengths,
+              attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None)
+    assert call(**kw) == ("out", "lse")
+    call(**kw)  # same shapes and length tensors: the same scheduler object, as across layers
+    call(**dict(kw, topk_length=lengths.clone()))  # other lengths: a new one
+    assert len(made) == 2
+    assert calls[0]["tile_scheduler_metadata"] is calls[1]["tile_scheduler_metadata"] is made[0]
+    assert calls[2]["tile_scheduler_metadata"] is made[1]
+    assert all(c["use_legacy"] and c["is_fp8_kvcache"] and c["block_table"] is None for c in calls)
+
+
+def test_sm120_backends_get_their_positional_order():
+    from dsv4kit.validation.implementations import _sm120_positional
+
+    seen = []
+    call = _sm120_positional(lambda *args: seen.append(args) or ("out", "lse"))
+    call(q="q", k_cache="k", head_dim_v=512, softmax_scale=0.1, indices="i", topk_length="t",
+         attn_sink="s", extra_k_cache="ek", extra_indices_in_kvcache="ei", extra_topk_length="et")
+    assert seen == [("q", "k", "i", "t", "s", 512, 0.1, "ek", "ei", "et")]
