@@ -35,7 +35,7 @@ def _decode_signature():
 
 def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_size: int = 256,
                    extra_page_size: int = 64, has_extra: bool = True, split: bool = True,
-                   dot_dtype: str = "bf16"):
+                   dot_dtype: str = "bf16", pdl: bool = True):
     """``triton.compile`` the fused decode kernel for ``sm_<capability>``; returns the compiled kernel."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -47,11 +47,12 @@ def compile_decode(capability: int, config: DecodeConfig | None = None, *, page_
     sig = _decode_signature()
     for name, val in (("PS", page_size), ("EX_PS", extra_page_size), ("HAS_EXTRA", has_extra),
                       ("SPLIT", split), ("BLOCK_H", cfg.block_h), ("BLOCK_N", cfg.block_n),
-                      ("DOT_DTYPE", mod._DOT_DTYPES[dot_dtype]), ("PREFETCH", int(cfg.prefetch))):
+                      ("DOT_DTYPE", mod._DOT_DTYPES[dot_dtype]), ("PREFETCH", int(cfg.prefetch)),
+                      ("USE_PDL", pdl)):
         sig[name] = "constexpr"
     constexprs = {"PS": page_size, "EX_PS": extra_page_size, "HAS_EXTRA": has_extra, "SPLIT": split,
                   "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n,
-                  "DOT_DTYPE": mod._DOT_DTYPES[dot_dtype], "PREFETCH": int(cfg.prefetch)}
+                  "DOT_DTYPE": mod._DOT_DTYPES[dot_dtype], "PREFETCH": int(cfg.prefetch), "USE_PDL": pdl}
     # Mirror what the JIT specialises in a real call: unit strides become constants, pointers and
     # the page / row strides (multiples of 16 bytes in the V4 layout) carry divisibility 16.
     for name in ("stride_qd", "stride_ij", "stride_ej"):
@@ -80,7 +81,7 @@ def summary(compiled) -> dict:
 
 
 def compile_combine(capability: int, block_h: int = 16, block_n: int = 16, has_extra: bool = True,
-                    block_d: int = 128):
+                    block_d: int = 32, splits_p2: int = 16, pdl: bool = True):
     """``triton.compile`` the split-combine kernel for ``sm_<capability>``."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -91,8 +92,10 @@ def compile_combine(capability: int, block_h: int = 16, block_n: int = 16, has_e
     sig = {"part_o_ptr": "*bf16", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16",
            "stride_ot": "i32", "stride_oh": "i32", "lse_ptr": "*fp32", "len_ptr": "*i32", "width": "i32",
            "ex_len_ptr": "*i32", "ex_width": "i32", "H": "i32", "num_splits": "i32",
-           "HAS_EXTRA": "constexpr", "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"}
-    constexprs = {"HAS_EXTRA": has_extra, "BLOCK_H": block_h, "BLOCK_N": block_n, "BLOCK_D": block_d}
+           "HAS_EXTRA": "constexpr", "BLOCK_H": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr",
+           "SPLITS_P2": "constexpr", "USE_PDL": "constexpr"}
+    constexprs = {"HAS_EXTRA": has_extra, "BLOCK_H": block_h, "BLOCK_N": block_n, "BLOCK_D": block_d,
+                  "SPLITS_P2": splits_p2, "USE_PDL": pdl}
     src = ASTSource(mod._combine_splits_kernel, sig, constexprs)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
 

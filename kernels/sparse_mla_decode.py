@@ -38,8 +38,12 @@ Design
   lengths, not the index widths (a c128 row of width 8256 with 1024 valid slots costs 1024).
 * ``NUM_SPLITS`` and the grid depend only on (T, H, widths, SM count): graph-safe. Splits fill
   one wave of programs; with one split the sink is applied in the epilogue, otherwise each
-  split writes ``(o/l in bf16, log2 l + m)`` to scratch and a combine launch (16 heads x 128
-  dims a program) merges the splits and applies the sink.
+  split writes ``(o/l in bf16, log2 l + m)`` to scratch and a combine launch merges the splits
+  and applies the sink (every split of 16 heads x BLOCK_D dims a program, the split loop
+  unrolled so all loads are in flight at once). Calls of at most ``SMALL_CALL_TOKENS`` tokens
+  use 16-head, 32-row programs (many one-step splits: latency, not throughput); calls of at most
+  ``PDL_MAX_TOKENS`` launch both kernels with programmatic dependent launch (sm_90+), so the
+  combine's launch overlaps the main kernel.
 * Heads ``h >= H`` are masked (q loads 0, nothing stored); NaN garbage in a padded head stays in
   its own row of the MMAs and never reaches another head.
 * ``T > SM120_DECODE_MAX_TOKENS`` (prefill-sized calls) is delegated to the float32 torch
@@ -71,6 +75,8 @@ MAX_HEADS = 64
 MAX_SPLITS = 32
 COMBINE_BLOCK_H = 16
 COMBINE_BLOCK_D = 128
+SMALL_CALL_TOKENS = 2  # calls up to this many tokens get the small-program tiles (default_config)
+PDL_MAX_TOKENS = 4  # calls up to this many tokens launch with programmatic dependent launch
 LOG2E = 1.4426950408889634
 
 _DOT_DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
@@ -86,6 +92,9 @@ class DecodeConfig:
     # indices one step ahead, gathers pipelined by Triton; 0: neither.
     prefetch: int = 1
     wide: bool = False  # one [BLOCK_N, 512] KV tile and two dots a step instead of 8 + 8 tiles
+    # Programmatic dependent launch (sm_90+): None = on for CUDA devices of sm_90 and later
+    # unless DSV4KIT_SPARSE_MLA_PDL=0; never in the interpreter.
+    pdl: Optional[bool] = None
 
 
 def interpreting() -> bool:
@@ -242,7 +251,14 @@ def _sparse_mla_decode_kernel(
     H, num_splits, qk_scale_log2,
     PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PREFETCH: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:
+        # Programmatic dependent launch: this launch overlaps the previous kernel's tail;
+        # nothing is read before its stores are visible. The combine may launch at once
+        # (it waits for this grid to finish before reading the partials).
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -399,9 +415,16 @@ def _sparse_mla_decode_wide_kernel(
     H, num_splits, qk_scale_log2,
     PS: tl.constexpr, EX_PS: tl.constexpr, HAS_EXTRA: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, PREFETCH: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """The same maths with one ``[BLOCK_N, 512]`` KV tile: one QK^T and one PV dot a step (for
     sm_90's wgmma, where eight chained 64-wide dots serialise on their waits)."""
+    if USE_PDL:
+        # Programmatic dependent launch: this launch overlaps the previous kernel's tail;
+        # nothing is read before its stores are visible. The combine may launch at once
+        # (it waits for this grid to finish before reading the partials).
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -478,11 +501,22 @@ def _combine_splits_kernel(
     part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, stride_ot, stride_oh, lse_ptr,
     len_ptr, width, ex_len_ptr, ex_width, H, num_splits,
     HAS_EXTRA: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLITS_P2: tl.constexpr = 32, USE_PDL: tl.constexpr = False,
 ):
-    """Merge the split partials of one (token, head block, BLOCK_D dims) and apply the sink."""
+    """Merge the split partials of one (token, head block, BLOCK_D dims) and apply the sink.
+
+    The loop over the ``SPLITS_P2`` split slots is unrolled at compile time and masked by the
+    number of splits that received work, so every split's loads are independent and in flight
+    together (a loop with a device bound waits for each split's loads in turn); the tiles keep
+    one layout, so nothing goes through shared memory. With ``USE_PDL`` the launch overlaps the
+    main kernel (programmatic dependent launch); ``gdc_wait`` returns once the main kernel has
+    finished and its stores are visible.
+    """
     t = tl.program_id(0)
     hb = tl.program_id(1)
     db = tl.program_id(2)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
     cols = db * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -491,26 +525,27 @@ def _combine_splits_kernel(
     chunk = tl.maximum(_split_chunk(total, num_splits, BLOCK_N), 1)
     active = tl.minimum(tl.cdiv(total, chunk), num_splits)
 
+    base = (t * num_splits).to(tl.int64) * H + heads
+    zero = tl.zeros([BLOCK_H], dtype=tl.int32)
     big = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for s in range(0, active):
-        row = (t * num_splits + s).to(tl.int64) * H + heads
-        big = tl.maximum(big, tl.load(part_lse_ptr + row, mask=head_ok, other=float("-inf")))
+    for s in tl.static_range(SPLITS_P2):
+        big = tl.maximum(big, tl.load(part_lse_ptr + base + s * H, mask=head_ok & (zero + s < active),
+                                      other=float("-inf")))
     has_any = big > float("-inf")
     big_safe = tl.where(has_any, big, 0.0)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     wsum = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for s in range(0, active):
-        row = (t * num_splits + s).to(tl.int64) * H + heads
-        lse2 = tl.load(part_lse_ptr + row, mask=head_ok, other=float("-inf"))
-        w = tl.exp2(lse2 - big_safe)
-        o = tl.load(part_o_ptr + row[:, None] * 512 + cols[None, :], mask=head_ok[:, None], other=0.0).to(tl.float32)
-        acc += w[:, None] * o
+    for s in tl.static_range(SPLITS_P2):
+        ok = head_ok & (zero + s < active)
+        w = tl.exp2(tl.load(part_lse_ptr + base + s * H, mask=ok, other=float("-inf")) - big_safe)
+        o = tl.load(part_o_ptr + (base + s * H)[:, None] * 512 + cols[None, :], mask=ok[:, None], other=0.0)
+        acc += w[:, None] * o.to(tl.float32)
         wsum += w
     sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
     denom = wsum + tl.exp2(sink2 - big_safe)
-    o = tl.where(has_any[:, None], acc / tl.where(has_any, denom, 1.0)[:, None], 0.0)
+    res = tl.where(has_any[:, None], acc / tl.where(has_any, denom, 1.0)[:, None], 0.0)
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + cols[None, :],
-             o.to(tl.bfloat16), mask=head_ok[:, None])
+             res.to(tl.bfloat16), mask=head_ok[:, None])
     if db == 0:
         lse = tl.where(has_any, (big_safe + tl.log2(tl.where(has_any, wsum, 1.0))) * 0.6931471805599453,
                        float("-inf"))
@@ -542,6 +577,30 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 
 
 TILES_ENV = "DSV4KIT_SPARSE_MLA_TILES"
+PDL_ENV = "DSV4KIT_SPARSE_MLA_PDL"
+
+
+def use_pdl(config: "DecodeConfig", device: torch.device, tokens: int) -> bool:
+    """Launch with programmatic dependent launch: CUDA sm_90+ only (``griddepcontrol``), never
+    under the interpreter; ``config.pdl`` forces it, ``DSV4KIT_SPARSE_MLA_PDL=0`` turns it off.
+    By default only calls of at most ``PDL_MAX_TOKENS`` tokens use it: there the launch gap is a
+    visible part of the call (H200), while at T = 16 it measured slower (docs/attention.md)."""
+    if device.type != "cuda" or interpreting() or device_capability(device) < (9, 0):
+        return False
+    if config.pdl is not None:
+        return bool(config.pdl)
+    if os.environ.get(PDL_ENV, "1").strip() == "0":
+        return False
+    return tokens <= PDL_MAX_TOKENS
+
+
+def combine_tiles(num_splits: int, block_h: int) -> tuple[int, int, int]:
+    """(SPLITS_P2, heads, dims) of a combine program: all splits' partials in one tile of about
+    8K elements (64 a thread at 4 warps), so small T gets many programs reading in parallel."""
+    splits_p2 = triton.next_power_of_2(max(1, num_splits))
+    heads = min(block_h, COMBINE_BLOCK_H)
+    dims = max(16, min(COMBINE_BLOCK_D, 8192 // (splits_p2 * heads)))
+    return splits_p2, heads, dims
 
 
 def _config_from_env() -> Optional[DecodeConfig]:
@@ -562,8 +621,14 @@ def _config_from_env() -> Optional[DecodeConfig]:
     return DecodeConfig(bh, bn, warps, stages, prefetch, bool(wide))
 
 
-def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
-    """Tile sizes per architecture (AOT-checked by the tests; timed by ``bench_attention --sweep``).
+def default_config(num_heads: int, capability: tuple[int, int], tokens: Optional[int] = None) -> DecodeConfig:
+    """Tile sizes per architecture and call size (AOT-checked by the tests; timed by
+    ``bench_attention --sweep``).
+
+    Calls of at most ``SMALL_CALL_TOKENS`` tokens (``tokens``; ``None`` means a large call), on
+    any architecture: 16-head programs, ``BLOCK_N = 32``, 4 warps, register prefetch. A token's
+    KV is then cut into many one-step splits over many small programs, so the call's latency is
+    one short step plus the combine, not one 64-head, 64-row step (H200: see docs/attention.md).
 
     sm_120 (about 99 KB of shared memory a block, mma.sync only) and sm_90 with H <= 32:
     ``BLOCK_H = 32`` heads (16 for H <= 16), ``BLOCK_N = 32`` KV tokens a step as eight
@@ -581,6 +646,8 @@ def default_config(num_heads: int, capability: tuple[int, int]) -> DecodeConfig:
     env = _config_from_env()
     if env is not None:
         return env
+    if tokens is not None and tokens <= SMALL_CALL_TOKENS:
+        return DecodeConfig(block_h=16, block_n=32, num_warps=4, num_stages=1, prefetch=1)
     block_h = 16 if num_heads <= 16 else 32
     if capability[0] == 12 or capability < (9, 0) or num_heads <= 32:
         return DecodeConfig(block_h=block_h, block_n=32, num_warps=8 if block_h == 32 else 4, num_stages=1,
@@ -750,7 +817,7 @@ def flash_mla_with_kvcache_sm120(
                                   "device (or TRITON_INTERPRET=1 for Triton's CPU interpreter)")
     if attn_sink is None:
         attn_sink = torch.full((H,), float("-inf"), dtype=torch.float32, device=device)  # e^-inf = 0
-    cfg = config or default_config(H, device_capability(device))
+    cfg = config or default_config(H, device_capability(device), T)
     if dot_dtype is None:
         dot_dtype = "fp32" if interpreting() else "bf16"
     if dot_dtype not in _DOT_DTYPES:
@@ -776,6 +843,8 @@ def flash_mla_with_kvcache_sm120(
     ex_idx = extra_indices_in_kvcache if has_extra else indices
     ex_len = extra_topk_length if has_extra else topk_length
     grid = (T, head_blocks, num_splits)
+    pdl = use_pdl(cfg, device, T)
+    launch = {"launch_pdl": True} if pdl else {}
     kernel = _sparse_mla_decode_wide_kernel if cfg.wide else _sparse_mla_decode_kernel
     kernel[grid](
         q, q.stride(0), q.stride(2), q.stride(3),
@@ -788,16 +857,17 @@ def flash_mla_with_kvcache_sm120(
         H, num_splits, float(softmax_scale) * LOG2E,
         PS=k_cache.shape[1], EX_PS=ex_cache.shape[1], HAS_EXTRA=has_extra, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DOT_DTYPE=_DOT_DTYPES[dot_dtype],
-        PREFETCH=int(cfg.prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=int(cfg.prefetch), USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch,
     )
     if split:
-        # 16 heads x 128 dims a combine program: small fp32 accumulators (no spills) and 4x16
-        # programs per token, so the partials are read by many SMs at once. BLOCK_N must match
-        # the main launch, which it uses to find the splits that received work.
-        combine_h = min(cfg.block_h, COMBINE_BLOCK_H)
-        _combine_splits_kernel[(T, -(-H // combine_h), HEAD_DIM // COMBINE_BLOCK_D)](
+        # All splits of 16 heads x BLOCK_D dims a combine program, read in one tile. BLOCK_N must
+        # match the main launch, which it uses to find the splits that received work.
+        splits_p2, combine_h, combine_d = combine_tiles(num_splits, cfg.block_h)
+        _combine_splits_kernel[(T, -(-H // combine_h), HEAD_DIM // combine_d)](
             part_o, part_lse, attn_sink, out, out.stride(0), out.stride(2), lse,
             topk_length, width, ex_len, ex_width, H, num_splits,
-            HAS_EXTRA=has_extra, BLOCK_H=combine_h, BLOCK_N=cfg.block_n, BLOCK_D=COMBINE_BLOCK_D, num_warps=4,
+            HAS_EXTRA=has_extra, BLOCK_H=combine_h, BLOCK_N=cfg.block_n, BLOCK_D=combine_d,
+            SPLITS_P2=splits_p2, USE_PDL=pdl, num_warps=4, **launch,
         )
     return out, lse

@@ -54,6 +54,12 @@ def _interp() -> dict:
                       seq_lens=[400, 90], seed=5, holes=True)
     check("c4_H64_default_tiles", h64)  # the interpreter gets sm_120's tiles
     check("c4_H64_sm90_default", h64, config=default_config(64, (9, 0)))  # wide, 64 x 64, indices ahead
+    # One token (the C=1 latency case): the small-call tiles, and many one-step splits merged by
+    # the combine (every split slot up to SPLITS_P2 = 16 is looked at; only the active ones count).
+    t1 = make_inputs(T=1, heads=64, padded_heads=64, swa_page_size=256, extra="c4", extra_width=256,
+                     seq_lens=[900], seed=7, holes=True)
+    check("c4_T1_small_call_tiles", t1)
+    check("c4_T1_small_call_tiles_9_splits", t1, num_splits=9)
     c128 = make_inputs(T=2, heads=24, padded_heads=24, swa_page_size=64, extra="c128", extra_width=128,
                        seq_lens=[9000, 100], seed=2, holes=True)
     check("c128_ps2_H24", c128)
@@ -100,6 +106,12 @@ def _aot() -> dict:
                                                            split=True))
     results["sm120_c128_nosplit_H16"] = summary(compile_decode(120, cfg16, page_size=64, extra_page_size=2,
                                                                split=False))
+    # The small-call tiles (T <= SMALL_CALL_TOKENS) on both targets, as launched (split, PDL).
+    small = default_config(64, (12, 0), tokens=1)
+    results["sm120_c4_small_call_H64"] = summary(compile_decode(120, small, page_size=256, extra_page_size=64,
+                                                                split=True))
+    results["sm90_c4_small_call_H64"] = summary(compile_decode(90, default_config(64, (9, 0), tokens=1),
+                                                               page_size=256, extra_page_size=64, split=True))
     results["sm90_c4_split_H64"] = summary(compile_decode(90, default_config(64, (9, 0)), page_size=256,
                                                           extra_page_size=64, split=True))
     results["sm90_c4_nosplit_H32"] = summary(compile_decode(90, default_config(32, (9, 0)), page_size=64,
@@ -112,6 +124,8 @@ def _aot() -> dict:
                                                                     split=True))
     combine = compile_combine(120)
     results["sm120_combine"] = {"shared_bytes": combine.metadata.shared, "ptx": bool(combine.asm["ptx"])}
+    widest = compile_combine(120, splits_p2=32, block_d=16)  # MAX_SPLITS slots, unrolled
+    results["sm120_combine_32_splits"] = {"shared_bytes": widest.metadata.shared, "ptx": bool(widest.asm["ptx"])}
     return results
 
 

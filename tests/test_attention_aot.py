@@ -21,7 +21,7 @@ def aot_results():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["sm120_c4_split_H64", "sm120_c128_nosplit_H16"])
+@pytest.mark.parametrize("name", ["sm120_c4_split_H64", "sm120_c128_nosplit_H16", "sm120_c4_small_call_H64"])
 def test_sm120_build_uses_mma_and_fits_shared_memory(aot_results, name):
     r = aot_results[name]
     assert r["mma_sync"], f"{name}: no mma.sync in the PTX"
@@ -29,15 +29,16 @@ def test_sm120_build_uses_mma_and_fits_shared_memory(aot_results, name):
     assert r["shared_bytes"] <= SM120_SHARED_LIMIT, f"{name}: {r['shared_bytes']} B of shared memory"
 
 
-@pytest.mark.parametrize("name", ["sm90_c4_split_H64", "sm90_c4_nosplit_H32"])  # wide kernel, tiled kernel
+@pytest.mark.parametrize("name", ["sm90_c4_split_H64", "sm90_c4_nosplit_H32", "sm90_c4_small_call_H64"])
 def test_sm90_build(aot_results, name):
     r = aot_results[name]
     assert r["mma_sync"] or r["wgmma"]
     assert r["shared_bytes"] <= 232448
 
 
-def test_sm120_combine_build(aot_results):
-    r = aot_results["sm120_combine"]
+@pytest.mark.parametrize("name", ["sm120_combine", "sm120_combine_32_splits"])
+def test_sm120_combine_build(aot_results, name):
+    r = aot_results[name]
     assert r["ptx"] and r["shared_bytes"] <= SM120_SHARED_LIMIT
 
 

@@ -98,6 +98,42 @@ def test_module_contract():
     assert dec.default_config(24, (9, 0)).block_h == 32
 
 
+def test_small_calls_get_small_programs():
+    """T <= SMALL_CALL_TOKENS: 16-head, 32-row programs on both targets (the H200 runs showed
+    them ahead of the wide kernel at T = 1 and 2); larger calls keep each target's tiles."""
+    small = dec.DecodeConfig(16, 32, 4, 1, 1, False)
+    for cap in ((9, 0), (12, 0)):
+        for T in range(1, dec.SMALL_CALL_TOKENS + 1):
+            assert dec.default_config(64, cap, T) == small
+        assert dec.default_config(64, cap, dec.SMALL_CALL_TOKENS + 1) == dec.default_config(64, cap)
+    # one c4 token: 20 one-step splits of 4 head blocks = 80 programs on 132 SMs
+    assert dec.choose_num_splits(1, 4, 640, 32, 132) == 20
+
+
+def test_pdl_policy(monkeypatch):
+    cpu = torch.device("cpu")
+    assert not dec.use_pdl(dec.DecodeConfig(pdl=True), cpu, 1)  # never off the GPU / in the interpreter
+    monkeypatch.setattr(dec, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(dec, "interpreting", lambda: False)
+    gpu = torch.device("cuda", 0)
+    assert dec.use_pdl(dec.DecodeConfig(), gpu, dec.PDL_MAX_TOKENS)
+    assert not dec.use_pdl(dec.DecodeConfig(), gpu, dec.PDL_MAX_TOKENS + 1)
+    assert dec.use_pdl(dec.DecodeConfig(pdl=True), gpu, 64)
+    monkeypatch.setenv(dec.PDL_ENV, "0")
+    assert not dec.use_pdl(dec.DecodeConfig(), gpu, 1)
+    monkeypatch.setattr(dec, "device_capability", lambda device: (8, 9))
+    monkeypatch.delenv(dec.PDL_ENV)
+    assert not dec.use_pdl(dec.DecodeConfig(pdl=True), gpu, 1)  # griddepcontrol needs sm_90
+
+
+def test_combine_tiles_cover_every_split():
+    for splits in range(1, dec.MAX_SPLITS + 1):
+        p2, heads, dims = dec.combine_tiles(splits, 64)
+        assert p2 >= splits and p2 & (p2 - 1) == 0
+        assert heads == dec.COMBINE_BLOCK_H and 512 % dims == 0 and 16 <= dims <= dec.COMBINE_BLOCK_D
+        assert p2 * heads * dims <= 8192
+
+
 def test_tiles_env_override(monkeypatch):
     monkeypatch.setenv(dec.TILES_ENV, "64,64,8,2,0,1")
     assert dec.default_config(64, (12, 0)) == dec.DecodeConfig(64, 64, 8, 2, False, True)

@@ -29,7 +29,7 @@ def interp_results():
 CASES = ["swa_ps256_split", "swa_ps256_nosplit", "c4_ps64_split", "c4_ps64_nosplit", "c4_sm90_tiles",
          "c4_bn32_tiles", "c4_no_prefetch", "c4_wide_prefetch", "c4_wide", "c4_wide_idx_ahead", "c4_H64_default_tiles", "c4_H64_sm90_default", "c128_ps2_H24",
          "c128_ps2_H24_fp16dot", "sink_extremes", "no_sink", "bad_slots_lengths_strided_indices",
-         "fp8_views_strided_lengths_and_sink"]
+         "fp8_views_strided_lengths_and_sink", "c4_T1_small_call_tiles", "c4_T1_small_call_tiles_9_splits"]
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -254,12 +254,15 @@ def _stock_implementations(options: RunOptions):
 
 
 def _graph_cases(cases: list[AttentionCase]) -> list[AttentionCase]:
-    """One c4 and one c128 case (the largest T of each kind), else the largest case."""
+    """Per layer kind (c4, c128) the largest-T case and, if different, the smallest-T one (small
+    calls take other tiles and launch with programmatic dependent launch); else the largest."""
     picked = []
     for kind in ("c4", "c128"):
         of_kind = [c for c in cases if c.kind == kind]
         if of_kind:
-            picked.append(max(of_kind, key=lambda c: (c.T, c.heads)))
+            largest = max(of_kind, key=lambda c: (c.T, c.heads))
+            smallest = min(of_kind, key=lambda c: (c.T, -c.heads))
+            picked.extend([largest] if smallest == largest else [largest, smallest])
     return picked or [max(cases, key=lambda c: c.T)]
 
 

@@ -251,7 +251,7 @@ def run_benchmark(quick: bool, checkpoint: Callable[[dict], None] = lambda parti
             p["speedup_vs_simt"] = p["simt_us"] / p["kernel_us"]
             p["ratio_to_floor"] = p["kernel_us"] / p["floor_us"]
             p["simt_ratio_to_floor"] = p["simt_us"] / p["floor_us"]
-            cfg = dec.default_config(H, dec.device_capability(layers[0]["q"].device))
+            cfg = dec.default_config(H, dec.device_capability(layers[0]["q"].device), T)
             p["num_splits"] = dec.choose_num_splits(T, -(-H // cfg.block_h), 128 + width, cfg.block_n,
                                                     props["sm_count"])
             _log(f"  kernel {p['kernel_us']:.1f} us (rel {p['kernel_rel']:.2e}), SIMT {p['simt_us']:.1f} us, "
