@@ -71,7 +71,7 @@ class CheckRow:
         if self.bar is None and self.passed:
             verdict = "info"
         text = (
-            f"{self.suite:<9} {self.impl:<12} {self.case:<40} "
+            f"{self.suite:<9} {self.impl:<19} {self.case:<40} "
             f"max|d|={fmt(self.max_abs):>9}  rel={fmt(self.rel):>9}  pattern={pattern:<8} {verdict}"
         )
         return text + (f"  {self.note}" if self.note else "")
