@@ -26,20 +26,36 @@ With ``L = seq_lens[b]`` (clamped to ``[0, max_seq_len]``), for ``t < L``::
 q carries no scale of its own: the q scale, 1/sqrt(128) and 1/sqrt(64) are folded into ``weight``.
 Per page the inner sums are one fp8 x fp8 ``tl.dot`` of ``[64 positions x 128] @ [128 x H heads]``
 with fp32 accumulation (tensor cores on sm_90 and sm_120), then relu, the weighted head sum and the
-scale in fp32. For ``t >= L``: exactly ``-inf``.
+scale in fp32.
+
+Tail policy (``tail=``)
+-----------------------
+* ``"exact"`` (default; the torch fallback's contract, used by validation): every ``t >= L`` is
+  exactly ``-inf``, the whole row ``[0, max_seq_len)`` is written.
+* ``"skip"`` (what the SGLang plugin uses): positions ``[L, ceil(L/64)*64)`` are ``-inf``, nothing
+  at or past ``ceil(L/64)*64`` is written (the output is ``torch.empty``), as SGLang's TileLang
+  indexer. Every top-k consumer on SGLang 0.5.23's route masks by the lengths itself
+  (docs/indexer.md), and at 1M context the exact tail is a 1 MiB write per row.
 
 Work and grid
 -------------
-The grid is ``(B, R)`` with ``R = clamp(max(ceil(target_programs / B), ceil(P*64 / 4096)), 1, P)``
-(enough programs to fill the GPU, and at most 4096 tail floats each): it depends only on
-``B`` and ``P`` (and the device's SM count), never on ``seq_lens`` values. Program ``(b, j)``
-loads ``L`` on the device and
+The grid is ``(B, R)`` with ``R = clamp(ceil(target_programs / B), 1, P)`` (enough programs to
+fill the GPU); the exact tail policy also bounds each program's tail share to 4096 floats
+(``R >= ceil(P*64 / 4096)``). ``R`` depends only on ``B``, ``P``, the policy and the device's SM
+count, never on ``seq_lens`` values. Program ``(b, j)`` loads ``L`` on the device and
 
-* scores pages ``j, j+R, j+2R, ... < ceil(L/64)``: work follows the actual length, a page at or
-  past ``ceil(L/64)`` is never loaded, and its (possibly stale) page-table entry is never read;
-* fills its ``1/R`` share of the tail ``[ceil(L/64)*64, max_seq_len)`` with ``-inf`` using wide
-  vector stores (no per-position program work); ``[L, ceil(L/64)*64)`` is masked to ``-inf`` by
-  the page that scores it.
+* scores pages ``j, j+R, j+2R, ... < ceil(L/64)``: work follows the actual length, and a page at
+  or past ``ceil(L/64)`` is never loaded (only column ``j < R <= P`` of the table is read
+  before ``L`` is known, alongside it, and used only if ``j < ceil(L/64)``);
+* (exact policy only) fills its ``1/R`` share of the tail ``[ceil(L/64)*64, max_seq_len)`` with
+  ``-inf`` using wide vector stores; ``[L, ceil(L/64)*64)`` is masked to ``-inf`` by the page that
+  scores it (both policies).
+
+A program whose ``j >= ceil(L/64)`` (most of them for short rows at a large ``max_seq_len`` with
+the skip policy) loads ``L`` and that one table entry, and exits before any other load or the
+pipelined loop. A program with exactly one page takes a straight-line path (no pipeline
+prologue); one with more streams its pages through the software-pipelined loop, the next page's
+id and scales prefetched one step ahead.
 
 Capture safety (docs/sglang-contract.md §5): no ``.item()``, no host sync, no allocation other than the output
 (``torch.empty``, which a CUDA graph serves from its private pool), static launch configuration
@@ -77,9 +93,15 @@ TAIL_PER_PROGRAM = 4096
 NUM_WARPS = 4
 NUM_STAGES = 3
 FILL_BLOCK = 2048  # fp32 elements per -inf store (8 KiB)
-PREFETCH = True  # prefetch the next page's id and scales one iteration ahead
+PREFETCH = True  # prefetch the next page's id and scales one iteration ahead (one page a step)
+DIRECT = True  # a program with a single page skips the pipelined loop
+
+TAIL_EXACT = "exact"  # every t >= L is -inf (the torch fallback's contract)
+TAIL_SKIP = "skip"  # nothing at or past ceil(L/64)*64 is written (TileLang's behaviour)
+TAIL_POLICIES = (TAIL_EXACT, TAIL_SKIP)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+PIN_FIRST = True  # the early exit reads the first table entry too (keeps its load beside seq_len)
 
 
 @triton.jit
@@ -102,6 +124,9 @@ def _indexer_logits_kernel(
     SCALE_OFFSET: tl.constexpr,
     FILL: tl.constexpr,
     PREFETCH: tl.constexpr,
+    EXACT_TAIL: tl.constexpr,
+    DIRECT: tl.constexpr,
+    PIN_FIRST: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -112,64 +137,89 @@ def _indexer_logits_kernel(
     out_row = out_ptr + b * max_seq_len
     offs_t = tl.arange(0, PAGE)
 
-    # ---- scored pages: j, j+R, ... < n_pages (none when j >= n_pages: nothing is loaded) ----
+    pt_row = page_table_ptr + b * pt_stride
+    # The first page id is read alongside seq_len, before n_pages is known: j < R <= P keeps the
+    # read inside the table row, and the id is only used if j < n_pages.
+    page_first = tl.load(pt_row + j)
+    scoring = j < n_pages
+    if PIN_FIRST:
+        # The early exit below also reads the entry, so ptxas cannot issue its load after the
+        # exit (where it would wait for seq_len instead of travelling with it). An entry equal
+        # to INT32_MIN (never a page id) sends a program with no page on: its loads are clamped
+        # and its stores masked by n_pages, so it writes nothing.
+        scoring = scoring | (page_first == -2147483648)
+    page_first = page_first.to(tl.int64)
+    if EXACT_TAIL:
+        # ---- this program's share of the -inf tail [n_pages*PAGE, max_seq_len) ----
+        tail_start = n_pages * PAGE
+        tail = tl.maximum(max_seq_len - tail_start, 0)
+        chunk = tl.cdiv(tl.cdiv(tail, progs_per_row), PAGE) * PAGE  # multiple of 64: aligned stores
+        start = tail_start + j * chunk
+        end = tl.minimum(start + chunk, max_seq_len)
+        neg_inf = tl.full([FILL], float("-inf"), tl.float32)
+        for off in range(start, end, FILL):
+            off = tl.multiple_of(off, PAGE)
+            idx = off + tl.arange(0, FILL)
+            tl.store(out_row + idx, neg_inf, mask=idx < end)
+
+    # ---- scored pages: j, j+R, ... < n_pages ----
+    store_end = tl.minimum(n_pages * PAGE, max_seq_len)
+    # A program with no page (most of them for short rows at a large max_seq_len) stops here:
+    # it loads nothing else and never enters the pipelined loop's prologue.
     offs_h = tl.arange(0, H)
     offs_d = tl.arange(0, D)
-    # Masks built as tensors (the interpreter cannot AND a block with a scalar): all-false when
-    # this program scores nothing, so those loads issue no memory traffic.
-    q_mask = (offs_h[:, None] * 0 + offs_d[None, :] * 0 + j) < n_pages
-    q = tl.load(q_ptr + b * (H * D) + offs_h[:, None] * D + offs_d[None, :], mask=q_mask, other=0.0)
-    w = tl.load(w_ptr + b * H + offs_h, mask=(offs_h * 0 + j) < n_pages, other=0.0)
-    kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-    kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
-    pt_row = page_table_ptr + b * pt_stride
-    if PREFETCH:
-        # Software-prefetch the next page's id and scales one iteration ahead (the pipeliner only
-        # prefetches the dot operand). The first id is read before n_pages is known: j < R <= P
-        # keeps that read inside the table row, and the id is only used if j < n_pages.
-        page_next = tl.load(pt_row + j).to(tl.int64)
-        ok_next = (page_next >= 0) & (page_next < num_pages)
-        page_next = tl.where(ok_next, page_next, 0)
-        s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t,
-                         mask=(offs_t * 0 + j) < n_pages, other=0.0)
-    # ---- this program's share of the -inf tail [n_pages*PAGE, max_seq_len) ----
-    # Issued after the first loads (seq_len, page id, q, w, scales) and before they are used:
-    # these fire-and-forget stores drain while the scoring waits on its loads.
-    tail_start = n_pages * PAGE
-    tail = tl.maximum(max_seq_len - tail_start, 0)
-    chunk = tl.cdiv(tl.cdiv(tail, progs_per_row), PAGE) * PAGE  # multiple of 64: aligned stores
-    start = tail_start + j * chunk
-    end = tl.minimum(start + chunk, max_seq_len)
-    neg_inf = tl.full([FILL], float("-inf"), tl.float32)
-    for off in range(start, end, FILL):
-        off = tl.multiple_of(off, PAGE)
-        idx = off + tl.arange(0, FILL)
-        tl.store(out_row + idx, neg_inf, mask=idx < end)
-
-    for p in range(j, n_pages, progs_per_row):
-        if PREFETCH:
-            page = page_next
-            page_ok = ok_next
-            s_k = s_next
-            p_next = p + progs_per_row
-            page_next = tl.load(pt_row + p_next, mask=p_next < n_pages, other=0).to(tl.int64)
-            ok_next = (page_next >= 0) & (page_next < num_pages)
-            page_next = tl.where(ok_next, page_next, 0)
-            s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t,
-                             mask=(offs_t * 0 + p_next) < n_pages, other=0.0)
+    q_ptrs = q_ptr + b * (H * D) + offs_h[:, None] * D + offs_d[None, :]
+    if scoring:
+        kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+        kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
+        ok_next = (page_first >= 0) & (page_first < num_pages)
+        page_next = tl.where(ok_next, page_first, 0)  # never dereference an id outside the pool
+        if DIRECT and n_pages - j <= progs_per_row:
+            # Exactly one page here: a straight line, no pipeline prologue/epilogue. Every load
+            # is issued before the first one is waited on (the stores to shared memory wait).
+            w = tl.load(w_ptr + b * H + offs_h)
+            s_k = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
+            k = tl.load(kv_fp8 + page_next * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
+            q = tl.load(q_ptrs)
+            _score_tile(k, q, w, ok_next, s_k, seq_len, j, out_row, store_end, offs_t, PAGE)
         else:
-            page = tl.load(pt_row + p).to(tl.int64)
-            page_ok = (page >= 0) & (page < num_pages)
-            page = tl.where(page_ok, page, 0)  # never dereference an id outside the pool
-            s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
-        scored_until = tl.where(page_ok, seq_len, 0)  # a bad id's positions score -inf
-        k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
-        scores = tl.dot(k, tl.trans(q))  # [PAGE, H] fp32 accumulation
-        scores = tl.maximum(scores, 0.0)
-        logit = tl.sum(scores * w[None, :], axis=1) * s_k
-        t = p * PAGE + offs_t
-        logit = tl.where(t < scored_until, logit, float("-inf"))
-        tl.store(out_row + t, logit, mask=t < max_seq_len)
+            w = tl.load(w_ptr + b * H + offs_h)
+            q = tl.load(q_ptrs)
+            # Software prefetch: the next page's id and scales one iteration ahead (the
+            # pipeliner only prefetches the dot operand).
+            s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
+            for p in range(j, n_pages, progs_per_row):
+                if PREFETCH:
+                    page = page_next
+                    page_ok = ok_next
+                    s_k = s_next
+                    p_next = p + progs_per_row
+                    page_next = tl.load(pt_row + p_next, mask=p_next < n_pages, other=0).to(tl.int64)
+                    ok_next = (page_next >= 0) & (page_next < num_pages)
+                    page_next = tl.where(ok_next, page_next, 0)
+                    s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4
+                                     + offs_t, mask=(offs_t * 0 + p_next) < n_pages, other=0.0)
+                else:
+                    page = tl.load(pt_row + p).to(tl.int64)
+                    page_ok = (page >= 0) & (page < num_pages)
+                    page = tl.where(page_ok, page, 0)
+                    s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
+                k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
+                _score_tile(k, q, w, page_ok, s_k, seq_len, p, out_row, store_end, offs_t, PAGE)
+
+
+@triton.jit
+def _score_tile(k, q, w, page_ok, s_k, seq_len, p, out_row, store_end, offs_t,
+                PAGE: tl.constexpr):
+    """Score page ``p`` of a row from its loaded K tile and scales; store its logits below
+    ``store_end`` (``min(ceil(L/64)*64, max_seq_len)``)."""
+    scored_until = tl.where(page_ok, seq_len, 0)  # a bad id's positions score -inf
+    scores = tl.dot(k, tl.trans(q))  # [PAGE, H] fp32 accumulation
+    scores = tl.maximum(scores, 0.0)
+    logit = tl.sum(scores * w[None, :], axis=1) * s_k
+    t = p * PAGE + offs_t
+    logit = tl.where(t < scored_until, logit, float("-inf"))
+    tl.store(out_row + t, logit, mask=t < store_end)
 
 
 
@@ -181,21 +231,24 @@ def _sm_count(device_index: int) -> int:
 
 
 def programs_per_row(batch: int, num_table_pages: int, device: torch.device,
-                     programs_per_sm: int = PROGRAMS_PER_SM) -> int:
-    """R for the grid ``(B, R)``: a function of B, P and the device only (capture-safe)."""
+                     programs_per_sm: int = PROGRAMS_PER_SM, tail: str = TAIL_EXACT) -> int:
+    """R for the grid ``(B, R)``: a function of B, P, the tail policy and the device only
+    (capture-safe)."""
     index = device.index if device.index is not None else (
         torch.cuda.current_device() if device.type == "cuda" else 0)
     target = programs_per_sm * _sm_count(index)
-    for_sms = -(-target // max(batch, 1))
-    for_tail = -(-num_table_pages * PAGE_SIZE // TAIL_PER_PROGRAM)
-    return max(1, min(num_table_pages, max(for_sms, for_tail)))
+    wanted = -(-target // max(batch, 1))
+    if tail == TAIL_EXACT:
+        wanted = max(wanted, -(-num_table_pages * PAGE_SIZE // TAIL_PER_PROGRAM))
+    return max(1, min(num_table_pages, wanted))
 
 
 def _fail(message: str) -> None:
     raise KernelArgumentError(f"fp8_paged_mqa_logits: {message}")
 
 
-def check_args(q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits):
+def check_args(q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits,
+               tail=TAIL_EXACT):
     """Validate every argument on the host; return ``(B, H, P, num_pages, seq_lens_1d, kv_2d, msl)``.
 
     Runs before any launch (and so never inside a captured region): only shapes, dtypes, strides
@@ -207,6 +260,8 @@ def check_args(q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_
             _fail(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if clean_logits:
         _fail("clean_logits=True is not supported (every SGLang 0.5.23 caller passes False)")
+    if tail not in TAIL_POLICIES:
+        _fail(f"tail must be one of {TAIL_POLICIES}, got {tail!r}")
 
     if q_fp8.dtype != torch.float8_e4m3fn:
         _fail(f"q_fp8 must be torch.float8_e4m3fn, got {q_fp8.dtype}")
@@ -299,30 +354,44 @@ def fp8_paged_mqa_logits(
     deep_gemm_metadata: Any,
     max_seq_len: int,
     clean_logits: bool = False,
+    *,
+    tail: str = TAIL_EXACT,
 ) -> torch.Tensor:
-    """fp32 ``[B, max_seq_len]`` indexer logits; exact ``-inf`` at every ``t >= seq_lens[b]``.
+    """fp32 ``[B, max_seq_len]`` indexer logits; ``-inf`` at ``t >= seq_lens[b]`` as ``tail`` says.
 
     Arguments as SGLang 0.5.23 passes them (docs/sglang-contract.md §2.2): ``q_fp8`` fp8 ``[B, 1, H, 128]``,
     ``kvcache`` uint8 ``[num_pages, 64, 1, 132]``, ``weight`` fp32 ``[B, H]``, ``seq_lens`` int32
     ``[B]`` or ``[B, 1]`` (compressed lengths, may be 0), ``page_table`` int32 ``[B, P]`` (entries
     past a row's length may be stale and are never read), ``deep_gemm_metadata`` (ignored),
-    ``max_seq_len`` (``P * 64`` in decode), ``clean_logits`` (must be False). Layout and maths:
-    see the module docstring.
+    ``max_seq_len`` (``P * 64`` in decode), ``clean_logits`` (must be False); keyword ``tail``:
+    ``"exact"`` (every ``t >= L`` is ``-inf``) or ``"skip"`` (nothing at or past
+    ``ceil(L/64)*64`` is written). Layout and maths: see the module docstring.
     """
     del deep_gemm_metadata  # None on sm_120; rows are never chunked on this route
     batch, heads, table_pages, num_pages, seq_lens_1d, kv_pages, max_seq_len = check_args(
-        q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits)
+        q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits, tail)
     out = torch.empty((batch, max_seq_len), dtype=torch.float32, device=q_fp8.device)
     if batch == 0:
         return out
     launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len,
-           programs_per_row(batch, table_pages, q_fp8.device))
+           programs_per_row(batch, table_pages, q_fp8.device, tail=tail), tail=tail)
     return out
+
+
+def fp8_paged_mqa_logits_for_sglang(q_fp8, kvcache, weight, seq_lens, page_table,
+                                    deep_gemm_metadata, max_seq_len, clean_logits=False):
+    """What the SGLang plugin installs: SGLang's eight arguments, the ``"skip"`` tail policy.
+
+    SGLang 0.5.23's top-k paths mask every row by its length themselves (docs/indexer.md), so
+    the tail is a write nobody reads; TileLang, the sm_120 default, does not write it either.
+    """
+    return fp8_paged_mqa_logits(q_fp8, kvcache, weight, seq_lens, page_table, deep_gemm_metadata,
+                                max_seq_len, clean_logits, tail=TAIL_SKIP)
 
 
 def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len,
            progs_per_row, num_warps=NUM_WARPS, num_stages=NUM_STAGES, fill_block=FILL_BLOCK,
-           prefetch=PREFETCH):
+           prefetch=PREFETCH, tail=TAIL_EXACT, direct=DIRECT, pin_first=PIN_FIRST):
     """Launch on already-checked arguments (the benchmark uses this to sweep configurations)."""
     batch, _, heads, head_dim = q_fp8.shape
     grid = (batch, progs_per_row)
@@ -330,5 +399,7 @@ def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max
         q_fp8, kv_pages, weight, seq_lens_1d, page_table, out,
         seq_lens_1d.stride(0), page_table.stride(0), num_pages, max_seq_len, progs_per_row,
         H=heads, D=head_dim, PAGE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, SCALE_OFFSET=SCALE_OFFSET,
-        FILL=fill_block, PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages,
+        FILL=fill_block, PREFETCH=prefetch, EXACT_TAIL=tail == TAIL_EXACT, DIRECT=direct,
+        PIN_FIRST=pin_first,
+        num_warps=num_warps, num_stages=num_stages,
     )

@@ -191,17 +191,30 @@ def make_indexer_inputs(batch: int, heads: int, pages_per_row: int, max_len: int
     )
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, seq_lens: torch.Tensor) -> dict:
+TAIL_CHECKS = ("exact", "page", "none")
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, seq_lens: torch.Tensor, tail: str = "exact") -> dict:
     """max|d| and rel = ||out-ref|| / ||ref|| over [0, L) of each row; exactness of the -inf pattern.
 
-    ``pattern_ok``: every position >= L is exactly -inf and every position < L is finite.
+    ``pattern_ok``: every position < L is finite, and ``-inf`` at every position >= L
+    (``tail="exact"``), at ``[L, ceil(L/64)*64)`` only (``"page"``: the kernel's skip policy), or
+    nowhere checked (``"none"``: an implementation that leaves the tail unwritten, as TileLang).
     """
+    if tail not in TAIL_CHECKS:
+        raise ValueError(f"tail must be one of {TAIL_CHECKS}, got {tail!r}")
     lengths = _lengths_1d(seq_lens).long().clamp(0, out.shape[1]).to(out.device)
     positions = torch.arange(out.shape[1], device=out.device)
     valid = positions.unsqueeze(0) < lengths.unsqueeze(1)
     out64 = out.to(torch.float64)
     ref64 = ref.to(torch.float64)
-    tail_ok = bool(torch.all(torch.where(valid, True, out64 == float("-inf"))))
+    if tail == "exact":
+        checked = ~valid
+    elif tail == "page":
+        checked = ~valid & (positions.unsqueeze(0) < ((lengths + 63) // 64 * 64).unsqueeze(1))
+    else:
+        checked = torch.zeros_like(valid)
+    tail_ok = bool(torch.all(torch.where(checked, out64 == float("-inf"), True)))
     head_ok = bool(torch.all(torch.where(valid, torch.isfinite(out64), True)))
     diff = torch.where(valid, out64 - ref64, 0.0)
     diff = torch.nan_to_num(diff, nan=math.inf)

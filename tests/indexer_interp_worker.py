@@ -57,6 +57,35 @@ def main():
                        2, prefetch=prefetch)
         results.append(check(f"prefetch={prefetch}", inputs, out))
 
+    # Tail policies on a sentinel-filled buffer: "skip" leaves everything at or past L's page
+    # end unwritten, "exact" writes -inf there; both -inf on [L, page end). The straight-line
+    # one-page path (R >= pages) and the loop (R = 1) both.
+    inputs = ref.make_indexer_inputs(6, 64, 5, 300, seed=21)
+    assert inputs.seq_lens[1] == 0
+    inputs.page_table[1, :] = -2 ** 31  # INT32_MIN past the length: sends its programs on
+    batch, _, pages, num_pages, seq, kv, msl = indexer.check_args(
+        inputs.q_fp8, inputs.kvcache, inputs.weight, inputs.seq_lens, inputs.page_table,
+        inputs.max_seq_len, False)
+    lengths = seq.long().clamp(0, msl)
+    cols = torch.arange(msl)
+    past_page = cols.unsqueeze(0) >= ((lengths + 63) // 64 * 64).unsqueeze(1)
+    for tail in ("skip", "exact"):
+        for progs in (1, pages):
+            out = torch.full((batch, msl), 123.0)
+            indexer.launch(inputs.q_fp8, kv, inputs.weight, seq, inputs.page_table, out, num_pages,
+                           msl, progs, tail=tail)
+            r = check(f"tail={tail} R={progs}", inputs, out)
+            r["page_tail"] = ref.compare(out, ref.exact_logits_f64(
+                inputs.q_fp8, inputs.kvcache, inputs.weight, inputs.seq_lens, inputs.page_table,
+                msl), inputs.seq_lens, tail="page")["pattern_ok"]
+            r["past_page_untouched"] = bool(torch.all(out[past_page] == 123.0))
+            r["past_page_cells"] = int(past_page.sum())
+            results.append(r)
+    out = indexer.fp8_paged_mqa_logits_for_sglang(*inputs.args())
+    results.append({"name": "plugin call", **ref.compare(out, ref.exact_logits_f64(
+        inputs.q_fp8, inputs.kvcache, inputs.weight, inputs.seq_lens, inputs.page_table, msl),
+        inputs.seq_lens, tail="page")})
+
     # Prefill style: max_seq_len < P*64 and not a multiple of 64.
     inputs = ref.make_indexer_inputs(5, 64, 4, 200, seed=9)
     inputs.max_seq_len = 200

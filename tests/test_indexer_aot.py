@@ -24,9 +24,11 @@ signature = {"q_ptr": "*fp8e4nv", "kv_ptr": "*u8", "w_ptr": "*fp32", "seq_lens_p
              "page_table_ptr": "*i32", "out_ptr": "*fp32", "seq_lens_stride": "i32",
              "pt_stride": "i32", "num_pages": "i32", "max_seq_len": "i32", "progs_per_row": "i32",
              "H": "constexpr", "D": "constexpr", "PAGE": "constexpr", "PAGE_BYTES": "constexpr",
-             "SCALE_OFFSET": "constexpr", "FILL": "constexpr", "PREFETCH": "constexpr"}
+             "SCALE_OFFSET": "constexpr", "FILL": "constexpr", "PREFETCH": "constexpr",
+             "EXACT_TAIL": "constexpr", "DIRECT": "constexpr", "PIN_FIRST": "constexpr"}
 constexprs = {"H": 64, "D": 128, "PAGE": ix.PAGE_SIZE, "PAGE_BYTES": ix.PAGE_BYTES,
-              "SCALE_OFFSET": ix.SCALE_OFFSET, "FILL": ix.FILL_BLOCK, "PREFETCH": ix.PREFETCH}
+              "SCALE_OFFSET": ix.SCALE_OFFSET, "FILL": ix.FILL_BLOCK, "PREFETCH": ix.PREFETCH,
+              "EXACT_TAIL": sys.argv[3] == "exact", "DIRECT": ix.DIRECT, "PIN_FIRST": ix.PIN_FIRST}
 # What the launcher specialises at run time: 16-byte aligned pointers, max_seq_len % 16 == 0.
 aligned = [["tt.divisibility", 16]]
 attrs = {(i,): aligned for i in (0, 1, 2, 3, 4, 5, 9)}
@@ -43,11 +45,11 @@ print(json.dumps({
 """
 
 
-def _build(arch: int, warp: int) -> dict:
+def _build(arch: int, warp: int, tail: str = "exact") -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    out = subprocess.run([sys.executable, "-c", BUILD, str(arch), str(warp)], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", BUILD, str(arch), str(warp), tail],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -55,6 +57,12 @@ def _build(arch: int, warp: int) -> dict:
 @pytest.fixture(scope="module")
 def sm120():
     return _build(120, 32)
+
+
+@pytest.fixture(scope="module")
+def sm120_skip():
+    """The build the SGLang plugin runs: skip tail policy."""
+    return _build(120, 32, "skip")
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +86,9 @@ def test_sm90_uses_an_fp8_mma(sm90):
 
 def test_tail_fill_uses_vector_stores(sm120, sm90):
     assert sm120["vector_stores"] > 0 and sm90["vector_stores"] > 0
+
+
+def test_sm120_skip_tail_build_uses_mma_sync_within_the_limit(sm120_skip):
+    assert sm120_skip["target"].startswith("sm_120")
+    assert any(m.startswith("mma.sync") and "e4m3.e4m3" in m for m in sm120_skip["mma"])
+    assert 0 < sm120_skip["shared"] <= SM120_SHARED_LIMIT

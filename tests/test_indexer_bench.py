@@ -10,7 +10,7 @@ from dsv4kit.validation import bench_indexer as bench
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "docs" / "results" / "bench_indexer_h200.json"
 VALIDATION = ROOT / "docs" / "results" / "validation_indexer_h200.json"
-TUNING = ROOT / "docs" / "results" / "bench_indexer_h200_run2_tune.json"
+TUNING = ROOT / "docs" / "results" / "bench_indexer_h200_tune.json"  # a --tune run of this kernel
 
 
 def test_max_seq_len_follows_sglang():
@@ -25,19 +25,26 @@ def test_grid_skips_lengths_beyond_the_context():
                                                                           (1, 1048576, 131072)}
 
 
-def test_floor_counts_live_pages_and_the_full_row():
+def test_read_floor_is_136_bytes_per_position():
     point = {"batch": 2, "c4_len": 65, "max_seq_len": 2112}
-    assert bench.floor_bytes(point) == 2 * (2 * 8448 + 2112 * 4)
+    assert bench.floor_bytes(point) == 2 * 65 * 136
 
 
-def _point(batch, tokens, context, kernel_us, fallback_us, floor_us):
-    target = max(bench.FLOOR_FACTOR * floor_us, bench.FLOOR_MIN_US)
+def _point(batch, tokens, context, ours, tilelang, fallback, floor_us):
+    times = {bench.OURS: ours, bench.EXACT_NAME: ours, bench.TILELANG_NAME: tilelang,
+             bench.TORCH_NAME: fallback}
+    applies = tokens >= bench.FLOOR_MIN_TOKENS
     return {"batch": batch, "heads": 64, "tokens": tokens, "c4_len": tokens // 4, "context": context,
             "pages": bench.table_pages(context), "max_seq_len": bench.table_pages(context) * 64,
-            "kernel_us": kernel_us, "fallback_us": fallback_us, "floor_us": floor_us,
-            "target_us": target, "kernel_vs_floor": kernel_us / floor_us,
-            "target_met": kernel_us <= target,
-            "speedup": None if fallback_us is None else fallback_us / kernel_us}
+            "times_us": times, "rel": {n: 1e-4 for n in times}, "max_abs": {n: 1e-3 for n in times},
+            "pattern_ok": {n: True for n in times},
+            "skipped": {} if fallback is not None else {bench.TORCH_NAME: "over budget"},
+            "kernel_us": ours, "floor_us": floor_us, "kernel_vs_floor": ours / floor_us,
+            "floor_target_applies": applies,
+            "floor_target_met": (ours <= bench.FLOOR_FACTOR * floor_us) if applies else None,
+            "vs_tilelang": None if tilelang is None else ours / tilelang,
+            "tilelang_target_met": None if tilelang is None else ours <= tilelang,
+            "speedup": None if fallback is None else fallback / ours}
 
 
 def _payload(points):
@@ -45,27 +52,48 @@ def _payload(points):
             "environment": {"gpu": "test", "capability": "sm_90", "torch": "x", "triton": "y"},
             "bandwidth": {"copy_GBps": 4000.0, "fill_GBps": 4000.0, "method": "m",
                           "graph_node_floor_us": 1.5},
+            "implementations": {bench.OURS: {"origin": "dsv4kit"},
+                                bench.TILELANG_NAME: {"origin": "wheel:/x"}},
+            "unavailable": {"flashinfer-sm120": "not available: needs sm_120"},
             "summary": bench.summarise(points)}
 
 
 def test_summary_reports_missed_targets_honestly():
-    points = [_point(64, 2048, 131072, 10.0, 4000.0, 8.0), _point(1, 2048, 8192, 9.0, 30.0, 1.0)]
+    points = [_point(64, 2048, 131072, 3.0, 3.5, 1200.0, 1.0),
+              _point(16, 32768, 131072, 6.0, 5.0, 800.0, 4.0),
+              _point(1, 131072, 1048576, 3.0, 3.5, 400.0, 1.0)]
     summary = bench.summarise(points)
-    assert summary["floor_target_met"] == 1
-    assert summary["floor_target_missed"] == ["B=1 len=2K ctx=8K"]
+    assert summary["tilelang_target_met"] == 2
+    assert summary["tilelang_target_missed"] == ["B=16 len=32K ctx=128K"]
+    assert summary["floor_points"] == 2 and summary["floor_target_met"] == 0
+    assert summary["floor_target_missed"] == ["B=16 len=32K ctx=128K", "B=1 len=128K ctx=1M"]
     assert summary["speedup_target"]["speedup"] == 400.0 and summary["speedup_target"]["met"]
     assert not summary["all_targets_met"]
     text = bench.render_summary(_payload(points)) + "\n" + bench.render_table(_payload(points))
-    assert "missed at B=1 len=2K ctx=8K" in text and "| NO |" in text and "400x, met" in text
+    assert "met at 2 of 3 points; missed at B=16 len=32K ctx=128K." in text
+    assert "| NO |" in text and "400x, met" in text
+
+
+def test_a_point_without_tilelang_counts_as_not_measured():
+    summary = bench.summarise([_point(64, 2048, 131072, 3.0, None, 1200.0, 1.0)])
+    assert summary["tilelang_not_measured"] == ["B=64 len=2K ctx=128K"]
+    assert not summary["all_targets_met"]
 
 
 def test_skipped_fallback_renders_as_skipped():
-    table = bench.render_table(_payload([_point(64, 2048, 1048576, 20.0, None, 18.0)]))
+    table = bench.render_table(_payload([_point(64, 2048, 1048576, 3.0, 3.5, None, 1.0)]))
     assert "| skipped |" in table
 
 
+def test_error_table_names_every_implementation_and_the_unavailable_ones():
+    text = bench.render_errors(_payload([_point(64, 2048, 131072, 3.0, 3.5, 1200.0, 1.0)]))
+    assert "| dsv4kit | dsv4kit | 1.00e-04 |" in text
+    assert "| sglang-tilelang | wheel | 1.00e-04 |" in text  # the run's directory is left out
+    assert "| flashinfer-sm120 | - | not available: needs sm_120 |" in text
+
+
 def test_plot_writes_a_png(tmp_path):  # matplotlib is in the test extra
-    points = [_point(1, 2048, c, 5.0, 50.0 * c / 8192, 2.0) for c in bench.CONTEXTS_TOKENS]
+    points = [_point(1, 2048, c, 5.0, 6.0, 50.0 * c / 8192, 2.0) for c in bench.CONTEXTS_TOKENS]
     path = bench.plot(_payload(points), str(tmp_path / "p.png"), print)
     assert path and Path(path).read_bytes()[:4] == b"\x89PNG"
 
@@ -89,6 +117,10 @@ def test_docs_table_is_generated_from_the_committed_result():
     assert bench.render_summary(payload) in doc
     tuning = json.loads(TUNING.read_text())
     assert bench.render_tuning(tuning) in doc
+    assert bench.render_errors(payload) in doc
+    # TileLang was timed at every grid point in the same run (whether ours met it is in the doc).
+    assert payload["summary"]["tilelang_points"] == 21 and not payload["summary"]["tilelang_not_measured"]
+    assert {"dsv4kit", "sglang-tilelang", "sglang-torch"} <= set(payload["implementations"])
     assert payload["environment"]["gpu"] and payload["command"].startswith("python -m dsv4kit")
 
 
@@ -98,7 +130,8 @@ def test_docs_quote_the_committed_gpu_validation():
     payload = json.loads(VALIDATION.read_text())
     assert payload["passed"] and payload["environment"]["device"] == "cuda"
     impls = {row["impl"] for row in payload["suites"]["indexer"]["rows"]}
-    assert {"kernel", "fallback", "graph-replay", "determinism"} <= impls
+    assert {"kernel", "dsv4kit", "fallback", "sglang-tilelang", "sglang-torch", "graph-replay",
+            "determinism"} <= impls
     doc = (ROOT / "docs" / "indexer.md").read_text()
     assert indexer_suite.report_lines(payload) in doc
 
@@ -107,7 +140,7 @@ def test_update_doc_regenerates_only_the_marked_blocks(tmp_path):
     doc = tmp_path / "page.md"
     doc.write_text("intro 1.5\n<!-- generated:table -->\nstale\n<!-- /generated -->\n"
                    "<!-- generated:other -->\nkept\n<!-- /generated -->\nend\n")
-    payload = _payload([_point(1, 2048, 8192, 2.0, 30.0, 1.0)])
+    payload = _payload([_point(1, 2048, 8192, 2.0, 2.5, 30.0, 1.0)])
     bench.update_doc(str(doc), payload, None)
     text = doc.read_text()
     assert "stale" not in text and bench.render_table(payload) in text

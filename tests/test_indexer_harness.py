@@ -82,29 +82,28 @@ def test_validate_local_runs_the_indexer_suite_end_to_end(tmp_path):
 
 
 SGLANG_ROW_SCRIPT = r"""
-import json, os, sys, types
+import json, os
 os.environ["TRITON_INTERPRET"] = "1"
-from dsv4kit.kernels import indexer_reference as ref
-# Stand-in for SGLang's module path (the real wheel is not installed in CI): the suite must find
-# fp8_paged_mqa_logits_torch_sm120 there and compare it like any other implementation.
-names = ["sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.attention",
-         "sglang.srt.layers.attention.dsv4", "sglang.srt.layers.attention.dsv4.indexer"]
-for name in names:
-    sys.modules[name] = types.ModuleType(name)
-sys.modules[names[-1]].fp8_paged_mqa_logits_torch_sm120 = ref.fallback_logits
 from dsv4kit.validation import indexer_suite
 from dsv4kit.validation.harness import RunOptions
-rows = list(indexer_suite.run(["3x1x64"], RunOptions(device="cpu", interpret=True)))
-print(json.dumps([[r.impl, r.passed, r.bar, r.note] for r in rows]))
+rows = list(indexer_suite.run(["3x1x64", "12x5x300"], RunOptions(device="cpu", interpret=True)))
+print(json.dumps([[r.impl, r.passed, r.bar, r.note, r.rel, r.pattern_ok] for r in rows]))
 """
 
 
-def test_sglang_fallback_gets_its_own_row_when_importable():
+def test_sglang_implementations_get_their_own_rows_from_the_real_wheel():
+    from tests import sglang_wheel
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["DSV4KIT_SGLANG_SOURCE"] = str(sglang_wheel.sglang_site())
     out = subprocess.run([sys.executable, "-c", SGLANG_ROW_SCRIPT], capture_output=True, text=True,
-                         env=env, timeout=300)
+                         env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    sglang = [r for r in rows if r[0] == "sglang"]
-    assert len(sglang) == 1 and sglang[0][1] and sglang[0][2] is None
-    assert "installed torch_sm120" in sglang[0][3]
+    torch_rows = [r for r in rows if r[0] == "sglang-torch"]
+    assert len(torch_rows) == 2 and all(r[1] and r[2] is None and r[5] for r in torch_rows)
+    assert all("SGLang 0.5.23, wheel" in r[3] and 1e-4 < r[4] < 5e-3 for r in torch_rows)
+    tilelang = [r for r in rows if r[0] == "sglang-tilelang"]
+    assert len(tilelang) == 1 and "needs a CUDA GPU" in tilelang[0][3]
+    ours = [r for r in rows if r[0] == "dsv4kit"]  # the plugin's call: skip tail policy
+    assert len(ours) == 2 and all(r[1] and r[2] == indexer_suite.KERNEL_REL_BAR for r in ours)

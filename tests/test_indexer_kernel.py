@@ -46,6 +46,34 @@ def test_output_shape_is_b_by_max_seq_len(interp_results):
     assert interp_results["empty batch"]["shape"] == [0, 128]
 
 
+@pytest.mark.parametrize("progs", [1, 5])
+def test_skip_tail_writes_nothing_past_the_page_holding_l(interp_results, progs):
+    skip, exact = interp_results[f"tail=skip R={progs}"], interp_results[f"tail=exact R={progs}"]
+    assert skip["past_page_cells"] > 0
+    assert skip["past_page_untouched"] and skip["page_tail"] and skip["rel"] <= REL_BAR
+    assert not skip["pattern_ok"]  # the exact check sees the untouched sentinel
+    assert exact["pattern_ok"] and not exact["past_page_untouched"] and exact["rel"] <= REL_BAR
+
+
+def test_the_sglang_entry_point_uses_the_skip_policy(interp_results, monkeypatch):
+    assert interp_results["plugin call"]["pattern_ok"] and interp_results["plugin call"]["rel"] <= REL_BAR
+    seen = {}
+    monkeypatch.setattr(indexer, "fp8_paged_mqa_logits",
+                        lambda *args, **kwargs: seen.update(kwargs))
+    indexer.fp8_paged_mqa_logits_for_sglang(*range(7), False)
+    assert seen == {"tail": "skip"}
+    from dsv4kit.rollout_targets import TARGETS
+
+    kernels = {t.key: t.kernel for t in TARGETS}
+    assert kernels["indexer"] == kernels["indexer_tilelang"] == \
+        "dsv4kit.kernels.indexer:fp8_paged_mqa_logits_for_sglang"
+
+
+def test_an_unknown_tail_policy_is_refused():
+    with pytest.raises(ValueError, match="tail must be one of"):
+        indexer.fp8_paged_mqa_logits(**_args(), tail="none")
+
+
 def test_corrupt_page_ids_are_never_dereferenced(interp_results):
     r = interp_results["corrupt page ids"]
     assert r["corrupt_positions_inf"] and r["other_positions_finite"]
@@ -200,3 +228,6 @@ def test_grid_depends_only_on_batch_and_table_width():
     assert indexer.programs_per_row(64, 2, cpu) == 1
     assert 1 <= indexer.programs_per_row(1, 4097, cpu) <= 4097
     assert indexer.programs_per_row(1, 3, cpu) <= 3
+    # The exact tail bounds each program's share of it; the skip policy needs no tail programs.
+    assert indexer.programs_per_row(64, 4097, cpu, tail="exact") >= 4097 * 64 // 4096
+    assert indexer.programs_per_row(64, 4097, cpu, tail="skip") == 1

@@ -144,7 +144,7 @@ def test_flags_on_replace_every_target_and_the_kernels_serve_the_calls(scenarios
     assert result["SM120_DECODE_MAX_TOKENS"] == 64  # kept for the backend and the model
     calls = result["calls"]
     # The dsv4kit kernels (Triton interpreter) agree with SGLang's own torch paths.
-    assert calls["indexer_good"]["shape"] == [3, 128] and calls["indexer_good"]["tail_neg_inf"]
+    assert calls["indexer_good"]["shape"] == [3, 128] and calls["indexer_good"]["page_tail_neg_inf"]
     assert calls["indexer_good"]["max_rel_diff"] < 1e-2  # SGLang's path rounds dots to bf16
     assert calls["attention_good"]["shape"] == [2, 1, 16, 512]
     assert calls["attention_good"]["dtype"] == "torch.bfloat16"

@@ -73,7 +73,7 @@ TARGETS = (
         module="sglang.srt.layers.attention.dsv4.indexer",
         function="fp8_paged_mqa_logits_torch_sm120",
         parameters=_INDEXER_PARAMETERS,
-        kernel="dsv4kit.kernels.indexer:fp8_paged_mqa_logits",
+        kernel="dsv4kit.kernels.indexer:fp8_paged_mqa_logits_for_sglang",
     ),
     # The sm_120 default (docs/sglang-contract.md §3.1, step 2); its module imports tilelang at the top.
     Target(
@@ -82,7 +82,7 @@ TARGETS = (
         module="sglang.kernels.ops.attention.dsa.tilelang_kernel",
         function="tilelang_fp8_paged_mqa_logits",
         parameters=_INDEXER_PARAMETERS,
-        kernel="dsv4kit.kernels.indexer:fp8_paged_mqa_logits",
+        kernel="dsv4kit.kernels.indexer:fp8_paged_mqa_logits_for_sglang",
         requires="tilelang",
     ),
     # Sparse-MLA decode, keyword arguments only (docs/sglang-contract.md §4.7). The backend reads

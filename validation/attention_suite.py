@@ -17,7 +17,8 @@ the documented delegation to the float32 reference.
 
 Rows per case: the kernel vs the float32 reference (bar ``KERNEL_REL_BAR``; ``pattern_ok`` = no NaN
 in a real head and exact zeros for rows with no valid entry), the SIMT baseline vs the reference
-(informational), SGLang's installed torch path when it imports (informational). On CUDA: a
+(informational), each SGLang 0.5.23 implementation that loads here (FlashMLA, FlashInfer, its
+Triton sm_120 kernel, its torch path: ``dsv4kit.validation.implementations``; informational). On CUDA: a
 CUDA-graph capture + replay with new q, indices and lengths, and a determinism check.
 """
 
@@ -30,13 +31,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from dsv4kit.validation.harness import CheckRow, RunOptions, load_sglang_function, skipped_row
+from dsv4kit.validation.harness import CheckRow, RunOptions, skipped_row
 
 NAME = "attention"
 KERNEL_REL_BAR = 1e-2
 GRAPH_REPLAY_ROUNDS = 3
 DETERMINISM_CALLS = 10
-SGLANG_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120"
 _EXTRA_WIDTH = {"swa": 0, "c4": 512, "c128": 8256}
 
 _GPU_CASES = [
@@ -189,10 +189,9 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
 
     cases = [parse_case(s) for s in specs]
     progress = options.progress or (lambda _msg: None)
-    sglang_fn, sglang_reason = load_sglang_function(options, SGLANG_MODULE, "_sm120_sparse_decode_fwd")
-    if sglang_fn is None:
-        yield skipped_row(NAME, "-", "sglang",
-                          f"SGLang torch path {sglang_reason}: its rows are skipped")
+    stock, missing = _stock_implementations(options)
+    for name, why in missing.items():
+        yield skipped_row(NAME, "-", name, f"{why}: its rows are skipped")
 
     for case in cases:
         progress(f"attention: {case.label}")
@@ -222,18 +221,14 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
             yield _row("simt", case, _stats(simt_out, ref_out, inputs), None,
                        "SIMT baseline (the 'before' design), bf16 scope merge")
             del simt_out
-        if sglang_fn is not None:
-            kw = inputs.kwargs
+        for impl in stock:
             try:
-                theirs, _ = sglang_fn(kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"],
-                                      kw["attn_sink"], kw["head_dim_v"], kw["softmax_scale"],
-                                      kw.get("extra_k_cache"), kw.get("extra_indices_in_kvcache"),
-                                      kw.get("extra_topk_length"))
-                yield _row("sglang", case, _stats(theirs, ref_out, inputs), None,
-                           "SGLang's installed torch path (_sm120_sparse_decode_fwd)")
-            except Exception as exc:  # noqa: BLE001
-                yield skipped_row(NAME, case.label, "sglang",
-                                  f"SGLang torch path raised {type(exc).__name__}: {str(exc)[:80]}")
+                theirs, _ = impl.fn(**inputs.kwargs)
+                yield _row(impl.name, case, _stats(theirs, ref_out, inputs), None,
+                           f"SGLang 0.5.23 stock ({impl.origin.split(':')[0]})")
+                del theirs
+            except Exception as exc:  # noqa: BLE001 - a stock failure is reported, not fatal
+                yield skipped_row(NAME, case.label, impl.name, f"raised {type(exc).__name__}: {str(exc)[:80]}")
         del inputs, ref_out
 
     decode_cases = [c for c in cases if c.T <= SM120_DECODE_MAX_TOKENS]
@@ -245,6 +240,16 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
         for impl in ("graph-replay", "determinism"):
             yield skipped_row(NAME, "-", impl,
                               "needs CUDA; skipped on the interpreter")
+
+
+def _stock_implementations(options: RunOptions):
+    """SGLang's own implementations that load here, and ``{name: why not}`` for the others."""
+    from dsv4kit.validation.implementations import implementations
+
+    if not options.compare_sglang:
+        return [], {"sglang": "SGLang's implementations disabled (--no-sglang)"}
+    loaded, missing = implementations(NAME, options.device)
+    return [i for i in loaded if i.name != "dsv4kit"], missing
 
 
 def _graph_cases(cases: list[AttentionCase]) -> list[AttentionCase]:

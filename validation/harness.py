@@ -81,7 +81,7 @@ class CheckRow:
         tol = "-" if self.bar is None else f"{self.bar:.1e}"
         verdict = {"skipped": "SKIPPED", "info": "info", "pass": "PASS", "fail": "FAIL"}[self.status]
         text = (
-            f"{self.suite:<9} {self.impl:<12} {self.case:<40} "
+            f"{self.suite:<9} {self.impl:<19} {self.case:<40} "
             f"max|d|={fmt(self.max_abs):>9}  rel={fmt(self.rel):>9} tol={tol:>7}  pattern={pattern:<8} {verdict}"
         )
         return text + (f"  {self.note}" if self.note else "")
@@ -129,19 +129,6 @@ class SuiteReport:
     def worst(self, impl: str = "kernel") -> Optional[CheckRow]:
         rows = [r for r in self.rows if r.impl == impl and r.rel is not None]
         return max(rows, key=lambda r: (math.inf if math.isnan(r.rel) else r.rel), default=None)
-
-
-def load_sglang_function(options: RunOptions, module_name: str, attribute: str):
-    """SGLang's own installed implementation to compare against, or ``(None, reason)``.
-
-    Any import failure means "not comparable on this machine", never a failed validation.
-    """
-    if not options.compare_sglang:
-        return None, "disabled (--no-sglang)"
-    try:
-        return getattr(importlib.import_module(module_name), attribute), ""
-    except Exception as exc:  # noqa: BLE001
-        return None, f"not importable ({type(exc).__name__}: {str(exc)[:80]})"
 
 
 def parse_cases(text: Optional[str]) -> dict[str, list[str]]:

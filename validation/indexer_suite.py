@@ -6,8 +6,11 @@ lengths up to N compressed positions, H index heads (default 64). Every case inc
 and random stale entries past each length; odd-numbered cases pass ``seq_lens`` as ``[B, 1]``.
 
 Rows per case: the kernel vs float64 (held to ``KERNEL_REL_BAR`` and an exact -inf pattern), the
-bf16 torch fallback vs float64 (informational), and SGLang's own installed fallback when it imports.
-On CUDA: a CUDA-graph replay check and a determinism check.
+kernel as the SGLang plugin calls it ("dsv4kit": skip tail policy, the same bar, -inf up to the end
+of L's page), the bf16 torch fallback vs float64 (informational), and each of SGLang 0.5.23's own
+implementations that loads here (``dsv4kit.validation.implementations``: TileLang, torch fallback;
+informational, their error in the table). On CUDA: a CUDA-graph replay check and a determinism
+check.
 """
 
 from __future__ import annotations
@@ -18,13 +21,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from dsv4kit.validation.harness import CheckRow, RunOptions, load_sglang_function, skipped_row
+from dsv4kit.validation.harness import CheckRow, RunOptions, skipped_row
 
 NAME = "indexer"
 KERNEL_REL_BAR = 5e-4
 DETERMINISM_CALLS = 20
 GRAPH_REPLAY_ROUNDS = 3
-SGLANG_FALLBACK = "sglang.srt.layers.attention.dsv4.indexer"
 
 # The five configurations of the original validation, then B=64, edges and real context widths.
 _GPU_CASES = [
@@ -88,10 +90,11 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
     from dsv4kit.kernels.indexer import fp8_paged_mqa_logits
 
     cases = [parse_case(s) for s in specs]
-    sglang_fn, sglang_reason = load_sglang_function(options, SGLANG_FALLBACK, "fp8_paged_mqa_logits_torch_sm120")
-    if sglang_fn is None:
-        yield skipped_row(NAME, "-", "sglang",
-                          f"SGLang fallback {sglang_reason}: its rows are skipped")
+    ours, stock = _implementations(options)
+    for name, why in stock.items():
+        if isinstance(why, str):
+            yield skipped_row(NAME, "-", name, f"{why}: its rows are skipped")
+    stock = {name: impl for name, impl in stock.items() if not isinstance(impl, str)}
     progress = options.progress or (lambda _msg: None)
 
     for index, case in enumerate(cases):
@@ -117,18 +120,26 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
                    seconds=round(seconds, 4), seq_lens_rank=2 if two_d else 1)
         del out
 
+        skipped = ours.fn(*inputs.args())
+        yield _row(ours.name, case, ref.compare(skipped, exact, inputs.seq_lens, tail=ours.tail),
+                   KERNEL_REL_BAR, "as the SGLang plugin calls it (tail not written)")
+        del skipped
+
         fallback = ref.fallback_logits(*inputs.args())
         yield _row("fallback", case, ref.compare(fallback, exact, inputs.seq_lens), None,
                    "bf16 scores, O(max_seq_len)")
         del fallback
-        if sglang_fn is not None:
+        # SGLang passes seq_lens 1-D on the TileLang and torch routes.
+        stock_args = list(inputs.args())
+        stock_args[3] = stock_args[3].reshape(-1)
+        for name, impl in stock.items():
             try:
-                theirs = sglang_fn(*inputs.args())
-                yield _row("sglang", case, ref.compare(theirs, exact, inputs.seq_lens), None,
-                           "SGLang's installed torch_sm120 fallback")
-            except Exception as exc:  # noqa: BLE001
-                yield skipped_row(NAME, case.label, "sglang",
-                                  f"SGLang fallback raised {type(exc).__name__}: {str(exc)[:80]}")
+                theirs = impl.fn(*stock_args)
+                yield _row(name, case, ref.compare(theirs, exact, inputs.seq_lens, tail=impl.tail),
+                           None, f"SGLang 0.5.23, {impl.origin.split(':')[0]}")
+                del theirs
+            except Exception as exc:  # noqa: BLE001 - a stock failure is reported, not fatal
+                yield skipped_row(NAME, case.label, name, f"raised {type(exc).__name__}: {str(exc)[:80]}")
         del inputs, exact
 
     if options.device == "cuda" and cases:
@@ -140,6 +151,19 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
         for impl in ("graph-replay", "determinism"):
             yield skipped_row(NAME, "-", impl,
                               "needs CUDA; skipped on the interpreter")
+
+
+def _implementations(options: RunOptions):
+    """Ours as the plugin calls it, and ``{name: Implementation or why it is not compared}``."""
+    from dsv4kit.validation.implementations import implementations
+
+    loaded, missing = implementations(NAME, options.device)
+    ours = next(i for i in loaded if i.name == "dsv4kit")
+    if not options.compare_sglang:
+        return ours, {"sglang": "SGLang's implementations disabled (--no-sglang)"}
+    stock = {i.name: i for i in loaded if i.name != "dsv4kit"}
+    stock.update(missing)
+    return ours, stock
 
 
 def _random_lengths(case: IndexerCase, seed: int) -> list[int]:

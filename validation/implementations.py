@@ -1,0 +1,179 @@
+"""Every implementation of a kernel target that can run here: ours and SGLang 0.5.23's own.
+
+``implementations(target, device)`` returns the loaded ones (each callable with the SGLang
+arguments of that target) and, for the others, why they cannot run on this machine. Validation,
+the benchmarks and the per-host verdict all time and check exactly these callables.
+
+Targets and their SGLang contracts:
+
+* ``"indexer"``: ``fn(q_fp8, kvcache, weight, seq_lens, page_table, deep_gemm_metadata,
+  max_seq_len, clean_logits)`` -> fp32 ``[B, max_seq_len]``; only ``[0, L)`` of a row is read by
+  SGLang (``tail`` says what an implementation leaves past ``L``).
+* ``"attention"``: ``fn(**kwargs)`` with the keyword arguments of ``flash_mla_with_kvcache_sm120``
+  -> ``(out [T, 1, H, 512] bf16, lse)``.
+
+What stock SGLang 0.5.23 runs by default: on sm_120 the TileLang indexer and FlashInfer's
+``_sparse_mla_sm120`` attention; on sm_90 FlashMLA (``sgl-flash-mla``, ``use_legacy=True``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from dsv4kit.validation import sglang_stock
+
+TARGETS = ("indexer", "attention")
+
+TILELANG_MODULE = "sglang.kernels.ops.attention.dsa.tilelang_kernel"
+INDEXER_FALLBACK_MODULE = "sglang.srt.layers.attention.dsv4.indexer"
+SM120_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120"
+SM120_TRITON_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120_triton"
+FLASHMLA_INTERFACE_MODULE = "sglang.kernels.ops.attention.flash_mla_interface"
+
+
+@dataclass(frozen=True)
+class Implementation:
+    target: str  # "indexer" | "attention"
+    name: str  # "dsv4kit", "sglang-tilelang", "sglang-torch", "sglang-triton-sm120", ...
+    stock_default: bool  # what stock SGLang 0.5.23 runs by default on this GPU
+    fn: Callable  # called with the SGLang-contract arguments of that target
+    # Indexer only: what the output holds past L ("exact": -inf, "page": -inf up to the end of
+    # L's page, "none": unwritten); see dsv4kit.kernels.indexer_reference.compare.
+    tail: Optional[str] = field(default=None, compare=False)
+    origin: str = field(default="", compare=False)  # "dsv4kit", "installed", "wheel:<dir>"
+
+
+def _capability(device) -> Optional[tuple]:
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def _indexer_fallback_namespace() -> dict:
+    """Globals of SGLang's indexer module that its torch fallback uses (CUDA build values)."""
+    from typing import Any
+
+    import torch
+    import torch.nn.functional as F
+
+    return {"torch": torch, "F": F, "Any": Any, "FP8_DTYPE": torch.float8_e4m3fn}
+
+
+def _sm120_positional(fn: Callable) -> Callable:
+    """SGLang's sm_120 backends take positional arguments; adapt them to the keyword contract."""
+
+    def call(**kw):
+        return fn(kw["q"], kw["k_cache"], kw["indices"], kw.get("topk_length"), kw.get("attn_sink"),
+                  kw["head_dim_v"], kw.get("softmax_scale"), kw.get("extra_k_cache"),
+                  kw.get("extra_indices_in_kvcache"), kw.get("extra_topk_length"))
+
+    return call
+
+
+def _flashmla_call(interface) -> Callable:
+    """FlashMLA as SGLang's DSV4 backend calls it on sm_90 (``use_legacy=True`` for the V4 layout).
+
+    SGLang builds one scheduler object per forward batch and every layer reuses it; likewise here
+    one is kept per set of shapes and length tensors (filled by the first call, outside capture).
+    """
+    schedules: dict = {}
+
+    def call(**kw):
+        key = (tuple(kw["q"].shape), tuple(kw["k_cache"].shape), tuple(kw["indices"].shape),
+               id(kw.get("topk_length")), id(kw.get("extra_topk_length")),
+               None if kw.get("extra_indices_in_kvcache") is None
+               else tuple(kw["extra_indices_in_kvcache"].shape))
+        if key not in schedules:  # the tensors are kept so their ids stay unique
+            schedules[key] = (interface.get_mla_metadata()[0], kw.get("topk_length"),
+                              kw.get("extra_topk_length"))
+        return interface.flash_mla_with_kvcache(
+            q=kw["q"], k_cache=kw["k_cache"], head_dim_v=kw["head_dim_v"], block_table=None,
+            cache_seqlens=None, tile_scheduler_metadata=schedules[key][0],
+            softmax_scale=kw.get("softmax_scale"), is_fp8_kvcache=True, indices=kw["indices"],
+            topk_length=kw.get("topk_length"), attn_sink=kw.get("attn_sink"),
+            extra_k_cache=kw.get("extra_k_cache"),
+            extra_indices_in_kvcache=kw.get("extra_indices_in_kvcache"),
+            extra_topk_length=kw.get("extra_topk_length"), use_legacy=True)
+
+    return call
+
+
+def _indexer(device, cap) -> tuple[list[Implementation], dict[str, str]]:
+    from dsv4kit.kernels import indexer
+
+    loaded = [Implementation("indexer", "dsv4kit", False, indexer.fp8_paged_mqa_logits_for_sglang,
+                             tail="page", origin="dsv4kit")]
+    missing: dict[str, str] = {}
+    sm120 = cap is not None and cap[0] == 12
+    if cap is None:
+        missing["sglang-tilelang"] = "not available: needs a CUDA GPU"
+    else:
+        try:
+            module = sglang_stock.load_module(TILELANG_MODULE)
+            loaded.append(Implementation("indexer", "sglang-tilelang", sm120,
+                                         module.tilelang_fp8_paged_mqa_logits, tail="none",
+                                         origin=sglang_stock.origin()))
+        except sglang_stock.StockUnavailable as exc:
+            missing["sglang-tilelang"] = f"not available: {exc}"
+    try:
+        fallback = sglang_stock.load_function(INDEXER_FALLBACK_MODULE,
+                                              "fp8_paged_mqa_logits_torch_sm120",
+                                              _indexer_fallback_namespace)
+        loaded.append(Implementation("indexer", "sglang-torch", False, fallback, tail="exact",
+                                     origin=sglang_stock.origin()))
+    except sglang_stock.StockUnavailable as exc:
+        missing["sglang-torch"] = f"not available: {exc}"
+    return loaded, missing
+
+
+def _attention(device, cap) -> tuple[list[Implementation], dict[str, str]]:
+    from dsv4kit.kernels import sparse_mla_decode
+
+    loaded = [Implementation("attention", "dsv4kit", False,
+                             sparse_mla_decode.flash_mla_with_kvcache_sm120, origin="dsv4kit")]
+    missing: dict[str, str] = {}
+    sm120 = cap is not None and cap[0] == 12
+    sm90 = cap is not None and cap[0] == 9
+
+    def stock(name: str, default: bool, make: Callable[[], Callable]) -> None:
+        try:
+            loaded.append(Implementation("attention", name, default, make(),
+                                         origin=sglang_stock.origin()))
+        except sglang_stock.StockUnavailable as exc:
+            missing[name] = f"not available: {exc}"
+        except (ImportError, AttributeError, OSError, RuntimeError) as exc:
+            missing[name] = f"not available: {type(exc).__name__}: {str(exc)[:120]}"
+
+    if cap is None:
+        missing["sglang-triton-sm120"] = "not available: needs a CUDA GPU"
+    else:
+        stock("sglang-triton-sm120", False, lambda: _sm120_positional(
+            sglang_stock.load_module(SM120_TRITON_MODULE).flash_mla_sparse_decode_triton))
+    stock("sglang-torch", False, lambda: _sm120_positional(
+        sglang_stock.load_module(SM120_MODULE)._sm120_sparse_decode_fwd))
+    if sm120:
+        def flashinfer():
+            import flashinfer.mla._sparse_mla_sm120  # noqa: F401 - FlashInfer's sm_120a kernel
+            return _sm120_positional(sglang_stock.load_module(SM120_MODULE)._flash_mla_flashinfer)
+
+        stock("flashinfer-sm120", True, flashinfer)
+    else:
+        missing["flashinfer-sm120"] = "not available: needs sm_120"
+    if sm90:
+        stock("flashmla-sm90", True, lambda: _flashmla_call(
+            sglang_stock.load_module(FLASHMLA_INTERFACE_MODULE)))
+    else:
+        missing["flashmla-sm90"] = "not available: needs sm_90 (FlashMLA's legacy V4 kernels)"
+    return loaded, missing
+
+
+def implementations(target: str, device) -> tuple[list[Implementation], dict[str, str]]:
+    """The implementations of ``target`` loaded on ``device``, and ``{name: why unavailable}``."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    cap = _capability(device)
+    return (_indexer if target == "indexer" else _attention)(device, cap)
