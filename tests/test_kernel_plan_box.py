@@ -78,10 +78,11 @@ def box(loopback_ssh, tmp_path, monkeypatch):
     prefix = tmp_path / "prefix"
     inventory = write_loopback_inventory(tmp_path / "inv", loopback_ssh, prefix,
                                          overrides={"dsv4_kernel_flags": AUTO})
-    subprocess.run(["/usr/bin/python3", "-m", "venv", str(prefix / "opt/dsv4/venv")], check=True, timeout=300)
-    (prefix / "var/lib/dsv4kit").mkdir(parents=True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("ANSIBLE_LOCAL_TEMP", str(tmp_path / "ansible-tmp"))
+    # The venv of these pins, where the real sglang_venv stage puts it (a versioned venv).
+    code, out, err = cli("provision", "-i", str(inventory), "--tags", "sglang_venv")
+    assert code == exitcodes.OK, (out + err)[-4000:]
     return inventory, prefix
 
 
@@ -103,7 +104,8 @@ def test_provision_takes_auto_flags_from_the_latest_report_and_status_shows_it(b
     assert decision["flags"][ATTENTION]["source"] == "report" and decision["flags"][ATTENTION]["numbers"]
 
     env = {INDEXER: "0", ATTENTION: "1"}  # the server's environment, from the flags file
-    python = prefix / "opt/dsv4/venv/bin/python"
+    # The venv of these pins (dsv4_venv_dir links to it once sglang_service switched; not run here).
+    (python,) = (prefix / "opt/dsv4").glob("venv-*/bin/python")
     code, out, err = cli("rollout", "status", "--python", str(python), "--decision",
                          str(etc / "kernel-decision.json"), env=env)
     assert code == exitcodes.ENVIRONMENT  # this venv has no SGLang; the decision is shown all the same
