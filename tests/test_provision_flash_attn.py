@@ -26,8 +26,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 PINS = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
 VERSION = PINS["dsv4_flash_attn_version"]
-# The build requirements the stand-in's setup.py imports, at versions this machine's index holds.
-BUILD_REQUIREMENTS = ["setuptools==84.0.0", "wheel==0.48.0"]
+# The build requirements the stand-in's setup.py imports, at versions this machine's index holds, and
+# a current pip: Debian 12's Python 3.11 venv brings pip 23.0, whose --no-binary still bypassed pip's
+# wheel cache; the pip of a box's venv (24 and later) reuses a cached build under --no-binary.
+BUILD_REQUIREMENTS = ["pip==26.2.1", "setuptools==84.0.0", "wheel==0.48.0"]
 
 
 class FlashAttnBox:
