@@ -326,6 +326,15 @@ def make_handler(state: State):
     return Handler
 
 
+class StandInHTTPServer(ThreadingHTTPServer):
+    """SGLang serves through uvicorn, whose listen backlog is 2048. socketserver's default of 5
+    overflows when the client opens C connections at once while the accept loop is starved of CPU:
+    the kernel drops the extra SYNs and those requests start ~1 s late (the SYN retransmit), so
+    fewer than C decode together and an honest stand-in looks like a server that could not hold C."""
+
+    request_queue_size = 2048
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
@@ -347,7 +356,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     state = State(args)
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))
+    server = StandInHTTPServer(("127.0.0.1", args.port), make_handler(state))
     server.daemon_threads = True
     if args.port_file:
         tmp = args.port_file + ".tmp"
