@@ -1,53 +1,16 @@
-"""The ``dsv4kit`` command line: provision, validate, bench, records, rollout."""
+"""The ``dsv4kit`` console script and ``python -m dsv4kit.cli``.
+
+The typer application is imported under the missing-package guard, so a copy installed without
+its dependencies (``--no-deps``, as on the GPU box) exits 5 with the install command instead of a
+traceback. ``app`` is ``dsv4kit.commands.app.app``.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+from dsv4kit.core.missing import missing_package_exit
 
-import typer
-
-from dsv4kit import __version__
-from dsv4kit import bench_cmd, provision_cmd, records_cmd, rollout_cmd, validate_cmd
-from dsv4kit.missing import missing_package_exit
-
-app = typer.Typer(
-    name="dsv4kit",
-    help=(
-        "Bring an 8x RTX PRO 6000 (sm_120) box to a validated, benchmarked DeepSeek-V4-Flash "
-        "server on SGLang 0.5.23.\n\n"
-        "In every command --json prints a machine-readable summary on stdout and --output/-o PATH "
-        "writes a file, checked before any work (docs/cli.md).\n\n"
-        "Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 host unreachable, 4 timeout, "
-        "5 environment missing something, 6 a driven tool failed, 7 a comparison was inconclusive, "
-        "130 interrupted."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"dsv4kit {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Optional[bool] = typer.Option(
-        None, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
-    ),
-) -> None:
-    """dsv4kit: provision, validate, bench, records, rollout."""
-
-
-# Extra arguments reach validate, which explains them (`--json PATH` was once the report file).
-app.command("validate", no_args_is_help=True, context_settings={"allow_extra_args": True})(validate_cmd.validate)
-app.command("provision")(provision_cmd.provision)
-app.command("bench")(bench_cmd.bench)
-app.add_typer(records_cmd.app, name="records")
-app.add_typer(rollout_cmd.app, name="rollout")
+with missing_package_exit():
+    from dsv4kit.commands.app import app
 
 
 def main() -> None:

@@ -12,9 +12,10 @@ the same rounded up to a power of two (``tile_pow2``) or one scale per (token, h
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from dsv4kit.validation import bench_cli
 
 REL_BAR = 1e-2
 CASES = [  # (kind, T, seq_len, extra width)
@@ -86,19 +87,13 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.attention_fp8_q",
-                                     description="Accuracy of an fp8 (e4m3) q in QK^T against the 1e-2 bar (CPU).")
+    parser = bench_cli.new_parser("attention_fp8_q",
+                                  description="Accuracy of an fp8 (e4m3) q in QK^T against the 1e-2 bar (CPU).")
     parser.add_argument("--json", default=None, help="write the result JSON here")
     parser.add_argument("--render", metavar="JSON", default=None, help="print the table of a result JSON and exit")
     args = parser.parse_args(argv)
     if args.render:
-        try:
-            with open(args.render) as fh:
-                print(table(json.load(fh)), end="")
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"error: cannot render {args.render}: {exc}", file=sys.stderr)
-            return 2
-        return 0
+        return bench_cli.render_file(args.render, table)
     result = run()
     text = table(result)
     print(text, end="")

@@ -31,7 +31,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from dsv4kit.validation.harness import CheckRow, RunOptions, skipped_row
+from dsv4kit.validation.rows import CheckRow, RunOptions, skipped_row
 
 NAME = "attention"
 KERNEL_REL_BAR = 1e-2

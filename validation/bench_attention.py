@@ -22,7 +22,6 @@ ratios, targets met / missed), ``bench_attention.md`` (the table) and ``bench_at
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -31,6 +30,8 @@ import statistics
 import sys
 import time
 from typing import Callable, Optional
+
+from dsv4kit.validation import bench_cli
 
 H = 64
 C128_WIDTH = 8256
@@ -327,7 +328,7 @@ MMA_SYNC_ENV = "DISABLE_MMA_V3"  # Triton: lower tl.dot to mma.sync (MMAv2) on s
 def sm120_variants() -> list:
     """Variants of ``--sweep`` on sm_120 and of ``--sweep --mma-sync`` on sm_90: the sm_120 code path
     (tiled kernel) in shapes that fit sm_120's 101376 bytes of shared memory a block
-    (``tests/test_attention_aot.py`` builds each for sm_120)."""
+    (``tests/kernels/test_attention_aot.py`` builds each for sm_120)."""
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig as D, default_config
 
     variants = [("default", default_config(H, (12, 0)), None),
@@ -605,17 +606,7 @@ PLOT_NOTE = (
 
 
 def plot(result: dict, path: str) -> Optional[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig = figure(result)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return bench_cli.save_figure(figure, result, path)
 
 
 def figure(result: dict):
@@ -657,23 +648,16 @@ def figure(result: dict):
     return fig
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def _write_result(out_dir: str, stem: str, result: dict, text: str) -> None:
     """Print the table and write ``<stem>.json`` and ``<stem>.md`` under ``out_dir``."""
     print(text)
-    _write_atomic(os.path.join(out_dir, f"{stem}.json"), json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-    _write_atomic(os.path.join(out_dir, f"{stem}.md"), text)
+    bench_cli.write_text_atomic(os.path.join(out_dir, f"{stem}.json"), json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    bench_cli.write_text_atomic(os.path.join(out_dir, f"{stem}.md"), text)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.bench_attention",
-                                     description="Time the sparse-MLA decode kernel vs the SIMT baseline and the floor.")
+    parser = bench_cli.new_parser("bench_attention",
+                                  description="Time the sparse-MLA decode kernel vs the SIMT baseline and the floor.")
     parser.add_argument("--out", default=".", help="directory for bench_attention.json/.md/.png")
     parser.add_argument("--quick", action="store_true", help="fewer points and configurations")
     parser.add_argument("--sweep", action="store_true",
@@ -715,13 +699,7 @@ def main(argv=None) -> int:
             return 2
         return 0
     if args.render:
-        try:
-            with open(args.render) as fh:
-                print(render(json.load(fh)), end="")
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"error: cannot render {args.render}: {exc}", file=sys.stderr)
-            return 2
-        return 0
+        return bench_cli.render_file(args.render, render)
     try:
         import torch
     except ImportError:
@@ -735,7 +713,7 @@ def main(argv=None) -> int:
                                 else "bench_attention.partial.json")
 
     def checkpoint(partial: dict) -> None:  # what is done so far survives a timeout
-        _write_atomic(partial_path, json.dumps(partial, indent=2, default=str) + "\n")
+        bench_cli.write_text_atomic(partial_path, json.dumps(partial, indent=2, default=str) + "\n")
 
     if args.sweep:
         if args.mma_sync:

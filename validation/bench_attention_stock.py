@@ -16,14 +16,13 @@ an existing result (docs/attention.md quotes it).
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
 import time
 
 from dsv4kit.validation import bench_attention as base
+from dsv4kit.validation import bench_cli
 
 OURS = "dsv4kit"
 TRITON_NAME = "sglang-triton-sm120"
@@ -153,22 +152,16 @@ def render(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from dsv4kit import exitcodes
+    from dsv4kit.core import exitcodes
 
-    parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.bench_attention_stock",
-                                     description=__doc__.split("\n\n")[0])
+    parser = bench_cli.new_parser("bench_attention_stock",
+                                  description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=".", help="directory for bench_attention_stock.json")
     parser.add_argument("--quick", action="store_true", help="T in {1, 64} only")
     parser.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.render:
-        try:
-            with open(args.render) as fh:
-                print(render(json.load(fh)), end="")
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"error: cannot render {args.render}: {exc}", file=sys.stderr)
-            return exitcodes.USAGE
-        return exitcodes.OK
+        return bench_cli.render_file(args.render, render)
     import torch
 
     if not torch.cuda.is_available():
@@ -183,11 +176,7 @@ def main(argv=None) -> int:
     result["command"] = "python -m dsv4kit.validation.bench_attention_stock " + " ".join(
         sys.argv[1:] if argv is None else list(argv))
     path = os.path.join(args.out, "bench_attention_stock.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(result, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
+    bench_cli.write_json_atomic(path, result)
     print(render(result), end="")
     print(f"wrote {path}")
     failed = any(p["failed"].get(OURS) for p in result["points"])

@@ -22,7 +22,6 @@ Stock SGLang modules come from the installed SGLang or from ``DSV4KIT_SGLANG_SOU
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -30,6 +29,8 @@ import re
 import sys
 import time
 from typing import Callable, Optional
+
+from dsv4kit.validation import bench_cli
 
 SCHEMA = 1
 HEADS = 64
@@ -519,18 +520,7 @@ PLOT_NOTE = (
 
 
 def plot(payload: dict, path: str, log) -> Optional[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("matplotlib is not installed: skipping the plot")
-        return None
-    fig = figure(payload)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return bench_cli.save_figure(figure, payload, path, log)
 
 
 def figure(payload: dict):
@@ -627,19 +617,11 @@ def _environment(torch, device: str) -> dict:
             "dsv4kit": __version__, "python": platform.python_version(), "host": platform.node()}
 
 
-def _write_json(path: str, payload: dict) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
-    from dsv4kit import exitcodes
+    from dsv4kit.core import exitcodes
 
-    parser = argparse.ArgumentParser(prog="python -m dsv4kit.validation.bench_indexer",
-                                     description=__doc__.split("\n\n")[0])
+    parser = bench_cli.new_parser("bench_indexer",
+                                  description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=".", help="directory for bench_indexer.json and .png")
     parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
     parser.add_argument("--tune", action="store_true", help="also sweep launch configurations")
@@ -782,7 +764,7 @@ def main(argv=None) -> int:
     }
     payload["seconds"] = round(time.time() - started, 1)
     json_path = os.path.join(args.out, "bench_indexer.json")
-    _write_json(json_path, payload)
+    bench_cli.write_json_atomic(json_path, payload)
     png = plot(payload, os.path.join(args.out, "bench_indexer.png"), log)
     print(render_summary(payload))
     print()
@@ -793,7 +775,7 @@ def main(argv=None) -> int:
     if args.tune:  # after the main result is safely written
         payload["tuning"] = tune(torch, log)
         payload["seconds"] = round(time.time() - started, 1)
-        _write_json(json_path, payload)
+        bench_cli.write_json_atomic(json_path, payload)
     broken = [p for p in points if p.get("error") or p.get("pattern_ok", {}).get(OURS) is False]
     return exitcodes.CHECK_FAILED if broken else exitcodes.OK
 

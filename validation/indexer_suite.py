@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
-from dsv4kit.validation.harness import CheckRow, RunOptions, skipped_row
+from dsv4kit.validation.rows import CheckRow, RunOptions, skipped_row
 
 NAME = "indexer"
 KERNEL_REL_BAR = 5e-4
@@ -233,7 +233,7 @@ def _determinism_row(case: IndexerCase, fn, ref, progress) -> CheckRow:
 
 def report_lines(payload: dict) -> str:
     """The indexer rows of a saved harness report, as the harness printed them (docs quote this)."""
-    from dsv4kit.validation.harness import row_from_json, worst_line
+    from dsv4kit.validation.rows import row_from_json, worst_line
 
     suite = payload["suites"][NAME]
     lines = [row_from_json(row).line() for row in suite["rows"]]

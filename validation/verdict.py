@@ -27,7 +27,7 @@ OURS = "dsv4kit"
 MARGIN = 0.05
 #: Fewer timing samples than this per implementation and shape is "no evidence".
 MIN_SAMPLES = 5
-#: The flag that turns each target's dsv4kit kernel on (dsv4kit.rollout_targets has the same names).
+#: The flag that turns each target's dsv4kit kernel on (dsv4kit.rollout.targets has the same names).
 FLAGS = {"indexer": "SGLANG_SM120_TRITON_INDEXER", "attention": "SGLANG_SM120_MMA_ATTENTION"}
 
 FASTER, SLOWER, TIE, NO_EVIDENCE = "faster", "slower", "tie", "no-evidence"

@@ -140,29 +140,17 @@ def identity(device: str) -> dict:
             "driver": driver_version(smi), "sglang": sglang_version(), "torch": None, "cuda": None,
             "triton": None, "dsv4kit": None, "kernels_sha256": kernels_digest(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    try:
-        import torch
+    from dsv4kit.validation.environment import software_versions, torch_device
 
-        info["torch"], info["cuda"] = torch.__version__, torch.version.cuda
-        if device == "cuda":
-            info["gpu_torch"] = torch.cuda.get_device_name()
-            info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
-            # nvidia-smi's name of the visible GPU (CUDA_DEVICE_ORDER=PCI_BUS_ID: its index), as the
-            # host is read when a report is matched to it; torch's name where nvidia-smi has none.
-            visible = (info["cuda_visible_devices"] or "").split(",")[0].strip()
-            named = smi.get(int(visible)) if visible.isdigit() else None
-            info["gpu"] = named[0] if named else info["gpu_torch"]
-    except ImportError:
-        pass
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        pass
-    from dsv4kit import __version__
-
-    info["dsv4kit"] = __version__
+    info.update(software_versions())
+    torch_side = torch_device(device)
+    if device == "cuda" and torch_side:
+        info["gpu_torch"], info["capability"] = torch_side["gpu"], torch_side["capability"]
+        # nvidia-smi's name of the visible GPU (CUDA_DEVICE_ORDER=PCI_BUS_ID: its index), as the
+        # host is read when a report is matched to it; torch's name where nvidia-smi has none.
+        visible = (info["cuda_visible_devices"] or "").split(",")[0].strip()
+        named = smi.get(int(visible)) if visible.isdigit() else None
+        info["gpu"] = named[0] if named else info["gpu_torch"]
     return info
 
 

@@ -1,0 +1,1 @@
+../../toolkit/__init__.py

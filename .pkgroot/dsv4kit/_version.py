@@ -1,0 +1,1 @@
+../../toolkit/_version.py

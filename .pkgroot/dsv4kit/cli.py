@@ -1,0 +1,1 @@
+../../toolkit/cli.py

@@ -1,0 +1,1 @@
+../../toolkit/sglang_plugin.py

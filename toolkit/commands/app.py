@@ -1,0 +1,49 @@
+"""The ``dsv4kit`` typer application: the commands, assembled (``dsv4kit.cli`` runs it)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from dsv4kit import __version__
+from dsv4kit.commands import bench, provision, records, rollout, validate
+
+app = typer.Typer(
+    name="dsv4kit",
+    help=(
+        "Bring an 8x RTX PRO 6000 (sm_120) box to a validated, benchmarked DeepSeek-V4-Flash "
+        "server on SGLang 0.5.23.\n\n"
+        "In every command --json prints a machine-readable summary on stdout and --output/-o PATH "
+        "writes a file, checked before any work (docs/cli.md).\n\n"
+        "Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 host unreachable, 4 timeout, "
+        "5 environment missing something, 6 a driven tool failed, 7 a comparison was inconclusive, "
+        "130 interrupted."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"dsv4kit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Optional[bool] = typer.Option(
+        None, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """dsv4kit: provision, validate, bench, records, rollout."""
+
+
+# Extra arguments reach validate, which explains them (`--json PATH` was once the report file).
+app.command("validate", no_args_is_help=True, context_settings={"allow_extra_args": True})(validate.validate)
+app.command("provision")(provision.provision)
+app.command("bench")(bench.bench)
+app.add_typer(records.app, name="records")
+app.add_typer(rollout.app, name="rollout")

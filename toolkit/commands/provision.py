@@ -1,0 +1,59 @@
+"""``dsv4kit provision``: run playbooks/site.yml against the inventory and summarize per host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dsv4kit.core.cli_common import interruptible
+
+
+@interruptible("dsv4kit provision", "nothing was run")
+def provision(
+    inventory: Optional[Path] = typer.Option(
+        None, "--inventory", "-i",
+        help="Ansible inventory (default: $DSV4KIT_INVENTORY or inventory/hosts.yml).",
+    ),
+    limit: Optional[List[str]] = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated or repeated)."),
+    tags: Optional[List[str]] = typer.Option(
+        None, "--tags", "-t",
+        help="Only these stages: preflight, nvidia_driver, cuda_toolkit, host_tuning, sglang_venv, "
+        "model_weights, flash_attn, kernel_rollout, sglang_service. A name that is not a tag of the playbook (or Ansible's "
+        "all/always/never/tagged/untagged) is refused (exit 2).",
+    ),
+    skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn; checked like --tags)."),
+    check: bool = typer.Option(False, "--check", help="Dry run: report what would change, change nothing."),
+    diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
+    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports: 'auto' kernel flags follow the host's latest (docs/rollout.md)."),
+    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Ask for the sudo password on the box (as ansible-playbook -K)."),
+    ask_vault_pass: bool = typer.Option(False, "--ask-vault-pass", help="Ask for the Ansible Vault password of vaulted inventory values."),
+    vault_id: Optional[List[str]] = typer.Option(None, "--vault-id", help="An Ansible Vault identity, as ansible-playbook takes it (label@FILE, label@prompt; repeatable)."),
+) -> None:
+    """Provision the box(es) in the inventory with Ansible, showing every task as it runs.
+
+    Ends with a per-host table (ok / changed / failed / unreachable). Exit codes: 0 ok, 2 bad
+    inventory, key file or option (e.g. an unknown tag), 3 a host was unreachable or its key is not
+    in known_hosts (checked before Ansible runs), 5 ansible-playbook missing, 6 a task failed,
+    130 interrupted.
+    """
+    from dsv4kit.core.inventory import default_inventory_path
+    from dsv4kit.provision.playbook import format_summary
+    from dsv4kit.provision.run import provision as run_provision
+
+    path = inventory if inventory is not None else default_inventory_path()
+    summary = run_provision(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
+                            results_dir=results_dir, ask_become_pass=ask_become_pass,
+                            ask_vault_pass=ask_vault_pass, vault_id=vault_id,
+                            say=(lambda line: typer.echo(line, err=True)) if json_out else typer.echo)
+    table = format_summary(summary)
+    if json_out:
+        typer.echo(table, err=True)
+        typer.echo(json.dumps(summary.to_dict(), indent=2))
+    else:
+        typer.echo("")
+        typer.echo(table)
+    raise typer.Exit(summary.exit_code)

@@ -1,0 +1,212 @@
+"""``dsv4kit records``: list, show, compare and plot bench records in the results repository.
+
+A record is named by its run id (``box1-ctx131072-20260101T120000Z``), its tag
+(``bench/box1/131072/20260101T120000Z``), a unique run-id prefix, or a ``record.json`` path.
+
+``compare`` exit codes: 0 comparable, no regression and every metric told apart from the noise;
+1 a metric regressed (also "mixed": better at one C, worse at another); 2 the records are not
+comparable (the differing key fields are listed; no verdict) or a record was not found;
+7 inconclusive (fewer than 3 valid repetitions on a side, or noise too large to tell).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dsv4kit.core import exitcodes
+from dsv4kit.core.cli_common import JSON_HELP, check_output, deprecated, doing, interruptible
+
+app = typer.Typer(help="List, show, compare and plot bench records.", no_args_is_help=True)
+
+_REPO_HELP = "Results git repository. Default: results/bench or $DSV4KIT_RESULTS_REPO."
+
+
+def _repo(path: Optional[Path]) -> Path:
+    """The results repository to read; exit 2 when it names a file (or anything not a directory)."""
+    from dsv4kit.records.results_repo import default_path as default_results_repo
+
+    repo = path or default_results_repo()
+    if repo.exists() and not repo.is_dir():
+        # Named as the user gave it: the option, the environment variable, or the default.
+        what = (f"--results-repo {str(repo)!r}" if path is not None else
+                f"$DSV4KIT_RESULTS_REPO {str(repo)!r}" if os.environ.get("DSV4KIT_RESULTS_REPO") else
+                f"the default results repository {str(repo)!r}")
+        _fail(exitcodes.USAGE, f"{what} is a file, not a directory: a results repository is a git "
+                               f"directory (give one with --results-repo DIR)")
+    doing(f"reading the results repository {repo}", "nothing was changed")
+    return repo
+
+
+def _fail(code: int, message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(repo: Path, ident: str) -> dict:
+    from dsv4kit.records.record import RecordError
+    from dsv4kit.records.results_repo import ResultsRepoError, read_record
+
+    try:
+        return read_record(repo, ident)
+    except (RecordError, ResultsRepoError) as exc:
+        _fail(exitcodes.USAGE, str(exc))
+
+
+@app.command("list")
+@interruptible("dsv4kit records list", "nothing was changed")
+def list_records(
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """List the records, oldest first: run id, tag, context, lengths, concurrency, validity."""
+    from dsv4kit.records.record import RecordError
+    from dsv4kit.records.results_repo import ResultsRepoError, list_records as entries_of, read_entry
+
+    repo = _repo(results_repo)
+    try:
+        entries = entries_of(repo)
+        rows = []
+        for entry in entries:
+            record = read_entry(repo, entry)
+            key = record["comparability_key"]
+            rows.append({"run_id": entry.run_id, "tag": entry.tag, "context_length": key["context_length"],
+                         "input_len": key["input_len"], "output_len": key["output_len"],
+                         "concurrency": key["concurrency"], "repeat": record["sweep"]["repeat"],
+                         "validity_passed": record["validity_passed"], "created_at_utc": record["created_at_utc"]})
+    except (RecordError, ResultsRepoError) as exc:
+        _fail(exitcodes.USAGE, str(exc))
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        typer.echo(f"no records in {repo}")
+        return
+    for row in rows:
+        typer.echo(f"{row['run_id']:<44} ctx {row['context_length']:<7} {row['input_len']}/{row['output_len']:<6} "
+                   f"C={','.join(map(str, row['concurrency'])):<10} x{row['repeat']} "
+                   f"{'valid' if row['validity_passed'] else 'INVALID points'}  {row['tag'] or '(untagged)'}")
+
+
+@app.command("show")
+@interruptible("dsv4kit records show", "nothing was changed")
+def show(
+    record_id: str = typer.Argument(..., metavar="ID", help="Run id, tag, unique prefix or record.json path."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the whole record as JSON on stdout."),
+) -> None:
+    """Show one record: provenance, the per-point gates, and the summary table."""
+    from dsv4kit.bench.sweep import format_summary
+
+    record = _load(_repo(results_repo), record_id)
+    if json_out:
+        typer.echo(json.dumps(record, indent=2))
+        return
+    sw, tk, gp, server = record["software"], record["toolkit"], record["gpus"], record["server"]
+    ds = record["client"]["dataset"]
+    typer.echo(f"{record['run_id']}  (tag {record['tag']}, schema {record['schema_version']})")
+    typer.echo(f"created {record['created_at_utc']}, {record['duration_wall_s']:.0f} s; toolkit "
+               f"{tk.get('version')} @ {str(tk.get('git_commit'))[:12]}{' (dirty)' if tk.get('git_dirty') else ''}")
+    gpu_text = (f"{gp.get('model')} x{gp.get('count')}, driver {gp.get('driver')}" if gp.get("model")
+                else f"unknown ({gp.get('reason') or 'not probed'})")
+    typer.echo(f"host {record['host'].get('name')}: GPUs {gpu_text}; serving on {gp.get('serving_count')}")
+    typer.echo(f"SGLang {sw.get('sglang_version')}, torch {sw.get('torch')} (CUDA {sw.get('torch_cuda')}), "
+               f"triton {sw.get('triton')}")
+    flags = sw.get("kernel_flags")
+    ran = flags if flags is not None else f"UNKNOWN ({sw.get('kernel_flags_reason')})"
+    typer.echo(f"kernel flags the servers ran with: {ran}; inventory: {sw.get('kernel_flags_configured')}")
+    typer.echo(f"model {record['model'].get('name')} @ {record['model'].get('revision')}; context length "
+               f"{server.get('context_length')}; launch args sha256 {str(server.get('launch_args_sha256'))[:12]}")
+    typer.echo(f"workload {ds['name']} {ds['input_len']}/{ds['output_len']} tokens, range ratio {ds['range_ratio']}, "
+               f"seed {record['client']['seed']}, prompts per point {record['client']['num_prompts']}")
+    typer.echo("")
+    for point in record["points"]:
+        v = point["validity"]
+        dec = point["derived"].get("decode_tok_s")
+        running = ((point.get("window") or {}).get("running") or {}).get("median")
+        typer.echo(f"C={point['max_concurrency']:<4} rep {point['repetition']}"
+                   f"{' arm ' + point['arm'] if point.get('arm') else ''}: "
+                   f"decode {'-' if dec is None else f'{dec:.1f}'} tok/s (running batch "
+                   f"{'-' if running is None else f'{running:g}'})  "
+                   f"{'valid' if v['passed'] else 'INVALID: ' + ', '.join(v['failed'])}")
+        for name in v["failed"]:
+            typer.echo(f"    {name}: {v['gates'][name]['detail']}")
+    typer.echo("")
+    if record.get("incomplete"):
+        typer.echo(f"INCOMPLETE: {record.get('incomplete_reason')}")
+    typer.echo(format_summary(record))
+    for note in record.get("notes") or []:
+        typer.echo(f"note: {note}")
+
+
+@app.command("compare")
+@interruptible("dsv4kit records compare", "nothing was changed")
+def compare_cmd(
+    old_id: str = typer.Argument(..., metavar="A", help="The old record (baseline)."),
+    new_id: str = typer.Argument(..., metavar="B", help="The new record."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
+    ignore: List[str] = typer.Option([], "--ignore", help="Comparability field allowed to differ (repeatable), e.g. context_length."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Compare B against A per metric and concurrency; exit 1 on a regression, 2 if not comparable,
+    7 if inconclusive (fewer than 3 valid repetitions a side, or too noisy to tell)."""
+    from dsv4kit.records.compare import compare, format_comparison
+
+    repo = _repo(results_repo)
+    old, new = _load(repo, old_id), _load(repo, new_id)
+    try:
+        result = compare(old, new, ignore=ignore)
+    except ValueError as exc:
+        _fail(exitcodes.USAGE, str(exc))
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        typer.echo(format_comparison(result))
+    raise typer.Exit(result.exit_code())
+
+
+@app.command("plot")
+@interruptible("dsv4kit records plot", "no plot was written")
+def plot_cmd(
+    record_ids: List[str] = typer.Argument(None, metavar="[IDS]...", help="Records to plot (default: all)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG file to write (checked for writability before any work)."),
+    old_out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Deprecated spelling of --output."),
+    metric: str = typer.Option("decode_tok_s", "--metric", help="decode_tok_s (default), output_throughput, decode_tok_s_per_gpu, ..."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
+) -> None:
+    """Write a PNG of tok/s against concurrency, one line per record (e.g. 8K vs 128K context)."""
+    from dsv4kit.records.plot import plot_records
+    from dsv4kit.records.record import SUMMARY_METRICS, RecordError
+    from dsv4kit.records.results_repo import ResultsRepoError, list_records as entries_of, read_entry
+
+    if old_out is not None:
+        deprecated("--out", "--output/-o")
+        if output is not None:
+            _fail(exitcodes.USAGE, "give --output once (--out is its deprecated spelling)")
+        output = old_out
+    if output is None:
+        _fail(exitcodes.USAGE, "give --output PATH (or -o PATH): the PNG file to write")
+    check_output(output)
+    out = output
+    if metric not in SUMMARY_METRICS:
+        _fail(exitcodes.USAGE, f"--metric {metric!r} is not one of {', '.join(SUMMARY_METRICS)}")
+    repo = _repo(results_repo)
+    if record_ids:
+        records = [_load(repo, ident) for ident in record_ids]
+    else:
+        try:
+            records = [read_entry(repo, e) for e in entries_of(repo)]
+        except (RecordError, ResultsRepoError) as exc:
+            _fail(exitcodes.USAGE, str(exc))
+        if not records:
+            _fail(exitcodes.USAGE, f"no records in {repo} to plot")
+    doing(f"drawing {out}", "no plot was written")
+    try:
+        path = plot_records(records, out, metric=metric)
+    except RuntimeError as exc:
+        _fail(exitcodes.ENVIRONMENT, str(exc))
+    typer.echo(f"wrote {path}")

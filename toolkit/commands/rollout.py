@@ -1,0 +1,160 @@
+"""``dsv4kit rollout``: the state of the kernel rollout in an SGLang venv.
+
+``dsv4kit rollout status`` reports on this interpreter's environment; with ``--python PATH`` it
+runs ``PATH -m dsv4kit.rollout status --json`` (the SGLang venv's interpreter, where the dsv4kit
+wheel is installed) under a timeout and renders that; with ``--host NAME`` it asks the box's venv
+over SSH, with the serving units' environment (:mod:`dsv4kit.rollout.remote`). The report itself lives in
+:mod:`dsv4kit.rollout.status`, which needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dsv4kit.core import exitcodes
+from dsv4kit.core.cli_common import JSON_HELP, check_hosts, doing, interruptible
+from dsv4kit.rollout.status import DEFAULT_DECISION_FILE, render, status_report
+
+app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status, plan.",
+                  no_args_is_help=True)
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _report_from(python: Path, timeout: float, decision: str = "") -> dict:
+    # Absolute (not resolved: a venv's python is a symlink out of the venv), since it runs from "/".
+    python = python.absolute()
+    if not python.exists():
+        _fail(f"--python {python}: no such file", exitcodes.USAGE)
+    if python.is_dir() or not os.access(python, os.X_OK):
+        _fail(f"--python {python}: not an executable interpreter", exitcodes.USAGE)
+    cmd = [str(python), "-m", "dsv4kit.rollout.status", "status", "--json", "--decision", decision]
+    doing(f"waiting for {python}'s report (it was stopped)")
+    try:
+        # cwd "/": "python -m" puts the working directory first on sys.path, and a source
+        # checkout there (its *.egg-info) would shadow the venv's installed dsv4kit metadata.
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, cwd="/")
+    except subprocess.TimeoutExpired:
+        _fail(f"{' '.join(cmd)} did not finish within {timeout:g}s (--timeout)", exitcodes.TIMEOUT)
+    except OSError as exc:
+        _fail(f"cannot run {python}: {exc}", exitcodes.ENVIRONMENT)
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        pass
+    stderr = (done.stderr or "").strip()
+    if "No module named dsv4kit" in stderr or "No module named 'dsv4kit" in stderr:
+        _fail(f"dsv4kit is not installed for {python}; install the wheel there with "
+              "'pip install --no-deps dsv4kit-*.whl'", exitcodes.ENVIRONMENT)
+    _fail(f"{' '.join(cmd)} exited {done.returncode} without a report:\n{stderr[-2000:]}",
+          exitcodes.TOOL_FAILED)
+    raise AssertionError("unreachable")
+
+
+@app.command("status")
+@interruptible("dsv4kit rollout status", "nothing was changed")
+def status(
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    python: Optional[Path] = typer.Option(
+        None, "--python", help="Interpreter of the SGLang venv to inspect (e.g. "
+        "/opt/sglang/venv/bin/python); it runs 'python -m dsv4kit.rollout status --json'. "
+        "Default: this interpreter.", dir_okay=False),
+    host: Optional[str] = typer.Option(
+        None, "--host", help="Inventory host to inspect over SSH (the SSH layer of dsv4kit validate): its "
+        "dsv4_venv_dir python, with the environment its serving units get."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="--host: accept and record an unknown host key (a changed key is always refused)."),
+    timeout: float = typer.Option(60.0, "--timeout", min=1.0,
+                                  help="Seconds to wait for the report of --python or --host."),
+    decision: Optional[str] = typer.Option(
+        None, "--decision", help="Decision file kernel_rollout wrote beside the flags: which report decided "
+        f"each flag, with its numbers ('' for none). Default: {DEFAULT_DECISION_FILE}; with --host, the "
+        "host's <dsv4_prefix>/etc/dsv4kit/kernel-decision.json."),
+) -> None:
+    """Which SGLang version, whether the dsv4kit plugin is installed, which flags are set, and
+    for each target whether it would be replaced or why not.
+
+    Reads SGLang's files (it imports nothing from SGLang); for a flag that is on, a child
+    process checks that the dsv4kit kernel modules import (they need torch and triton there).
+    Flags are read from the environment of the command: run it with the server's environment.
+    With --host NAME the box is asked over SSH (host key checked against known_hosts), its flags
+    read from the serving units' environment files.
+    Exit codes: 0 consistent (flagged targets replaced, or no flag set), 1 a flag is set but a
+    target would stay stock, 2 bad input, 3 host unreachable, 4 timeout, 5 SGLang or dsv4kit
+    missing there.
+    """
+    if python is not None and host is not None:
+        _fail("give --python or --host, not both", exitcodes.USAGE)
+    if not timeout < float("inf"):
+        _fail(f"--timeout must be a finite number of seconds, got {timeout}", exitcodes.USAGE)
+    if host is not None:
+        from dsv4kit.rollout.remote import environment_line, remote_report
+
+        target = check_hosts(inventory, host=host, trust_new_host_key=trust_new_host_key)[0]
+        doing(f"asking {target.name} over SSH", "the remote command was stopped; nothing was changed")
+        report = remote_report(target, timeout=timeout, trust_new_host_key=trust_new_host_key,
+                               say=lambda line: typer.echo(line, err=True), decision=decision)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            typer.echo(environment_line(report, target))
+            typer.echo(render(report))
+        raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
+    decision = DEFAULT_DECISION_FILE if decision is None else decision
+    report = (_report_from(python, timeout, decision) if python is not None
+              else status_report(decision_path=decision or None))
+    typer.echo(json.dumps(report, indent=2) if json_out else render(report))
+    raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
+
+
+@app.command("plan")
+@interruptible("dsv4kit rollout plan", "nothing was changed")
+def plan(
+    host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
+    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used)."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """The kernel flags provisioning would set on the host, and the report and numbers behind each.
+
+    'auto' flags (dsv4_kernel_flags) follow the kernel verdict of --from-report, else of the host's
+    latest report in --results-dir; with --from-report every kernel flag follows it. A report is
+    refused (exit 2) when it comes from another GPU model, driver or SGLang version than the host
+    has (read over SSH), its validation failed, or its verdict is missing or incomplete.
+    Exit codes: 0 planned, 2 bad input or a refused report, 3 host unreachable, 5 the host's GPU
+    or driver cannot be read.
+    """
+    from dsv4kit.rollout import plan as kernel_plan
+    from dsv4kit.core.inventory import InventoryError, load_inventory
+
+    try:
+        target = load_inventory(inventory).host(host)
+        target.check_connectable()
+        if from_report is not None:
+            # An explicit report decides every kernel flag, as 'auto' would.
+            target.vars = {**target.vars, "dsv4_kernel_flags": {
+                **(target.get("dsv4_kernel_flags") or {}),
+                **{flag: kernel_plan.AUTO for flag in kernel_plan._flags()}}}
+        result = kernel_plan.plan_host(target, results_dir=results_dir, from_report=from_report,
+                                       say=lambda line: typer.echo(line, err=True))
+    except (InventoryError, kernel_plan.PlanError) as exc:
+        code = getattr(exc, "exit_code", exitcodes.USAGE)
+        if json_out:  # the summary a script reads says it too
+            typer.echo(json.dumps({"host": host, "ok": False, "exit_code": code, "error": str(exc)}, indent=2))
+        _fail(str(exc), code)
+    if json_out:
+        typer.echo(json.dumps({**result, "ok": True, "exit_code": exitcodes.OK}, indent=2))
+    else:
+        typer.echo("\n".join(kernel_plan.render(result)))
+    raise typer.Exit(exitcodes.OK)

@@ -1,0 +1,76 @@
+"""``dsv4kit validate``: the kernel validation table, here (``--local``) or on a box (``--gpu N``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dsv4kit.core import exitcodes
+from dsv4kit.core.cli_common import doing, fail, interruptible
+
+
+@interruptible("dsv4kit validate")
+def validate(
+    ctx: typer.Context,
+    local: bool = typer.Option(False, "--local", help="Run on this machine: its GPU, or the Triton CPU interpreter when there is none."),
+    gpu: Optional[int] = typer.Option(None, "--gpu", min=0, help="Run on this GPU index of the box (CUDA_VISIBLE_DEVICES=N). With --host and no --gpu: the host's dsv4_validate_gpu."),
+    host: Optional[str] = typer.Option(None, "--host", help="Inventory host name to validate on (default with --gpu: the only host). Without --gpu, runs on its dsv4_validate_gpu."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Hard timeout in seconds for the remote run; the remote process group is killed past it."),
+    cases: Optional[str] = typer.Option(None, "--cases", help="Comma-separated SUITE or SUITE:SPEC items, e.g. 'indexer' or 'indexer:16x32x2048'. Default: every suite's default cases."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout (the table and progress go to stderr)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the report to this file (checked for writability before any work)."),
+    interpret: Optional[bool] = typer.Option(None, "--interpret/--no-interpret", help="Force (or forbid) Triton's CPU interpreter. Default for --local: the interpreter only when no GPU is visible. A remote run never falls back silently."),
+    installed: bool = typer.Option(False, "--installed", help="Remote: use the dsv4kit already rolled out into the box's SGLang venv instead of shipping this checkout's wheel."),
+    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Remote: accept and record an unknown host key (its fingerprint is printed and saved). A changed key is always refused."),
+    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Remote: where reports are kept, named by host, GPU and time."),
+    wheel: Optional[Path] = typer.Option(None, "--wheel", help="Remote: ship this prebuilt dsv4kit wheel instead of building one from this checkout."),
+    verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (see --ctx, --concurrency); `dsv4kit provision` takes 'auto' kernel flags from it."),
+    verdict_ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context length (tokens) of the verdict's decode shapes. Default: the host's dsv4_context_length (--local: 131072)."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Comma-separated decode batch sizes of the verdict (bench's concurrencies). Default: 1,16,64."),
+) -> None:
+    """Run the kernel validation table and exit non-zero on any failed case.
+
+    --local runs here. --gpu N runs on the box over SSH, in its SGLang venv, on GPU N;
+    --host H alone runs on H's inventory dsv4_validate_gpu.
+
+    Remote: this checkout's wheel goes to a scratch dir on the box (--installed: the rolled-out one).
+
+    Host keys are checked against known_hosts; reports go to --results-dir. See docs/validation.md.
+    """
+    if ctx.args:
+        fail(exitcodes.USAGE, f"unexpected argument(s) {' '.join(ctx.args)}: --json takes no value (it prints the "
+                              f"report on stdout); write the report to a file with --output PATH (-o PATH)")
+    if local and gpu is not None:
+        fail(exitcodes.USAGE, "give exactly one of --local or --gpu N")
+    if not local and gpu is None and host is None:
+        fail(exitcodes.USAGE, "give --local, --gpu N, or --host NAME (which runs on that host's "
+                              "dsv4_validate_gpu from the inventory)")
+    def print_report(report: dict) -> None:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+
+    def to_stderr(line: str) -> None:
+        typer.echo(line, err=True)
+
+    if local:
+        from dsv4kit.validate.local import run_local
+
+        raise typer.Exit(run_local(cases=cases, output=output, interpret=interpret, verdict=verdict, ctx=verdict_ctx,
+                                   concurrency=concurrency, emit=to_stderr if json_out else typer.echo,
+                                   on_report=print_report if json_out else None))
+
+    from dsv4kit.validate import remote as remote_validate
+
+    doing("validating on the box", "the remote process group was killed; no report was kept")
+    code = remote_validate.run(
+        gpu=gpu, host=host, inventory=inventory, timeout=timeout, cases=cases,
+        output_path=output, interpret=bool(interpret), installed=installed,
+        trust_new_host_key=trust_new_host_key, results_dir=results_dir, wheel=wheel,
+        output=remote_validate.Output(out=to_stderr, err=to_stderr) if json_out else None,
+        on_report=print_report if json_out else None,
+        verdict=verdict, ctx=verdict_ctx, concurrency=concurrency,
+    )
+    raise typer.Exit(code)

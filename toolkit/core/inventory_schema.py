@@ -1,0 +1,86 @@
+"""The schema of the dsv4kit inventory variables (``dsv4_*``), shared by every command.
+
+The inventory is an ordinary Ansible YAML inventory plus ``group_vars/`` and ``host_vars/``
+beside it. Ansible reads it for ``dsv4kit provision``; ``dsv4kit.core.inventory`` reads the same files
+for ``validate`` and ``bench`` and checks every ``dsv4_*`` variable against ``FIELDS``.
+
+Each entry: name -> (python type(s), description). Values are checked after merging
+all < group < host. Unknown ``dsv4_*`` names are errors (they are almost always typos).
+Host-level connection settings use Ansible's own names (``ansible_host``, ``ansible_port``, ...),
+listed in ``CONNECTION_FIELDS``.
+"""
+
+from __future__ import annotations
+
+# Pins and layout. The values themselves live in inventory/group_vars/all.yml, the one place
+# for versions; role defaults only document them.
+FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    # --- versions (all pins) ---
+    "dsv4_driver_branch": (str, "NVIDIA driver branch, open kernel modules (>= 580 for Blackwell)."),
+    "dsv4_cuda_keyring_version": (str, "Version of NVIDIA's cuda-keyring package (e.g. '1.1-1'), installed unless its source is there."),
+    "dsv4_cuda_version": (str, "CUDA toolkit version, e.g. '13.0' (apt package cuda-toolkit-13-0)."),
+    "dsv4_python_version": (str, "Python version of the SGLang venv, e.g. '3.12'."),
+    "dsv4_torch_version": (str, "torch version installed in the venv (must match SGLang's pin)."),
+    "dsv4_torch_index_url": (str, "Package index for the CUDA build of torch."),
+    "dsv4_triton_version": (str, "triton version installed in the venv."),
+    "dsv4_sglang_version": (str, "SGLang version; the kernels' rollout supports 0.5.23."),
+    "dsv4_sglang_router_version": (str, "sglang-router version (the PD router in front of prefill and decode)."),
+    "dsv4_flash_attn_version": (str, "flash-attn version built from source for sm_120."),
+    "dsv4_flash_attn_arch_list": (str, "TORCH_CUDA_ARCH_LIST for the flash-attn build, e.g. '12.0'."),
+    "dsv4_venv_packages": (list, "pip requirement specs installed into the SGLang venv; each 'name==version' is verified afterwards."),
+    # --- hardware and layout ---
+    "dsv4_gpu_present": (bool, "False on a GPU-less test target: GPU, kernel-module and reboot steps run in check mode."),
+    "dsv4_gpu_count": (int, "GPUs expected on the box (nvidia-smi -L / lspci)."),
+    "dsv4_prefill_gpus": (list, "GPU indices of the prefill server."),
+    "dsv4_decode_gpus": (list, "GPU indices of the decode server."),
+    "dsv4_validate_gpu": (int, "GPU `dsv4kit validate --host H` runs on when --gpu is not given (a decode GPU)."),
+    "dsv4_driver_skip_reboot": (bool, "Install the driver but never reboot; while a reboot is pending the playbook stops that host with a message."),
+    "dsv4_flash_attn_nvcc_threads": (int, "NVCC_THREADS for the flash-attn build; MAX_JOBS is derived from RAM (~5 GB per nvcc thread)."),
+    # --- host tuning ---
+    "dsv4_nvidia_uvm_options": (str, "Options line for the nvidia_uvm module (modprobe.d), e.g. 'uvm_disable_hmm=1'."),
+    "dsv4_nccl_env": (dict, "NCCL environment of the serving units on a PCIe box (name -> value)."),
+    # --- serving ---
+    "dsv4_model_path": (str, "Model directory on the box."),
+    "dsv4_model_repo": (str, "Hugging Face repository of the model, e.g. 'deepseek-ai/DeepSeek-V4-Flash'."),
+    "dsv4_model_revision": (str, "Model revision: the commit hash (40 hex digits) downloaded, verified and recorded in bench records."),
+    "dsv4_model_allow_unpinned": (bool, "Accept a branch name as dsv4_model_revision (the weights then follow the branch)."),
+    "dsv4_hf_token": (str, "Hugging Face token for the weights download (vault it); empty: HF_TOKEN from the environment, or none."),
+    "dsv4_context_length": (int, "--context-length of the servers, in tokens."),
+    "dsv4_router_port": (int, "Port of the router (the public endpoint)."),
+    "dsv4_router_open": (bool, "True: the router listens on every address (needs dsv4_router_api_key); false: 127.0.0.1 only."),
+    "dsv4_router_api_key": (str, "API key the router requires (a Vault value); empty: no key."),
+    "dsv4_prefill_port": (int, "Port of the prefill server."),
+    "dsv4_decode_port": (int, "Port of the decode server."),
+    "dsv4_disaggregation_bootstrap_port": (int, "--disaggregation-bootstrap-port of the prefill server."),
+    "dsv4_disaggregation_transfer_backend": (str, "--disaggregation-transfer-backend (KV transfer between prefill and decode)."),
+    "dsv4_cuda_graph_max_bs_decode": (int, "--cuda-graph-max-bs-decode of the decode server (>= the top bench concurrency)."),
+    "dsv4_mem_fraction_static": ((int, float), "--mem-fraction-static of both servers."),
+    "dsv4_max_running_requests": (int, "--max-running-requests of both servers."),
+    "dsv4_bench_slo_ttft_ms": ((int, float, type(None)), "bench goodput: the p99 TTFT limit (ms), recorded in every record; null: none."),
+    "dsv4_bench_slo_tpot_ms": ((int, float, type(None)), "bench goodput: the p99 TPOT limit (ms), recorded in every record; null: none."),
+    "dsv4_kernel_flags": (dict, "Environment flags that turn the dsv4kit kernels on (name -> '0'/'1', or 'auto': the host's latest validation verdict)."),
+    "dsv4_server_extra_args": (list, "Extra sglang.launch_server arguments, one list item each."),
+    "dsv4_service_user": (str, "System user that runs the serving units (created when missing; an existing user is left as is)."),
+    "dsv4_health_timeout": (int, "Seconds the playbook waits for /server_info after (re)starting the serving units."),
+    "dsv4_package_timeout": (int, "Seconds an apt, pip or package-repository task may run before Ansible stops it."),
+    # --- paths on the box ---
+    "dsv4_prefix": (str, "Root under which every dsv4kit path lives ('/' on a real box, a scratch dir in tests)."),
+    "dsv4_venv_dir": (str, "The SGLang venv (absolute path)."),
+    "dsv4_state_dir": (str, "dsv4kit state on the box: freeze files, build logs, cached wheels, scratch."),
+    # --- connection policy (control machine side) ---
+    "dsv4_known_hosts": (str, "known_hosts file used to verify host keys (fabric and ansible)."),
+    "dsv4_connect_timeout": ((int, float), "Seconds to wait for an SSH connection."),
+}
+
+CONNECTION_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "ansible_host": (str, "Address of the box."),
+    "ansible_port": (int, "SSH port."),
+    "ansible_user": (str, "SSH user."),
+    "ansible_ssh_private_key_file": (str, "Private key file for SSH."),
+    "ansible_become": (bool, "Use sudo for privileged tasks."),
+    "ansible_python_interpreter": (str, "Python Ansible uses on the box."),
+    "ansible_ssh_common_args": (str, "Extra ssh arguments for Ansible."),
+    "ansible_connection": (str, "Ansible connection plugin (ssh)."),
+}
+
+REQUIRED = ("dsv4_venv_dir", "dsv4_context_length", "dsv4_decode_port", "dsv4_gpu_count")

@@ -1,0 +1,1 @@
+"""Provisioning: the Ansible playbook run, its secrets, and the checks before it."""

@@ -1,0 +1,47 @@
+"""What ``dsv4kit provision`` does: check, resolve 'auto' kernel flags, run the playbook.
+
+``provision`` raises ``Abort`` with the documented exit code (2 bad inventory/options, 3 a host
+unreachable or its key unknown, 5 ansible-playbook missing) before Ansible runs; the summary's own
+``exit_code`` says how the play ended (6 a task failed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from dsv4kit.core import exitcodes
+from dsv4kit.core.cli_common import check_hosts, doing
+from dsv4kit.core.exitcodes import Abort
+
+
+def provision(path: Path, *, limit: Optional[Sequence[str]], tags: Optional[Sequence[str]],
+              skip_tags: Optional[Sequence[str]], check: bool, diff: bool, results_dir: Path,
+              ask_become_pass: bool, ask_vault_pass: bool, vault_id: Optional[Sequence[str]],
+              say: Callable[[str], None]):
+    """Run playbooks/site.yml on the inventory at ``path``; the play's ``Summary``."""
+    from dsv4kit.core.inventory import InventoryError, load_inventory
+    from dsv4kit.provision.playbook import ProvisionError, check_limit, check_tags, check_tools, run_playbook
+    from dsv4kit.provision.secrets import PlaybookSecrets
+    from dsv4kit.rollout.plan import PlanError, resolve_for_provision
+
+    try:
+        doing("checking the inventory and the options")
+        load_inventory(path)
+        check_limit(path, limit)
+        check_tags(check_tools(), tags=tags, skip_tags=skip_tags)
+        # The same checks as validate and bench: inventory, key files, known_hosts (exit 2 or 3).
+        check_hosts(path, limit=limit or [], trust_new_host_key=None)
+        doing("resolving 'auto' kernel flags from the hosts' validation reports")
+        extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, tags=tags,
+                                           skip_tags=skip_tags, say=say)
+        doing("running ansible-playbook", "ansible-playbook was stopped; the box may be partly provisioned "
+                                          "(every stage is idempotent: run provision again)")
+        secrets = PlaybookSecrets.ask(ask_become_pass=ask_become_pass, ask_vault_pass=ask_vault_pass,
+                                      vault_ids=vault_id)
+        return run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
+                            progress=say, extra_vars=extra_vars, secrets=secrets)
+    except (PlanError, ProvisionError) as exc:
+        raise Abort(exc.exit_code, str(exc)) from None
+    except InventoryError as exc:
+        raise Abort(exitcodes.USAGE, str(exc)) from None

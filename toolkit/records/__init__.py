@@ -1,0 +1,1 @@
+"""Bench records: the record, its provenance, the results repository, comparison, statistics, plots."""

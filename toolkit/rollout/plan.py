@@ -1,0 +1,345 @@
+"""Kernel flags that follow the evidence: resolve ``auto`` from the host's latest validation report.
+
+``dsv4_kernel_flags`` values are ``"1"``/``"0"`` (SGLang's boolean spellings) or ``"auto"``. An
+``auto`` flag takes the recommendation of the kernel verdict in a ``dsv4kit validate`` report
+(``validation/verdict.py``): on only where our kernel was correct and faster than SGLang's stock
+default at the host's decode shapes.
+
+Which report: ``--from-report PATH``, else the host's latest in the validation results directory
+(``dsv4kit validate --host H`` keeps ``<results-dir>/<host>-gpu<N>-<UTC stamp>.json``; the latest is
+the newest stamp). A host with no report at all gets ``"0"`` for its ``auto`` flags (stock SGLang
+until there is evidence). A report is refused (``PlanError``, exit 2) when it is not a validation
+report, its validation failed, its verdict is missing, skipped or incomplete, it lacks a target an
+``auto`` flag needs, or it was measured on another GPU model, driver or SGLang version than the
+host has: the host's GPU and driver are read over SSH (``probe_host``), its SGLang version must be
+both the one installed there and the inventory's pin, and the kernels it measured must be the ones
+this checkout ships (a digest of their sources).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from dsv4kit.core import exitcodes
+
+AUTO = "auto"
+DEFAULT_RESULTS_DIR = Path("results/validation")
+PROBE_TIMEOUT_S = 60.0
+_STAMP = re.compile(r"-gpu(\d+)-(\d{8}T\d{6}Z)(?:-(\d+))?\.json")  # after the host: see report_filename
+
+
+class PlanError(exitcodes.Abort):
+    """The plan cannot be made: a refused report (exit 2), host facts missing (5), unreachable (3)."""
+
+
+@dataclass
+class HostFacts:
+    """What the host runs now: GPU models by index, driver, installed SGLang version."""
+
+    gpus: dict = field(default_factory=dict)  # index -> model name
+    driver: Optional[str] = None
+    sglang: Optional[str] = None
+
+
+# --------------------------------------------------------------------------- finding reports
+def safe_host(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def host_reports(results_dir: Path, host_name: str) -> list[Path]:
+    """The host's reports in ``results_dir``, oldest first (by the UTC stamp in the name, not mtime)."""
+    pattern = re.compile(re.escape(safe_host(host_name)) + _STAMP.pattern)
+    found = []
+    if Path(results_dir).is_dir():
+        for path in Path(results_dir).iterdir():
+            match = pattern.fullmatch(path.name)
+            if match and path.is_file():
+                found.append(((match.group(2), int(match.group(3) or 1)), path))
+    return [p for _, p in sorted(found)]
+
+
+def latest_report(results_dir: Path, host_name: str) -> Optional[Path]:
+    reports = host_reports(results_dir, host_name)
+    return reports[-1] if reports else None
+
+
+def load_report(path: Path) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PlanError(exitcodes.USAGE, f"report {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        report = json.loads(text)
+    except ValueError as exc:
+        raise PlanError(exitcodes.USAGE, f"report {str(path)!r} is not JSON: {exc}") from None
+    if not isinstance(report, dict) or report.get("kind") != "dsv4kit-validation":
+        raise PlanError(exitcodes.USAGE, f"report {str(path)!r} is not a dsv4kit validation report")
+    return report
+
+
+# --------------------------------------------------------------------------- host facts
+_PROBE = r"""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  timeout -k 5 30 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu=/'
+else
+  echo gpu_error=nvidia-smi not found
+fi
+if [ -x {python} ]; then
+  timeout -k 5 60 {python} -c 'import importlib.metadata as m
+try:
+    print("sglang=" + m.version("sglang"))
+except m.PackageNotFoundError:
+    print("sglang=")' 2>&1 | tail -n 1
+else
+  echo sglang=
+fi
+"""
+
+
+def parse_probe(text: str) -> tuple[HostFacts, list[str]]:
+    facts, notes = HostFacts(), []
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == "gpu":
+            parts = [p.strip() for p in value.split(",")]
+            if len(parts) == 3 and parts[0].isdigit():
+                facts.gpus[int(parts[0])] = parts[1]
+                facts.driver = facts.driver or parts[2]
+            else:
+                notes.append(value.strip())
+        elif key == "gpu_error":
+            notes.append(value.strip())
+        elif key == "sglang":
+            facts.sglang = value.strip() or None
+    return facts, notes
+
+
+def probe_host(host) -> HostFacts:
+    """GPU models and driver (nvidia-smi) and the venv's SGLang version, over SSH."""
+    from dsv4kit.core import ssh
+
+    try:
+        with ssh.open_session(host, trust_new_host_key=False, say=lambda s: None) as session:
+            result = session.run(_PROBE.replace("{python}", shlex.quote(host.venv_python)),
+                                 timeout=PROBE_TIMEOUT_S, check=False)
+    except ssh.RemoteError as exc:
+        raise PlanError(exc.exit_code, f"cannot read {host.name}'s GPU, driver and SGLang version: {exc}") from None
+    facts, notes = parse_probe(result.stdout)
+    if not facts.gpus or not facts.driver:
+        raise PlanError(exitcodes.ENVIRONMENT,
+                        f"cannot tell {host.name}'s GPU model and driver ({'; '.join(notes) or 'nvidia-smi said nothing'}): "
+                        "an auto kernel flag needs them to match the report; provision the driver first "
+                        "(kernel flags stay as set) or set the flags to '0'/'1'")
+    return facts
+
+
+# --------------------------------------------------------------------------- checking a report
+def content_problems(report: dict, needed_targets: list[str]) -> list[str]:
+    """Why this report cannot decide any host's auto flags, from the report alone (empty: it can)."""
+    problems = []
+    if not report.get("passed"):
+        problems.append("its validation table failed (a kernel case did not pass)")
+    verdict = report.get("verdict")
+    if not isinstance(verdict, dict):
+        return problems + ["it has no kernel verdict (made by a dsv4kit validate without the verdict step)"]
+    status = verdict.get("status")
+    if status != "complete":
+        problems.append(f"its kernel verdict is {status or 'unreadable'}"
+                        + (f": {verdict.get('reason')}" if verdict.get("reason") else ""))
+    targets = verdict.get("targets") or {}
+    missing = [t for t in needed_targets if t not in targets]
+    if missing and status == "complete":
+        problems.append(f"its verdict has no {', '.join(missing)} target (validated with --cases?)")
+    return problems
+
+
+def identity_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin: Optional[str]) -> list[str]:
+    """Where the report's GPU model, driver or SGLang version differ from the host's (empty: none)."""
+    problems = []
+    ident = (report.get("verdict") or {}).get("identity") or {}
+    gpu_index = (report.get("remote") or {}).get("gpu")
+    host_gpu = facts.gpus.get(gpu_index) if gpu_index in facts.gpus else (
+        next(iter(facts.gpus.values())) if facts.gpus else None)
+    if ident.get("gpu") != host_gpu:
+        problems.append(f"it was measured on GPU {ident.get('gpu')!r}, {host_name} has {host_gpu!r}")
+    if ident.get("driver") != facts.driver:
+        problems.append(f"it was measured on driver {ident.get('driver')!r}, {host_name} has {facts.driver!r}")
+    if ident.get("sglang") != facts.sglang:
+        problems.append(f"it was measured with SGLang {ident.get('sglang')!r}, {host_name} has "
+                        f"{facts.sglang or 'no SGLang'!r} installed")
+    elif sglang_pin is not None and ident.get("sglang") != sglang_pin:
+        problems.append(f"it was measured with SGLang {ident.get('sglang')!r}, the inventory pins "
+                        f"dsv4_sglang_version {sglang_pin!r} (provisioning would change it)")
+    from dsv4kit.validation.verdict_run import kernels_digest
+
+    shipped = kernels_digest()
+    if ident.get("kernels_sha256") != shipped:
+        problems.append(f"it measured other dsv4kit kernels (sources sha256 {str(ident.get('kernels_sha256'))[:12]}) "
+                        f"than this checkout ships ({str(shipped)[:12]})")
+    return problems
+
+
+# --------------------------------------------------------------------------- the plan
+def _target_of(flag: str) -> Optional[str]:
+    from dsv4kit.validation.verdict import FLAGS
+
+    return next((t for t, f in FLAGS.items() if f == flag), None)
+
+
+def auto_flags(flags: dict) -> list[str]:
+    return [name for name, value in (flags or {}).items() if str(value).strip().lower() == AUTO]
+
+
+def plan_host(host, *, results_dir: Path = DEFAULT_RESULTS_DIR, from_report: Optional[Path] = None,
+              probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None) -> dict:
+    """The kernel flags for ``host`` (an inventory Host), each with where its value came from.
+
+    Returns {"host", "flags": {FLAG: value}, "decisions": {FLAG: {...}}, "report": {...} or None}.
+    Raises PlanError when a report is refused or the host's facts cannot be read.
+    """
+    configured = dict(host.get("dsv4_kernel_flags") or {})
+    autos = auto_flags(configured)
+    plan = {"host": host.name, "flags": {}, "decisions": {}, "report": None}
+    for name, value in configured.items():
+        if name not in autos:
+            plan["flags"][name] = str(value)
+            plan["decisions"][name] = {"value": str(value), "source": "inventory",
+                                       "why": "set in dsv4_kernel_flags"}
+    if not autos and from_report is None:
+        return plan
+    unknown = [f for f in autos if _target_of(f) is None]
+    if unknown:
+        raise PlanError(exitcodes.USAGE, f"{host.name}: 'auto' is only known for the kernel flags "
+                                         f"{', '.join(sorted(_flags()))}, not {', '.join(unknown)}")
+    path = Path(from_report) if from_report is not None else latest_report(results_dir, host.name)
+    if path is None:
+        for name in autos:
+            plan["flags"][name] = "0"
+            plan["decisions"][name] = {
+                "value": "0", "source": "no report",
+                "why": f"no validation report for {host.name} in {results_dir}: stock SGLang until "
+                       f"`dsv4kit validate --host {host.name}` has measured the kernels"}
+        say(f"{host.name}: no validation report in {results_dir}; auto kernel flags stay stock (0)")
+        return plan
+    report = load_report(path)
+    problems = content_problems(report, [_target_of(f) for f in autos])
+    if not problems:  # only a usable report is worth an SSH connection
+        facts = (probe or probe_host)(host)
+        problems = identity_problems(report, host.name, facts, host.get("dsv4_sglang_version"))
+    if problems:
+        raise PlanError(exitcodes.USAGE, f"{host.name}: report {path} refused: " + "; ".join(problems)
+                        + f". Run `dsv4kit validate --host {host.name}` on the host as it is now, "
+                          "or set the kernel flags to '0'/'1' in dsv4_kernel_flags")
+    verdict = report["verdict"]
+    remote = report.get("remote") or {}
+    plan["report"] = {"path": str(path), "name": Path(path).name,
+                      "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+                      "measured_on": remote.get("host"), "gpu_index": remote.get("gpu"),
+                      "started_utc": remote.get("started_utc"), "identity": verdict.get("identity"),
+                      "shapes": verdict.get("shapes")}
+    if remote.get("host") not in (None, host.name):
+        say(f"{host.name}: report {Path(path).name} was measured on {remote.get('host')} (same GPU, driver, SGLang)")
+    for name in autos:
+        body = verdict["targets"][_target_of(name)]
+        plan["flags"][name] = body["flag_value"]
+        plan["decisions"][name] = {
+            "value": body["flag_value"], "source": "report", "report": Path(path).name,
+            "recommend": body["recommend"], "why": "; ".join(body.get("reasons", [])),
+            "stock_default": body.get("stock_default"),
+            "numbers": [{k: c.get(k) for k in ("shape", "ours_us", "stock_us", "ratio", "outcome", "ours_correct")}
+                        for c in body.get("comparisons", [])]}
+    return plan
+
+
+def _flags() -> list[str]:
+    from dsv4kit.validation.verdict import FLAGS
+
+    return list(FLAGS.values())
+
+
+def render(plan: dict) -> list[str]:
+    lines = [f"{plan['host']}: kernel flags"]
+    if plan.get("report"):
+        r = plan["report"]
+        ident = r.get("identity") or {}
+        lines.append(f"  from report {r['path']} ({r.get('measured_on')} GPU {r.get('gpu_index')}, "
+                     f"{r.get('started_utc')}; {ident.get('gpu')}, driver {ident.get('driver')}, "
+                     f"SGLang {ident.get('sglang')})")
+    for name, d in plan["decisions"].items():
+        lines.append(f"  {name}={d['value']}  [{d['source']}] {d.get('why', '')}")
+        for n in d.get("numbers", []):
+            ours = "-" if n["ours_us"] is None else f"{n['ours_us']:.1f}"
+            stock = "-" if n["stock_us"] is None else f"{n['stock_us']:.1f}"
+            lines.append(f"      {n['shape']:<28} dsv4kit {ours:>8} us  {d.get('stock_default')} {stock:>8} us  "
+                         f"{n['outcome']}")
+    return lines
+
+
+def extra_vars(plans: list[dict]) -> dict:
+    """The ansible extra-vars that carry the resolved flags and decisions to kernel_rollout, per host."""
+    return {"kernel_rollout_plan": {p["host"]: {"flags": p["flags"], "decision": {
+        "report": p.get("report"), "flags": p["decisions"]}} for p in plans}}
+
+
+def plan_inventory(inventory_path, *, limit=None, results_dir: Path = DEFAULT_RESULTS_DIR,
+                   probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """A plan for every host (of ``limit``'s plain names, when given) whose kernel flags hold ``auto``."""
+    from dsv4kit.core.inventory import load_inventory
+
+    inventory = load_inventory(inventory_path)
+    names = [n.strip() for value in ([limit] if isinstance(limit, str) else (limit or []))
+             for n in value.split(",") if n.strip()]
+    if any(set(n) & set("*?:!&~[]^") for n in names):
+        names = []  # an Ansible pattern: resolve every host rather than guess which it selects
+    plans = []
+    for host in inventory.hosts.values():
+        if names and not ({host.name, *host.groups} & set(names)):
+            continue
+        if auto_flags(host.get("dsv4_kernel_flags") or {}):
+            plans.append(plan_host(host, results_dir=results_dir, probe=probe, say=say))
+    return plans
+
+
+STAGE = "kernel_rollout"
+
+
+def stage_runs(tags=None, skip_tags=None) -> bool:
+    """Whether ``--tags``/``--skip-tags`` let the kernel_rollout stage (which writes the flags) run."""
+    def names(values):
+        values = [values] if isinstance(values, str) else (values or [])
+        return {n.strip() for v in values for n in v.split(",") if n.strip()}
+
+    chosen, skipped = names(tags), names(skip_tags)
+    if STAGE in skipped:
+        return False
+    return not chosen or bool(chosen & {STAGE, "all", "untagged"} | (chosen - _KNOWN_NON_ROLLOUT))
+
+
+# Tags that never select kernel_rollout (the other stages); anything else (a pattern, "tagged")
+# might, and is resolved to be safe.
+_KNOWN_NON_ROLLOUT = {"preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
+                      "sglang_service", "never", "always"}
+
+
+def resolve_for_provision(inventory_path, *, limit=None, results_dir: Path = DEFAULT_RESULTS_DIR,
+                          tags=None, skip_tags=None, probe: Optional[Callable] = None,
+                          say: Callable[[str], None] = lambda s: None) -> Optional[dict]:
+    """``dsv4kit provision``'s step before Ansible: the extra-vars for the hosts' ``auto`` flags, or None.
+
+    Nothing is resolved (no report read, no SSH) when the tags leave kernel_rollout out: a driver
+    upgrade alone must not be stopped by a report that the new driver makes stale.
+    """
+    if not stage_runs(tags, skip_tags):
+        return None
+    plans = plan_inventory(inventory_path, limit=limit, results_dir=results_dir,
+                           probe=probe, say=say)
+    for plan in plans:
+        for line in render(plan):
+            say(line)
+    return extra_vars(plans) if plans else None

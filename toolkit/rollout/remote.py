@@ -1,0 +1,96 @@
+"""``dsv4kit rollout status --host NAME``: the rollout report of a box, over the SSH layer of
+``dsv4kit validate`` (``dsv4kit.core.ssh``: verified host keys, remote commands under a timeout).
+
+On the box, the venv python (``dsv4_venv_dir``) reads the environment the serving units get (the
+``EnvironmentFile=`` and ``Environment=`` lines of ``<dsv4_prefix>/etc/systemd/system/dsv4-server*.service``),
+then builds ``dsv4kit.rollout.status.status_report()`` as ``python -m dsv4kit.rollout status`` would with
+the server's environment. The report says which files its flags came from (``environment_from``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Callable, Optional
+
+from dsv4kit.core import exitcodes
+from dsv4kit.core.exitcodes import Abort
+
+# Runs on the box with the venv python; standard library plus the installed dsv4kit only.
+_BOX_SCRIPT = r'''
+import glob, json, os, sys
+try:
+    from dsv4kit.core.unit_env import read_unit
+    from dsv4kit.rollout.status import status_report
+except ImportError as exc:
+    print(json.dumps({"dsv4kit_missing": str(exc)}))
+    sys.exit(0)
+used = []
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "dsv4-server*.service"))):
+    try:
+        unit = read_unit(path)
+    except OSError:
+        continue
+    used += [path, *unit["env_files"]]
+    os.environ.update(unit["env"])
+try:  # the decision file kernel_rollout wrote beside the flags (a dsv4kit before it has no such argument)
+    report = status_report(decision_path=sys.argv[2] or None)
+except TypeError:
+    report = status_report()
+report["environment_from"] = used
+print(json.dumps(report))
+'''
+
+
+def unit_dir(host) -> str:
+    prefix = str(host.get("dsv4_prefix") or "/").rstrip("/")
+    return f"{prefix}/etc/systemd/system"
+
+
+def decision_file(host) -> str:
+    prefix = str(host.get("dsv4_prefix") or "/").rstrip("/")
+    return f"{prefix}/etc/dsv4kit/kernel-decision.json"
+
+
+def remote_report(host, *, timeout: float, trust_new_host_key: bool = False,
+                  say: Optional[Callable[[str], None]] = None, decision: Optional[str] = None) -> dict:
+    """The box's rollout report; Abort with 3 (unreachable), 4 (timeout), 5 (no venv python or
+    no dsv4kit there) or 6 (no report came back)."""
+    from dsv4kit.core import ssh
+
+    python = host.venv_python
+    units = unit_dir(host)
+    command = (f"if [ ! -x {shlex.quote(python)} ]; then echo __no_python__; exit 0; fi; "
+               f"{shlex.quote(python)} -c {shlex.quote(_BOX_SCRIPT)} {shlex.quote(units)} "
+               f"{shlex.quote(decision_file(host) if decision is None else decision)}")
+    try:
+        with ssh.open_session(host, trust_new_host_key=trust_new_host_key, say=say) as session:
+            result = session.run(command, timeout=timeout, cwd="/", check=False)
+    except ssh.RemoteError as exc:
+        raise Abort(exc.exit_code, str(exc)) from None
+    out = result.stdout.strip()
+    if out == "__no_python__":
+        raise Abort(exitcodes.ENVIRONMENT, f"no venv python on {host.name}: {python} does not exist or is not "
+                                           f"executable (provision the box first: dsv4kit provision)")
+    try:
+        report = json.loads(out.splitlines()[-1]) if out else None
+    except ValueError:
+        report = None
+    if not isinstance(report, dict):
+        tail = (result.stderr.strip() or out)[-2000:]
+        raise Abort(exitcodes.TOOL_FAILED, f"{python} on {host.name} exited {result.exit_code} without a "
+                                           f"report" + (f":\n{tail}" if tail else ""))
+    if "dsv4kit_missing" in report:
+        raise Abort(exitcodes.ENVIRONMENT, f"dsv4kit is not installed in {host['dsv4_venv_dir']} on {host.name} "
+                                           f"({report['dsv4kit_missing']}); roll it out with dsv4kit provision "
+                                           f"--tags kernel_rollout")
+    report["host"] = host.name
+    return report
+
+
+def environment_line(report: dict, host) -> str:
+    used = report.get("environment_from") or []
+    if used:
+        return f"Flags read from the serving units' environment on {host.name}: {', '.join(used)}"
+    return (f"No dsv4-server unit under {unit_dir(host)} on {host.name}: flags read from the SSH login "
+            f"environment")
