@@ -189,7 +189,7 @@ def good_evidence(concurrency: int, *, meta_keys=("prompt_tokens", "completion_t
 
 
 def point_expectation(n: int, isl: int, osl: int, concurrency: int, startup_time: float | None = 1.0):
-    from dsv4kit.bench_gates import PointExpectation
+    from dsv4kit.bench.gates import PointExpectation
 
     return PointExpectation(n, isl, osl, concurrency, startup_time, max_running_requests=256,
                             max_total_num_tokens=1_000_000)
@@ -212,8 +212,8 @@ def synthetic_record(run_id: str, decode: dict, *, context_length: int = 4096, i
 
     ``invalid`` lists (C, repetition) points to mark as failing a gate.
     """
-    from dsv4kit.bench_gates import GateConfig, evaluate
-    from dsv4kit.records import KIND, SCHEMA_VERSION, comparability_key, derive, split_client_line, summarize_points
+    from dsv4kit.bench.gates import GateConfig, evaluate
+    from dsv4kit.records.record import KIND, SCHEMA_VERSION, comparability_key, derive, split_client_line, summarize_points
 
     points = []
     for c, values in sorted(decode.items()):
@@ -250,8 +250,8 @@ def synthetic_record(run_id: str, decode: dict, *, context_length: int = 4096, i
 
 def publish_record(repo: Path, record: dict) -> None:
     """Put a (synthetic) record into a results repository the way ``dsv4kit bench`` does."""
-    from dsv4kit.records import dumps
-    from dsv4kit.results_repo import publish
+    from dsv4kit.records.record import dumps
+    from dsv4kit.records.results_repo import publish
 
     publish(repo, run_id=record["run_id"], tag=record["tag"],
             files={f"records/{record['run_id']}/record.json": dumps(record).encode()}, message=f"bench {record['run_id']}")

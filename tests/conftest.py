@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-# No GPU in the test process: kernels that run in it (the validation table of tests/test_kernel_plan.py)
+# No GPU in the test process: kernels that run in it (the validation table of tests/rollout/test_kernel_plan.py)
 # run on Triton's interpreter, which Triton reads when it and a kernel module are first imported, so
 # it is set before any test module imports them. Ahead-of-time builds and other runs that must not
 # interpret start subprocesses without it.

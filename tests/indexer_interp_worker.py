@@ -1,6 +1,6 @@
 """Runs the indexer kernel through Triton's CPU interpreter and prints JSON results.
 
-Run in a subprocess by tests/test_indexer_kernel.py: TRITON_INTERPRET must be set before the kernel
+Run in a subprocess by tests/kernels/test_indexer_kernel.py: TRITON_INTERPRET must be set before the kernel
 module is imported (Triton reads it at decoration time), which a shared pytest process cannot
 guarantee.
 """

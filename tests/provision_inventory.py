@@ -45,7 +45,7 @@ def write_loopback_inventory(directory: Path, sshd, prefix: Path, *, host: str =
     })
     all_vars.update(overrides or {})
     (directory / "group_vars/all.yml").write_text(yaml.safe_dump(all_vars, sort_keys=False))
-    # The weights stage needs a hub: tests/test_model_weights.py runs it against its stand-in.
+    # The weights stage needs a hub: tests/provision/test_model_weights.py runs it against its stand-in.
     group_vars = {"preflight_supported_os": TEST_SUPPORTED_OS, "model_weights_enabled": False, **(role_vars or {})}
     (directory / "group_vars/dsv4_boxes.json").write_text(json.dumps(group_vars, indent=2))
     hosts = {host: {

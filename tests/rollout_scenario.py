@@ -1,6 +1,6 @@
 """Runs SGLang 0.5.23's real plugin loader in a fresh process and prints what happened as JSON.
 
-Used by tests/test_rollout_sglang.py: ``python tests/rollout_scenario.py CALL...`` inside a test
+Used by tests/rollout/test_rollout_sglang.py: ``python tests/rollout_scenario.py CALL...`` inside a test
 venv where the real SGLang wheel is on PYTHONPATH and the dsv4kit wheel is (or is not) installed.
 It calls ``sglang.srt.plugins.load_plugins()`` exactly as SGLang's scheduler process does, then
 reports, per target, whether the module attribute SGLang looks up at call time was replaced, and
@@ -173,7 +173,7 @@ def main(calls) -> dict:
         except Exception as exc:  # reported, the test decides
             report["calls"][name] = {"error": f"{type(exc).__name__}: {exc}"}
     try:
-        from dsv4kit.sglang_plugin import rollout_state
+        from dsv4kit.rollout.plugin import rollout_state
 
         report["plugin_state"] = rollout_state()
     except ImportError:

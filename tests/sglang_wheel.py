@@ -169,8 +169,8 @@ def pip_into(python: Path, *args: str, timeout: float = 300) -> subprocess.Compl
 
 
 def build_dsv4kit_wheel(dest: Path) -> Path:
-    """``pip wheel --no-deps`` of this checkout (sources copied first; see dsv4kit.wheelbuild)."""
-    from dsv4kit.wheelbuild import build_wheel
+    """``pip wheel --no-deps`` of this checkout (sources copied first; see dsv4kit.core.wheelbuild)."""
+    from dsv4kit.core.wheelbuild import build_wheel
 
     return build_wheel(dest).path
 
