@@ -92,9 +92,28 @@ def _bound_names(path: Path) -> set[str]:
     return names
 
 
-def _imports(path: Path):
-    """(line, imported module, names or None) for every dsv4kit import in ``path``, lazy ones too."""
-    for node in ast.walk(ast.parse(path.read_text())):
+def _string_value(node) -> str | None:
+    """A string literal's text; an f-string's with each {field} as ``_`` (so a script still parses)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "_" for v in node.values)
+    return None
+
+
+def _imports(path: Path, source: str | None = None):
+    """(line, imported module, names or None) for every dsv4kit import in ``path``, lazy ones too,
+    and in the Python code strings it runs (``python -c`` scripts, box-side scripts)."""
+    tree = ast.parse(path.read_text() if source is None else source)
+    for node in ast.walk(tree):
+        code = _string_value(node) if source is None else None
+        if code and "dsv4kit" in code and "import" in code:
+            try:
+                ast.parse(code)
+            except SyntaxError:
+                continue
+            for line, module, names in _imports(path, code):
+                yield node.lineno, module, names
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "dsv4kit":
@@ -274,8 +293,9 @@ def test_box_side_modules_import_only_the_standard_library_at_top_level(module):
 def test_the_checker_sees_a_broken_import(tmp_path, monkeypatch):
     """The static check is not vacuous: a misspelt module and a missing name are both reported."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from dsv4kit.bench import no_such_module\nfrom dsv4kit.core.exitcodes import NOPE\n"
-                   "import dsv4kit.rollout.nothing\n")
+    # Split so that this file's own strings are no code the check would read.
+    bad.write_text("from dsv4kit.bench import " + "no_such_module\n" + "from dsv4kit.core.exitcodes import " + "NOPE\n"
+                   + "import " + "dsv4kit.rollout.nothing\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     with pytest.raises(AssertionError) as info:
         test_every_dsv4kit_import_resolves_statically(bad)

@@ -338,7 +338,7 @@ def test_cli_status_in_process(site):
 def _register_in_subprocess(env):
     code = ("import json, logging\n"
             "logging.basicConfig(format='%(levelname)s %(message)s')\n"
-            "from dsv4kit import sglang_plugin as p\n"
+            "from dsv4kit.rollout import plugin as p\n"
             "p.register(); p.register()\n"
             "print(json.dumps(p.rollout_state()))\n")
     full = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "PYTHON"))}

@@ -280,7 +280,7 @@ def test_interrupt_kills_the_remote_run_and_keeps_nothing(box):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from dsv4kit import remote_validate\n"
+        "from dsv4kit.validate import remote as remote_validate\n"
         f"sys.exit(remote_validate.run(gpu=0, inventory=Path({str(inventory)!r}), timeout=300, "
         f"cases={CASE!r}, interpret=True, installed=True, results_dir=Path({str(results)!r}), "
         f"_test_remote_sleep_s={float(sleep)}))\n"
