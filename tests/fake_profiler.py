@@ -44,10 +44,9 @@ def _text(status: int, text: str):
 
 def fp8_paged_mqa_logits_torch_sm120(torch, batch: int, context_length: int):
     """What the torch fallback does: score every position of the configured context, every step."""
-    positions = max(context_length // 4, 64)
-    k = torch.ones(batch, positions // 64, 64, 64)
-    q = torch.ones(batch, 64, 64)
-    scores = torch.bmm(k.view(batch, -1, 64), q).clamp_min(0)
+    k = torch.ones(batch, context_length, 128)  # every position of the context, whatever the request's length
+    q = torch.ones(batch, 128, 64)
+    scores = torch.bmm(k, q).clamp_min(0)
     return scores.sum(-1)
 
 

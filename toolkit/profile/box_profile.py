@@ -2,7 +2,7 @@
 
 Standard library only. ``run`` starts the bench client (the argv after ``--``) as the load, waits
 until the decode server's ``/metrics`` shows at least ``--min-running`` requests running and none
-queued, reads the unprofiled decode throughput (``sglang:gen_throughput``), then asks the decode
+queued (after the client's warm-up), reads the unprofiled decode throughput (``sglang:gen_throughput``), then asks the decode
 server for ``--num-steps`` steps of profile (``POST /start_profile``, SGLang 0.5.23's ProfileReq
 fields) and waits for one trace per TP rank (``<profile_id>-TP-<rank>[-DP-..][-PP-..][-EP-..]
 .trace.json.gz`` in ``--out-dir``). Each trace is size-checked while it is written. On any
@@ -105,9 +105,21 @@ def traces(out_dir: str, profile_id: str) -> list:
                   if not p.endswith(".tmp"))
 
 
-def wait_steady(args, client) -> float:
-    """Until running >= min_running and nothing queued three polls in a row; then the median
-    gen_throughput over ``--settle`` seconds (the unprofiled decode tok/s)."""
+#: The bench client prints this once its warm-up is over, before the measured run.
+MAIN_RUN_MARKER = "Starting main benchmark run"
+
+
+def _main_run_started(log_path: str) -> bool:
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            return MAIN_RUN_MARKER in fh.read()
+    except OSError:
+        return False
+
+
+def wait_steady(args, client, log_path: str) -> float:
+    """Once the client's measured run began: until running >= min_running and nothing queued three
+    polls in a row; then the median gen_throughput over ``--settle`` s (the unprofiled decode tok/s)."""
     deadline = time.monotonic() + args.steady_timeout
     good = 0
     while good < 3:
@@ -117,7 +129,7 @@ def wait_steady(args, client) -> float:
             raise Stop("timeout", f"the load did not reach {args.min_running} running requests with none queued "
                                   f"within {args.steady_timeout:g}s")
         try:
-            m = metrics(args.port)
+            m = metrics(args.port) if _main_run_started(log_path) else {"num_running_reqs": 0, "num_queue_reqs": 1}
         except (OSError, urllib.error.URLError):
             m = {"num_running_reqs": 0, "num_queue_reqs": 1}
         good = good + 1 if m["num_running_reqs"] >= args.min_running and m["num_queue_reqs"] == 0 else 0
@@ -165,7 +177,8 @@ def cmd_run(args) -> dict:
     parent = os.path.dirname(os.path.abspath(args.out_dir))
     os.chmod(parent, os.stat(parent).st_mode | 0o011)
     argv = args.client[1:] if args.client[:1] == ["--"] else args.client
-    log = open(os.path.join(parent, "profile-client.log"), "w")
+    log_path = os.path.join(parent, "profile-client.log")
+    log = open(log_path, "w")
     client = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     started = False
     result: dict = {"ok": False}
@@ -176,7 +189,7 @@ def cmd_run(args) -> dict:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
-        tok_s = wait_steady(args, client)
+        tok_s = wait_steady(args, client, log_path)
         start_profile(args.port, args.out_dir, args.profile_id, args.num_steps)
         started = True
         files = [_compress(p) for p in wait_traces(args)]

@@ -193,7 +193,7 @@ def _tail(session, path: str) -> str:
     return result.stdout.strip() or "(empty)"
 
 
-def ensure_context(remote, host, ctx: int, p: ProfilePlan, progress: Say, env) -> None:
+def ensure_context(remote, host, ctx: int, p: ProfilePlan, progress: Say, env, restart=None) -> None:
     decode_port = int(host["dsv4_decode_port"])
     current = sweep._context_of(remote.server_info(decode_port, env))
     if current == ctx:
@@ -202,15 +202,16 @@ def ensure_context(remote, host, ctx: int, p: ProfilePlan, progress: Say, env) -
         raise Abort(exitcodes.ENVIRONMENT, f"{host.name}: the decode server runs with context length {current}, "
                                            f"not {ctx}, and --no-restart was given")
     progress(f"decode server context length is {current}; restarting the serving units with {ctx}...")
-    sweep.default_restart(p.inventory_path, host, ctx, progress, p.request.server_timeout)
+    (restart or sweep.default_restart)(p.inventory_path, host, ctx, progress, p.request.server_timeout)
     ports = sorted({int(x) for x in (host.get("dsv4_router_port"), host.get("dsv4_prefill_port"), decode_port) if x})
     remote.wait_health(ports, p.request.server_timeout, env)
     if sweep._context_of(remote.server_info(decode_port, env)) != ctx:
         raise Abort(exitcodes.ENVIRONMENT, f"{host.name}: after the restart the decode server does not run with {ctx}")
 
 
-def execute(p: ProfilePlan, progress: Say) -> dict:
-    """Connect, profile each context, and return {"profiles": [...], "context_tax": ... or None}."""
+def execute(p: ProfilePlan, progress: Say, restart: Optional[Callable] = None) -> dict:
+    """Connect, profile each context, and return {"profiles": [...], "context_tax": ... or None,
+    "gate", "exit_code"}. ``restart`` replaces the playbook restart (``sweep.default_restart``)."""
     import os
 
     from dsv4kit.core.ssh import RemoteError, open_session
@@ -224,7 +225,7 @@ def execute(p: ProfilePlan, progress: Say) -> dict:
             try:
                 remote.setup()
                 for ctx in p.contexts:
-                    ensure_context(remote, p.target, ctx, p, progress, env)
+                    ensure_context(remote, p.target, ctx, p, progress, env, restart)
                     profiles.append(capture(remote, session, p.target, ctx=ctx, concurrency=req.concurrency,
                                             num_steps=req.num_steps, isl=p.input_len, osl=p.output_len,
                                             max_trace_mb=req.max_trace_mb, steady_timeout=req.steady_timeout,
