@@ -184,8 +184,12 @@ def test_the_h200_fixture_parses_into_known_classes():
     meta = data.get("dsv4kit", {})
     assert meta.get("command") and meta.get("device")
     result = trace.analyze(data)
-    assert result["mode"] == "gpu"
-    impls = {(k, i) for k, v in result["classes"].items() for i in v["impls"]}
-    assert {("indexer", "ours"), ("attention", "ours")} <= impls
-    for wanted in meta.get("implementations_present", []):
-        assert tuple(wanted) in impls, wanted
+    assert result["mode"] == "gpu" and result["decode_steps"]
+    impls = {(k, i) for k, v in result["classes"].items() for i, us in v["impls"].items() if us}
+    expected = {"indexer:dsv4kit": ("indexer", "ours"), "indexer:sglang-tilelang": ("indexer", "tilelang"),
+                "attention:dsv4kit": ("attention", "ours"), "attention:sglang-triton-sm120": ("attention", "triton"),
+                "attention:flashmla-sm90": ("attention", "flashmla"),
+                "attention:flashinfer-sm120": ("attention", "flashinfer")}
+    assert {"indexer:dsv4kit", "attention:dsv4kit"} <= set(meta["graphs"])
+    for label in meta["graphs"]:
+        assert expected[label] in impls, f"{label}: its kernels are not classified as {expected[label]}: {result['unknown']}"
