@@ -141,3 +141,32 @@ def check_shares(profile: dict, limits: dict[str, float]) -> list[str]:
     """The breaches of ``limits`` in ``profile`` (empty: the gate passes)."""
     return [f"{CLASSES[k]} is {100 * profile['classes'][k]['share']:.2f}% of decode kernel time, above the "
             f"limit {100 * limit:g}%" for k, limit in limits.items() if profile["classes"][k]["share"] > limit]
+
+
+def format_diff(old: dict, new: dict) -> str:
+    """Two records' breakdowns side by side (``records compare``): per class old and new us/step and share."""
+    lines = [f"decode breakdown (A: context {old.get('context_length')}, B: context {new.get('context_length')})",
+             f"{'class':<22} {'A us/step':>10} {'A share':>8} {'B us/step':>10} {'B share':>8}"]
+    for klass, label in CLASSES.items():
+        a, b = old["classes"][klass], new["classes"][klass]
+        lines.append(f"{label:<22} {a['us_per_step']:>10.1f} {100 * a['share']:>7.1f}% {b['us_per_step']:>10.1f} "
+                     f"{100 * b['share']:>7.1f}%")
+    return "\n".join(lines)
+
+
+def record_profile(record: dict) -> Optional[dict]:
+    """The profile a bench record carries (``bench --profile``), or None."""
+    profile = record.get("profile")
+    return profile if isinstance(profile, dict) and profile.get("classes") else None
+
+
+def record_report(record: dict, share_limits: list[str]) -> tuple[str, list[str]]:
+    """(text, gate breaches) for ``records show``: the record's breakdown and the ``--max-class-share`` gate."""
+    limits = parse_share_limits(share_limits)
+    profile = record_profile(record)
+    if profile is None:
+        error = (record.get("profile") or {}).get("error")
+        text = f"profile: {error}" if error else ""
+        return text, ([f"the record carries no profile to check {', '.join(share_limits)} against"] if limits else [])
+    return format_table(profile, title=f"decode breakdown at context {profile.get('context_length')}, "
+                                        f"C={profile.get('concurrency')}"), check_shares(profile, limits)

@@ -240,3 +240,28 @@ def execute(p: ProfilePlan, progress: Say, restart: Optional[Callable] = None) -
     breaches = breakdown.check_shares(profiles[0], p.limits)
     return {"profiles": profiles, "context_tax": tax, "gate": {"limits": p.limits, "breaches": breaches},
             "exit_code": exitcodes.CHECK_FAILED if breaches else exitcodes.OK}
+
+
+def bench_hook(num_steps: int, share_limits: list[str]) -> Callable:
+    """What ``dsv4kit bench --profile`` runs after its points, on the sweep's own session: one
+    profile at the sweep's context, at its largest concurrency. A failed profile is recorded as
+    ``{"error": ...}`` (the sweep is kept); Ctrl-C stays Ctrl-C."""
+    limits = breakdown.parse_share_limits(share_limits)
+
+    def hook(remote, session, host, cfg, progress: Say, env: Optional[dict]) -> dict:
+        osl = max(cfg.output_len, num_steps + 32)
+        isl = max(1, min(cfg.input_len, cfg.context_length - osl))
+        try:
+            profile = capture(remote, session, host, ctx=cfg.context_length, concurrency=max(cfg.concurrency),
+                              num_steps=num_steps, isl=isl, osl=osl, max_trace_mb=256.0, steady_timeout=900.0,
+                              timeout=600.0, progress=progress, env=env)
+        except Abort as exc:
+            if exc.exit_code == exitcodes.INTERRUPTED:
+                raise KeyboardInterrupt from None
+            progress(f"warning: the profile failed; the sweep is recorded without it: {exc}")
+            return {"error": str(exc), "exit_code": exc.exit_code}
+        profile.pop("per_rank", None)  # the record keeps the combined breakdown
+        profile["gate"] = {"limits": limits, "breaches": breakdown.check_shares(profile, limits)}
+        return profile
+
+    return hook
