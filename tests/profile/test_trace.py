@@ -193,3 +193,10 @@ def test_the_h200_fixture_parses_into_known_classes():
     assert {"indexer:dsv4kit", "attention:dsv4kit"} <= set(meta["graphs"])
     for label in meta["graphs"]:
         assert expected[label] in impls, f"{label}: its kernels are not classified as {expected[label]}: {result['unknown']}"
+
+
+def test_the_documented_table_is_the_module_table():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "profiling.md").read_text()
+    start, end = "<!-- kernel-classes:start -->\n", "\n<!-- kernel-classes:end -->"
+    assert doc.split(start, 1)[1].split(end, 1)[0] == classes.markdown_table(), \
+        "regenerate the table in docs/profiling.md with python -m dsv4kit.profile.classes"

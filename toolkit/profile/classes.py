@@ -127,3 +127,7 @@ def markdown_table() -> str:
     for klass, impl, pattern in SCOPES:
         lines.append(f"| `{pattern}` | {CLASSES[klass]} | {impl} |")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m dsv4kit.profile.classes: the table for docs/profiling.md
+    print(markdown_table())
