@@ -128,6 +128,8 @@ class FakeProfiler:
                 p = profile(activities=[ProfilerActivity.CPU], with_stack=with_stack,
                             record_shapes=bool(req["record_shapes"]))
                 profilers.append(p)
+            with self.state.lock:  # every rank runs the same batch, as the TP ranks of one server do
+                batch = max(self.state.running, 1)
             done = 0
             a = torch.ones(64, 64)
             for p in profilers:
@@ -136,8 +138,6 @@ class FakeProfiler:
                 while (steps is None or steps <= 0 or done < steps) and not self.stop_event.is_set():
                     if steps is not None and steps < 0:
                         break
-                    with self.state.lock:
-                        batch = max(self.state.running, 1)
                     with record_function(f"step[DECODE bs={batch}]"):
                         b = a @ a
                         (b * 2.0 + 1.0).sum()

@@ -13,9 +13,9 @@ from tests.profile.test_profile_cli import bench_venv, box, dsv4kit, leftovers, 
 
 pytestmark = pytest.mark.slow
 
-# 2 requests of 16 + 400 tokens at 10 ms a token: the point and the profile's load take ~4 s each.
+# 2 requests of 16 + 600 tokens at 10 ms a token: the point and the profile's load take ~6 s each.
 POINT = ["--concurrency", "2", "--repeat", "1", "--num-prompts", "2", "--warmup-requests", "1",
-         "--input-len", "16", "--output-len", "400", "--metrics-interval", "0.02"]
+         "--input-len", "16", "--output-len", "600", "--metrics-interval", "0.02"]
 
 
 def test_bench_profile_is_recorded_shown_gated_and_compared(box, tmp_path):

@@ -20,8 +20,9 @@ from tests.bench_support import FakeServer, bench_inventory, client_venv, make_t
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# 2 requests of 16 + 400 tokens at 10 ms a token: about 4 s of steady decode.
-LOAD = ["-c", "2", "--input-len", "16", "--output-len", "400", "--num-steps", "3", "--steady-timeout", "120",
+# 2 requests of 16 + 1000 tokens at 10 ms a token: about 10 s of steady decode, far more than the
+# profile needs even on a loaded machine (the load is stopped once the traces are written).
+LOAD = ["-c", "2", "--input-len", "16", "--output-len", "1000", "--num-steps", "3", "--steady-timeout", "120",
         "--timeout", "120"]
 
 
@@ -162,7 +163,7 @@ def test_ctrl_c_mid_profile_stops_the_server_profiling(box):
 
 
 def test_compare_ctx_reports_the_context_tax_and_flags_the_class_that_grows(box):
-    """4096 against 2048 with the same request lengths: the stand-in's torch indexer scores the
+    """4096 against 512 with the same request lengths: the stand-in's torch indexer scores the
     whole configured context every step, so it grows and is flagged; throughput is retained."""
     from dsv4kit.profile import breakdown, run
 
@@ -173,13 +174,13 @@ def test_compare_ctx_reports_the_context_tax_and_flags_the_class_that_grows(box)
         restarts.append(context_length)
         server.post("/_test/config", {"context_length": context_length})
 
-    request = run.ProfileRequest(ctx=4096, compare_ctx=1024, concurrency=2, num_steps=3, input_len=16,
-                                 output_len=400, inventory=inventory, steady_timeout=120, timeout=120)
+    request = run.ProfileRequest(ctx=4096, compare_ctx=512, concurrency=2, num_steps=3, input_len=16,
+                                 output_len=450, inventory=inventory, steady_timeout=120, timeout=120)
     lines: list[str] = []
     outcome = run.execute(run.plan(request), lines.append, restart=restart)
-    assert restarts == [1024]
+    assert restarts == [512]
     tax = outcome["context_tax"]
-    assert tax["large_ctx"] == 4096 and tax["small_ctx"] == 1024 and tax["same_actual_lengths"]
+    assert tax["large_ctx"] == 4096 and tax["small_ctx"] == 512 and tax["same_actual_lengths"]
     assert "indexer" in tax["grows_with_configured_context"]
     assert tax["growth"]["indexer"]["ratio"] > 1.5
     assert 0.5 < tax["retention"] < 1.5
