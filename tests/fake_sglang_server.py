@@ -162,8 +162,23 @@ def make_handler(state: State):
             raw = self.rfile.read(length) if length else b""
             return json.loads(raw) if raw else {}
 
+        def _profiler(self, path: str) -> bool:
+            """/start_profile, /stop_profile and /_test/profiler (tests/fake_profiler.py)."""
+            length = int(self.headers.get("Content-Length") or 0)
+            answer = state.profiler.handle(path, self.rfile.read(length) if length else b"")
+            if answer is not None:
+                status, kind, data = answer
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            return answer is not None
+
         def do_GET(self):
             path = urlparse(self.path).path
+            if path in ("/start_profile", "/stop_profile", "/_test/profiler") and self._profiler(path):
+                return
             if path in ("/health", "/health_generate"):
                 self._json(200, {})
             elif path == "/v1/models":
@@ -193,6 +208,8 @@ def make_handler(state: State):
 
         def do_POST(self):
             path = urlparse(self.path).path
+            if path in ("/start_profile", "/stop_profile", "/_test/profiler") and self._profiler(path):
+                return
             if path == "/flush_cache":
                 self._body()
                 with state.lock:
@@ -353,9 +370,13 @@ def main(argv=None) -> int:
     parser.add_argument("--omit", default="", help="comma-separated: cached_tokens,prompt_tokens,startup_time")
     parser.add_argument("--max-running-requests", type=int, default=256)
     parser.add_argument("--max-total-num-tokens", type=int, default=1_000_000)
+    parser.add_argument("--no-profiler", action="store_true", help="/start_profile and /stop_profile are 404")
     args = parser.parse_args(argv)
 
+    from fake_profiler import FakeProfiler
+
     state = State(args)
+    state.profiler = FakeProfiler(state, enabled=not args.no_profiler)
     server = StandInHTTPServer(("127.0.0.1", args.port), make_handler(state))
     server.daemon_threads = True
     if args.port_file:

@@ -58,6 +58,9 @@ class BenchRequest:
     ab: Optional[str] = None
     trust_new_host_key: bool = False
     verbose: bool = False
+    #: ``--profile``: called after the last point (``dsv4kit.profile.run.bench_hook``), its result
+    #: goes into the record as ``profile``.
+    profile_hook: Optional[Callable] = None
 
 
 @dataclass
@@ -246,7 +249,8 @@ def publish_partial(p: BenchPlan, exc: Exception, spill_root: Path) -> str:
 
 
 def exit_code(record: dict, comparison, ab_spec) -> int:
-    """0 ok; 1 an invalid point, a regression or a baseline not comparable on a box fact; 7 inconclusive.
+    """0 ok; 1 an invalid point, a regression, a baseline not comparable on a box fact, or a
+    ``--max-class-share`` breach of the record's profile; 7 inconclusive.
 
     An inconclusive comparison is never a pass, and never masks an invalid point or a regression.
     """
@@ -256,6 +260,8 @@ def exit_code(record: dict, comparison, ab_spec) -> int:
         code = exitcodes.CHECK_FAILED
     elif comparison is not None and comparison.outcome == "inconclusive":
         code = exitcodes.INCONCLUSIVE
+    if code == exitcodes.OK and ((record.get("profile") or {}).get("gate") or {}).get("breaches"):
+        code = exitcodes.CHECK_FAILED  # bench --profile --max-class-share
     if ab_spec is not None and code == exitcodes.OK:
         code = {"regressed": exitcodes.CHECK_FAILED, "inconclusive": exitcodes.INCONCLUSIVE}.get(
             record["ab"]["outcome"], exitcodes.OK)
@@ -272,7 +278,8 @@ def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
     try:
         with open_session(p.target, trust_new_host_key=p.request.trust_new_host_key, say=progress) as session:
             result = sweep.run_sweep(p.cfg, host=p.target, session=session, inventory_path=p.inventory_path,
-                                     progress=progress, argv=argv, spill_root=spill_root, ab=p.ab_spec)
+                                     progress=progress, argv=argv, spill_root=spill_root, ab=p.ab_spec,
+                                     profile=p.request.profile_hook)
     except KeyboardInterrupt:
         raise Abort(exitcodes.INTERRUPTED, f"interrupted: the sweep was stopped; nothing was recorded in {repo} "
                                            f"(points that had finished are kept under {spill_root})") from None
@@ -322,5 +329,26 @@ def summary(p: BenchPlan, outcome: BenchOutcome) -> dict:
         "summary": record["summary"],
         "comparison": outcome.comparison.to_dict() if outcome.comparison is not None else None,
         "ab": record.get("ab"),
+        "retention": retention(p.baseline, record) if p.request.baseline_ctx is not None else None,
+        "profile": record.get("profile"),
         "exit_code": outcome.exit_code,
     }
+
+
+def retention(baseline: dict, record: dict) -> dict:
+    """Per concurrency: mean decode tok/s of ``record`` over the baseline's (``--baseline-ctx``:
+    the throughput kept at this context against the other one); None where a side has no value."""
+    def means(r: dict) -> dict:
+        return {str(c): (e.get("decode_tok_s") or {}).get("mean")
+                for c, e in (r.get("summary") or {}).get("per_concurrency", {}).items()}
+
+    old, new = means(baseline), means(record)
+    return {c: (round(new[c] / old[c], 4) if new.get(c) and old.get(c) else None) for c in new}
+
+
+def format_retention(baseline: dict, record: dict) -> str:
+    """The ``--baseline-ctx`` retention line of the summary."""
+    parts = [f"C={c} {100 * v:.1f}%" if v is not None else f"C={c} -" for c, v in retention(baseline, record).items()]
+    return (f"throughput retention at context {record['server']['context_length']} against "
+            f"{baseline['server']['context_length']} (decode tok/s, this run over {baseline['run_id']}): "
+            + ", ".join(parts))

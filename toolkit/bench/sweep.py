@@ -517,12 +517,15 @@ def default_restart(inventory_path, host, context_length: int, progress: Callabl
 def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Callable[[str], None],
               argv: Optional[list[str]] = None, stamp: Optional[str] = None,
               restart: Optional[Callable] = None, spill_root: Optional[Path] = None,
-              ab: Optional["ABSpec"] = None, apply_arm: Optional[Callable] = None) -> SweepResult:
+              ab: Optional["ABSpec"] = None, apply_arm: Optional[Callable] = None,
+              profile: Optional[Callable] = None) -> SweepResult:
     """Run the whole sweep over ``session``; return the record (nothing is published here).
 
     Each finished point is written at once under ``spill_root/<run_id>/`` (``Spill``). When the
     sweep stops after some points (BenchAbort, RemoteError), the exception carries ``partial``: an
-    incomplete record with the completed points, for the caller to publish."""
+    incomplete record with the completed points, for the caller to publish. ``profile`` (``bench
+    --profile``, ``dsv4kit.profile.run.bench_hook``) runs after the last point; what it returns is
+    the record's ``profile`` section."""
     from dsv4kit.records.provenance import sections, serving_gpu_count, toolkit_info
 
     check_config(cfg)
@@ -546,6 +549,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
     points: list[dict] = []
     details: dict[str, dict] = {}
     notes: list[str] = []
+    extras: dict = {}
     try:
         remote.setup()
         info = remote.server_info(decode_port, helper_env)
@@ -624,6 +628,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                 "incomplete_reason": incomplete,
                 "notes": record_notes,
             }
+            record.update(extras)
             record["comparability_key"] = comparability_key(record)
             if ab is not None:
                 record["ab"] = ab.to_dict()
@@ -728,6 +733,8 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                             "startup_time") if answer.get("ok") else None
                     for c in cfg.concurrency:
                         run_point(c, rep, arm)
+        if profile is not None:
+            extras["profile"] = profile(remote, session, host, cfg, progress, helper_env)
     except (BenchAbort, RemoteError) as exc:
         if points:  # the completed points are kept: an incomplete record, never a baseline
             exc.partial = build(incomplete=str(exc))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -55,6 +55,8 @@ def bench(
     ab: Optional[str] = typer.Option(None, "--ab", metavar="KEY=A,B", help="A/B in one record: KEY is an environment variable of the serving units (e.g. SGLANG_SM120_TRITON_INDEXER=0,1) or a server flag (e.g. --attention-backend=triton,dsv4). Repetitions run interleaved A B A B with a server restart (the playbook) before every arm; the record holds both arms and the verdict of B against A (exit 0 B no worse, 1 B regressed or a point invalid, 7 inconclusive)."),
     trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key (a changed key is always refused)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the client's own output."),
+    profile: Optional[int] = typer.Option(None, "--profile", metavar="STEPS", min=1, max=256, help="After the points, profile STEPS decode steps at the largest concurrency and keep the breakdown in the record (docs/profiling.md)."),
+    max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="With --profile: exit 1 when CLASS takes more than PCT% of decode kernel time (e.g. indexer=2%)."),
 ) -> None:
     """Run the throughput sweep with the real sglang.benchmark.serving client on the box.
 
@@ -84,7 +86,7 @@ def bench(
         min_concurrency_ratio=min_concurrency_ratio,
         ratio_given=invocation.get_parameter_source("min_concurrency_ratio").name != "DEFAULT",
         max_cache_hit_pct=max_cache_hit_pct, retok_tolerance=retok_tolerance, ab=ab,
-        trust_new_host_key=trust_new_host_key, verbose=verbose)
+        trust_new_host_key=trust_new_host_key, verbose=verbose, profile_hook=_profile_hook(profile, max_class_share))
     plan = bench_run.plan(request, warn=say)
     # The same checks as provision and validate: inventory, key file, known_hosts (exit 2 or 3).
     check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)
@@ -92,6 +94,20 @@ def bench(
     outcome = bench_run.execute(plan, progress=say, argv=sys.argv)
     _print_outcome(plan, outcome, json_out)
     raise typer.Exit(outcome.exit_code)
+
+
+def _profile_hook(steps: Optional[int], max_class_share: Optional[List[str]]):
+    """``--profile STEPS``: the hook the sweep runs after its points (None without it)."""
+    from dsv4kit.core import exitcodes
+    from dsv4kit.core.exitcodes import Abort
+
+    if steps is None:
+        if max_class_share:
+            raise Abort(exitcodes.USAGE, "--max-class-share needs --profile STEPS (it gates the record's profile)")
+        return None
+    from dsv4kit.profile.run import bench_hook
+
+    return bench_hook(steps, max_class_share or [])
 
 
 def _print_outcome(plan: bench_run.BenchPlan, outcome: bench_run.BenchOutcome, json_out: bool) -> None:
@@ -111,3 +127,12 @@ def _print_outcome(plan: bench_run.BenchPlan, outcome: bench_run.BenchOutcome, j
     if outcome.comparison is not None:
         typer.echo("")
         typer.echo(format_comparison(outcome.comparison))
+    if plan.request.baseline_ctx is not None:
+        typer.echo(bench_run.format_retention(plan.baseline, record))
+    if record.get("profile") is not None:
+        from dsv4kit.profile.breakdown import record_report
+
+        text, breaches = record_report(record, [])
+        typer.echo("\n" + text)
+        for breach in (record["profile"].get("gate") or {}).get("breaches") or []:
+            typer.echo(f"gate failed: {breach}")

@@ -98,8 +98,10 @@ def show(
     record_id: str = typer.Argument(..., metavar="ID", help="Run id, tag, unique prefix or record.json path."),
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the whole record as JSON on stdout."),
+    max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="Gate on the record's profile (bench --profile): exit 1 when CLASS takes more than PCT% of decode kernel time."),
 ) -> None:
-    """Show one record: provenance, the per-point gates, and the summary table."""
+    """Show one record: provenance, the per-point gates, the summary table and its decode
+    breakdown when it carries a profile (exit 1 when a --max-class-share limit is exceeded)."""
     from dsv4kit.bench.sweep import format_summary
 
     record = _load(_repo(results_repo), record_id)
@@ -141,6 +143,26 @@ def show(
     typer.echo(format_summary(record))
     for note in record.get("notes") or []:
         typer.echo(f"note: {note}")
+    _profile_gate(record, max_class_share)
+
+
+def _profile_gate(record: dict, max_class_share: Optional[List[str]], show: bool = True) -> int:
+    """Print the record's decode breakdown (``show``) and the ``--max-class-share`` breaches; exit 1
+    on a breach (show), else return 1 or 0 (compare folds it into its own exit code)."""
+    from dsv4kit.core.exitcodes import Abort
+    from dsv4kit.profile.breakdown import record_report
+
+    try:
+        text, breaches = record_report(record, max_class_share or [])
+    except Abort as exc:
+        _fail(exc.exit_code, str(exc))
+    if text and show:
+        typer.echo("\n" + text)
+    for breach in breaches:
+        typer.echo(f"gate failed ({record['run_id']}): {breach}", err=True)
+    if breaches and show:
+        raise typer.Exit(exitcodes.CHECK_FAILED)
+    return exitcodes.CHECK_FAILED if breaches else exitcodes.OK
 
 
 @app.command("compare")
@@ -151,8 +173,10 @@ def compare_cmd(
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
     ignore: List[str] = typer.Option([], "--ignore", help="Comparability field allowed to differ (repeatable), e.g. context_length."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="Gate on B's profile (bench --profile): exit 1 when CLASS takes more than PCT% of decode kernel time."),
 ) -> None:
-    """Compare B against A per metric and concurrency; exit 1 on a regression, 2 if not comparable,
+    """Compare B against A per metric and concurrency (and their decode breakdowns when both carry
+    a profile); exit 1 on a regression or a --max-class-share breach in B, 2 if not comparable,
     7 if inconclusive (fewer than 3 valid repetitions a side, or too noisy to tell)."""
     from dsv4kit.records.compare import compare, format_comparison
 
@@ -166,7 +190,19 @@ def compare_cmd(
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(format_comparison(result))
-    raise typer.Exit(result.exit_code())
+        _print_profiles(old, new)
+    gate = _profile_gate(new, max_class_share, show=False)
+    raise typer.Exit(result.exit_code() or gate)
+
+
+def _print_profiles(old: dict, new: dict) -> None:
+    from dsv4kit.profile.breakdown import format_diff, record_profile
+
+    a, b = record_profile(old), record_profile(new)
+    if a is not None and b is not None:
+        typer.echo("\n" + format_diff(a, b))
+    elif a is not None or b is not None:
+        typer.echo(f"\nonly {'A' if a is not None else 'B'} carries a profile (bench --profile); no breakdown to compare")
 
 
 @app.command("plot")

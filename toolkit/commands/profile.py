@@ -1,0 +1,74 @@
+"""``dsv4kit profile``: where the decode GPU time goes on the live server, by kernel class.
+
+Exit codes: 0 ok; 1 a --max-class-share limit was exceeded; 2 bad input; 3 unreachable; 4 the
+load or the traces timed out; 5 the decode server has no profiler endpoint (or SGLang is
+missing); 6 the profile or the client failed (a rejected request, a trace over --max-trace-mb);
+130 interrupted (the server is asked to stop profiling first).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dsv4kit.core.cli_common import check_hosts, check_output, doing, interruptible
+
+
+@interruptible("dsv4kit profile", "the server was asked to stop profiling; nothing was written")
+def profile(
+    ctx: int = typer.Option(..., "--ctx", help="Context length (tokens) the decode server runs with; the serving units are restarted with it if they run with another."),
+    concurrency: int = typer.Option(16, "--concurrency", "-c", help="Requests decoding at once during the profile."),
+    compare_ctx: Optional[int] = typer.Option(None, "--compare-ctx", help="Also profile at this context length (same request lengths) and report the context tax: per-class growth, throughput retention, and classes that grow with the configured context."),
+    num_steps: int = typer.Option(8, "--num-steps", help="Decode steps to profile (1-256)."),
+    input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens per request. Default: the smaller context minus max(1024, output-len) minus 64."),
+    output_len: Optional[int] = typer.Option(None, "--output-len", help="Generated tokens per request (default 1024; at least num-steps + 32)."),
+    max_trace_mb: float = typer.Option(256.0, "--max-trace-mb", help="Refuse (and delete) a rank's compressed trace above this size."),
+    max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="Gate: exit 1 when CLASS takes more than PCT% of decode kernel time (e.g. indexer=2%); repeatable."),
+    steady_timeout: float = typer.Option(900.0, "--steady-timeout", help="Seconds to wait for the load to be steady (all requests decoding)."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for every rank's trace after /start_profile."),
+    restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart the serving units when their context length differs (default), or fail."),
+    host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the stacked-bar PNG here (checked before connecting)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the profile(s) as JSON on stdout (progress stays on stderr)."),
+    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key."),
+) -> None:
+    """Profile a bounded number of decode steps of the live decode server under a steady load
+    from the real bench client, and break the decode GPU time down by kernel class (MoE GEMM,
+    dense GEMM, NCCL, sparse-MLA attention, indexer, top-k, elementwise/glue, copies, other).
+    See docs/profiling.md."""
+    from dsv4kit.profile import breakdown, run
+
+    def say(message: str) -> None:
+        typer.echo(message, err=True)
+
+    doing("checking the inputs before connecting")
+    png = check_output(output) if output is not None else None
+    request = run.ProfileRequest(
+        ctx=ctx, concurrency=concurrency, compare_ctx=compare_ctx, num_steps=num_steps, input_len=input_len,
+        output_len=output_len, max_trace_mb=max_trace_mb, steady_timeout=steady_timeout, timeout=timeout,
+        restart=restart, host=host, inventory=inventory, max_class_share=max_class_share or [],
+        trust_new_host_key=trust_new_host_key)
+    plan = run.plan(request)
+    check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)
+    doing("profiling the decode server", "the server is asked to stop profiling; nothing was written")
+    outcome = run.execute(plan, progress=say)
+    if png is not None:
+        from dsv4kit.profile.plot import stacked_bars
+
+        stacked_bars([(f"ctx {p['context_length']}", p) for p in outcome["profiles"]], png)
+        say(f"wrote {png}")
+    if json_out:
+        typer.echo(json.dumps(outcome, indent=2))
+    else:
+        for p in outcome["profiles"]:
+            typer.echo(breakdown.format_table(p, title=f"decode at context {p['context_length']}, C={p['concurrency']}"))
+            typer.echo("")
+        if outcome["context_tax"] is not None:
+            typer.echo(breakdown.format_comparison(outcome["context_tax"]))
+    for breach in outcome["gate"]["breaches"]:
+        say(f"gate failed: {breach}")
+    raise typer.Exit(outcome["exit_code"])

@@ -1,0 +1,1 @@
+"""``dsv4kit profile``: where the decode GPU time goes on the live server (docs/profiling.md)."""
