@@ -175,7 +175,6 @@ def test_the_class_table_names_our_kernels_by_their_triton_names():
         assert classes.classify(name)[1] == "ours", name
 
 
-@pytest.mark.skipif(not H200_FIXTURE.exists(), reason="the H200 fixture is made by validation/profile_trace.py on a GPU")
 def test_the_h200_fixture_parses_into_known_classes():
     """A real H200 trace (validation/profile_trace.py): our indexer and attention beside TileLang's
     indexer and FlashMLA, inside CUDA graphs; every kernel of those four has a class."""
