@@ -123,7 +123,7 @@ def plan(
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
-    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used)."),
+    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The kernel flags provisioning would set on the host, and the report and numbers behind each.
