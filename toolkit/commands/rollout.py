@@ -67,7 +67,7 @@ def status(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     python: Optional[Path] = typer.Option(
         None, "--python", help="Interpreter of the SGLang venv to inspect (e.g. "
-        "/opt/sglang/venv/bin/python); it runs 'python -m dsv4kit.rollout status --json'. "
+        "/opt/dsv4/venv/bin/python); it runs 'python -m dsv4kit.rollout status --json'. "
         "Default: this interpreter.", dir_okay=False),
     host: Optional[str] = typer.Option(
         None, "--host", help="Inventory host to inspect over SSH (the SSH layer of dsv4kit validate): its "
