@@ -25,9 +25,16 @@ def role_defaults() -> dict:
 UNITS = [role_defaults()["sglang_service_uvm_unit"], *role_defaults()["sglang_service_unit_names"]]
 
 
-def render_units(prefix: Path, overrides: dict | None = None) -> Path:
-    """Render every unit of the role under ``prefix``; returns the unit directory."""
+def render_units(prefix: Path, overrides: dict | None = None, *, scripts: bool = False) -> Path:
+    """Render every unit of the role under ``prefix``; returns the unit directory.
+
+    ``scripts``: also the environment files of the other roles the units read (nccl.env,
+    kernel-flags.env) and the role's real box-side scripts in its bin directory (the preflight
+    rendered, the health wait, the router launcher, the nvidia_uvm loader), and no venv python:
+    the caller provides one. Otherwise those programs are stand-ins that exit 0."""
     prefix.mkdir(parents=True, exist_ok=True)
+    if 'content: "DSV4_ROUTER_API_KEY={{ dsv4_router_api_key }}\\n"' not in (ROLE / "tasks/main.yml").read_text():
+        raise AssertionError("the role writes the router's key file differently now: update render_units")
     site_vars = yaml.safe_load((REPO / "playbooks/site.yml").read_text())[0]["vars"]
     pins = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
     extra = {**pins, **site_vars, "dsv4_prefix": str(prefix), "dsv4_venv_dir": str(prefix / "opt/dsv4/venv"),
@@ -52,10 +59,27 @@ def render_units(prefix: Path, overrides: dict | None = None) -> Path:
         {"ansible.builtin.template": {"src": str(ROLE / "templates/server-secret.yaml.j2"),
                                       "dest": "{{ sglang_service_server_secret_file }}", "mode": "0640"},
          "when": "dsv4_router_api_key | length > 0"},
-        {"ansible.builtin.copy": {"content": "#!/bin/sh\nexit 0\n", "dest": "{{ item }}", "mode": "0755"},
-         "loop": ["{{ dsv4_venv_dir }}/bin/python", "{{ sglang_service_bin_dir }}/dsv4-serve-preflight",
-                  "{{ sglang_service_bin_dir }}/dsv4-nvidia-uvm"]},
+        # tasks/main.yml writes this one from an inline content, the same line as here.
+        {"ansible.builtin.copy": {"content": "DSV4_ROUTER_API_KEY={{ dsv4_router_api_key }}\n",
+                                  "dest": "{{ sglang_service_router_secret_file }}", "mode": "0600"},
+         "when": "dsv4_router_api_key | length > 0"},
     ]
+    if scripts:
+        tasks += [
+            {"ansible.builtin.template": {"src": str(REPO / "playbooks/roles" / src), "dest": dest, "mode": "0644"}}
+            for src, dest in (("host_tuning/templates/nccl.env.j2", "{{ dsv4_etc_dir }}/nccl.env"),
+                              ("kernel_rollout/templates/kernel-flags.env.j2", "{{ dsv4_etc_dir }}/kernel-flags.env"))]
+        tasks.append({"ansible.builtin.template": {"src": str(ROLE / "templates/dsv4-serve-preflight.j2"),
+                                                   "dest": "{{ sglang_service_bin_dir }}/dsv4-serve-preflight",
+                                                   "mode": "0755"}})
+        tasks += [{"ansible.builtin.copy": {"src": str(ROLE / "files" / src),
+                                            "dest": "{{ sglang_service_bin_dir }}/" + dest, "mode": "0755"}}
+                  for src, dest in (("health_wait.py", "dsv4-health-wait"), ("router_launch.py", "dsv4-router-launch"),
+                                    ("nvidia_uvm.sh", "dsv4-nvidia-uvm"))]
+    else:
+        tasks.append({"ansible.builtin.copy": {"content": "#!/bin/sh\nexit 0\n", "dest": "{{ item }}", "mode": "0755"},
+                      "loop": ["{{ dsv4_venv_dir }}/bin/python", "{{ sglang_service_bin_dir }}/dsv4-serve-preflight",
+                               "{{ sglang_service_bin_dir }}/dsv4-nvidia-uvm"]})
     play[0]["tasks"] = tasks
     (prefix / "render.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     (prefix / "extra.json").write_text(json.dumps(extra))
