@@ -54,6 +54,10 @@ def render_units(prefix: Path, overrides: dict | None = None, *, scripts: bool =
                                         "dest": "{{ sglang_service_unit_dir }}/" + name, "mode": "0644"}}
           for name in ("dsv4-router.service", "dsv4-nvidia-uvm.service")),
         {"ansible.builtin.file": {"path": "{{ dsv4_etc_dir }}", "state": "directory", "mode": "0755"}},
+        {"ansible.builtin.file": {"path": "{{ sglang_service_firewall_file | dirname }}", "state": "directory",
+                                  "mode": "0755"}},
+        {"ansible.builtin.template": {"src": str(ROLE / "templates/dsv4-firewall.nft.j2"),
+                                      "dest": "{{ sglang_service_firewall_file }}", "mode": "0644"}},
         {"ansible.builtin.template": {"src": str(ROLE / "templates/service.env.j2"),
                                       "dest": "{{ sglang_service_env_file }}", "mode": "0644"}},
         {"ansible.builtin.template": {"src": str(ROLE / "templates/server-secret.yaml.j2"),

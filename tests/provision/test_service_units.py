@@ -160,3 +160,24 @@ def test_the_router_launcher_gives_the_key_to_sglang_routers_own_parser(keyed_un
     monkeypatch.setattr(sys, "argv", ["x", *argv[2:], "--api-key", "inline"])
     with pytest.raises(SystemExit, match="not from --api-key"):
         runpy.run_path(str(ROLE / "files/router_launch.py"), run_name="__main__")
+
+
+def _ruleset(directory: Path) -> Path:
+    return directory.parents[1] / "nftables.d/dsv4kit.nft"
+
+
+def test_the_optional_firewall_lets_in_ssh_and_only_an_open_routers_port(units, keyed_units, tmp_path_factory):
+    """Off by default (the role includes it only with sglang_service_firewall: true); its ruleset
+    drops every inbound connection but loopback, replies, ICMP, SSH, and the router when open."""
+    assert role_defaults()["sglang_service_firewall"] is False
+    closed = _ruleset(units).read_text()
+    assert "policy drop;" in closed and 'iif "lo" accept' in closed
+    assert re.findall(r"tcp dport (\d+) accept", closed) == ["22"]
+    opened = render_units(tmp_path_factory.mktemp("open") / "prefix",
+                          {"dsv4_router_open": True, "dsv4_router_api_key": KEY, "ansible_port": 2222})
+    assert re.findall(r"tcp dport (\d+) accept", _ruleset(opened).read_text()) == ["2222", "30000"]
+    if shutil.which("nft"):
+        done = subprocess.run(["nft", "--check", "--file", str(_ruleset(opened))], capture_output=True, text=True,
+                              timeout=60)
+        if "Operation not permitted" not in done.stderr:  # nft needs CAP_NET_ADMIN even to check
+            assert done.returncode == 0, done.stderr
