@@ -78,6 +78,24 @@ def _all_pids(box) -> list[int]:
     return sorted(set().union(*(_descendants(pid) for pid in box.pids())))
 
 
+def test_the_quickstarts_rollout_status_line_reads_the_flags_the_units_run_with(box, loopback_ssh, tmp_path):
+    """docs/quickstart.md's own line, with its inventory in $DSV4KIT_INVENTORY as its section 2 sets it."""
+    import shlex
+
+    from tests.docs.test_quickstart import QUICKSTART, shown_commands
+
+    (line,) = [c for c, complete in shown_commands(QUICKSTART.read_text()) if complete
+               and c.startswith("dsv4kit rollout status --host")]
+    argv = shlex.split(line)[1:]
+    host = argv[argv.index("--host") + 1]
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, name=host, dsv4_prefix=str(box.prefix),
+                                dsv4_venv_dir=str(box.venv))
+    result = CliRunner().invoke(app, argv, env={"DSV4KIT_INVENTORY": str(inventory)})
+    out = result.stdout
+    assert f"Flags read from the serving units' environment on {host}: {box.units}/dsv4-prefill.service" in out, out
+    assert f"Flag {INDEXER}: on ('1')" in out and f"Flag {ATTENTION}: off" in out, out
+
+
 def test_rollout_status_host_reads_the_flags_from_the_units_the_role_wrote(box, loopback_ssh, tmp_path):
     inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_prefix=str(box.prefix),
                                 dsv4_venv_dir=str(box.venv))
