@@ -31,3 +31,10 @@ def unwritable_dir(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
     return ro
+
+
+@pytest.fixture(autouse=True)
+def _own_validation_reports(tmp_path_factory, monkeypatch):
+    """Every test keeps validation reports in a directory of its own (the product's default is in
+    the user's home): a test that means the default unsets $DSV4KIT_RESULTS_DIR itself."""
+    monkeypatch.setenv("DSV4KIT_RESULTS_DIR", str(tmp_path_factory.mktemp("validation-reports")))

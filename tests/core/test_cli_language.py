@@ -238,6 +238,12 @@ ExecStart=/bin/true
 """
 
 
+def _role_defaults() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO_ROOT / "playbooks/roles/sglang_service/defaults/main.yml").read_text())
+
+
 def _box_with_units(tmp_path: Path, sshd, **overrides) -> Path:
     prefix = tmp_path / "prefix"
     units = prefix / "etc" / "systemd" / "system"
@@ -245,7 +251,8 @@ def _box_with_units(tmp_path: Path, sshd, **overrides) -> Path:
     units.mkdir(parents=True)
     env_dir.mkdir(parents=True)
     (env_dir / "kernel-flags.env").write_text("# written by the playbook\nSGLANG_SM120_TRITON_INDEXER=1\n")
-    (units / "dsv4-server-decode.service").write_text(UNIT.format(env_dir=env_dir))
+    # Under the name the sglang_service role gives the decode unit (its defaults), never one made up here.
+    (units / _role_defaults()["sglang_service_gpu_unit_names"][1]).write_text(UNIT.format(env_dir=env_dir))
     venv = waiting_venv(tmp_path / "box-venv")
     return write_inventory(tmp_path / "inv", sshd, dsv4_prefix=str(prefix), dsv4_venv_dir=str(venv), **overrides)
 
@@ -263,7 +270,7 @@ def test_rollout_status_host_reads_the_box_with_the_serving_units_environment(tm
     assert code == here["exit_code"] == report["exit_code"], err
     assert report["flags"] == here["flags"] and report["flags"]["SGLANG_SM120_TRITON_INDEXER"]["enabled"]
     assert report["host"] == "lo"
-    assert report["environment_from"][0].endswith("dsv4-server-decode.service")
+    assert report["environment_from"][0].endswith("/etc/systemd/system/dsv4-decode.service")
     assert report["environment_from"][1].endswith("kernel-flags.env")
     code, out, err = cli("rollout", "status", "--host", "lo", "-i", str(inventory))
     assert "Flags read from the serving units' environment on lo:" in out
@@ -285,6 +292,20 @@ def test_rollout_status_host_failures(tmp_path, loopback_ssh):
     assert code == exitcodes.USAGE and "no host named 'box9'" in err
     code, _, err = cli("rollout", "status", "--host", "lo", "--python", sys.executable)
     assert code == exitcodes.USAGE and "--python or --host" in err
+    # A box whose units are not there (not provisioned, or renamed): exit 5 naming what is missing,
+    # never a report from the login environment.
+    inventory = write_inventory(tmp_path / "inv4", loopback_ssh, dsv4_prefix=str(tmp_path / "empty-prefix"),
+                                dsv4_venv_dir=str(waiting_venv(tmp_path / "venv4")))
+    code, _, err = cli("rollout", "status", "--host", "lo", "-i", str(inventory))
+    assert code == exitcodes.ENVIRONMENT and "no serving unit on lo" in err, err
+    assert f"{tmp_path}/empty-prefix/etc/systemd/system/dsv4-prefill.service" in err
+
+
+def test_the_fallback_unit_names_are_the_roles():
+    from dsv4kit.rollout.remote import FALLBACK_SERVER_UNITS, server_unit_names
+
+    assert server_unit_names() == list(FALLBACK_SERVER_UNITS) == _role_defaults()["sglang_service_gpu_unit_names"]
+    assert set(FALLBACK_SERVER_UNITS) <= set(_role_defaults()["sglang_service_unit_names"])
 
 
 # ============================================================ Ctrl-C, in every command

@@ -120,7 +120,7 @@ def test_first_run_provisions_the_gpu_less_box(box):
     assert "--context-length 131072" in decode and "--tp 4" in decode
     assert f"ExecStart={venv}/bin/python -m sglang.launch_server" in decode
     assert "ExecStartPre=" in decode and "Restart=on-failure" in decode
-    assert "sglang_router.launch_router --pd-disaggregation" in router
+    assert f"/bin/python {prefix}/var/lib/dsv4kit/bin/dsv4-router-launch --pd-disaggregation" in router
     for unit in (prefill, decode, router):
         assert "User=root" in unit and f"EnvironmentFile={prefix}/etc/dsv4kit/service.env" in unit
     assert "units ok" in log and "not started" in log

@@ -80,6 +80,105 @@ def test_health_wait_plain_text_health_and_timeout(server):
     assert result.returncode == 4 and "timed out" in result.stdout
 
 
+@pytest.fixture
+def router():
+    """Answers like sglang-router 0.3.2: /health 200 even with no worker, /readiness and /generate 503
+    until workers are up (``state["workers"]``); every request but /health needs the API key."""
+    state = {"workers": 0, "key": "k-1", "generated": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, code, body):
+            raw = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def _authorized(self):
+            return self.headers.get("Authorization") == f"Bearer {state['key']}"
+
+        def do_GET(self):
+            if self.path == "/health":
+                return self._answer(200, {"status": "ok"})
+            if not self._authorized():
+                return self._answer(401, {"error": "unauthorized"})
+            ready = state["workers"] > 0
+            self._answer(200 if ready else 503, {"ready": ready})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if not self._authorized():
+                return self._answer(401, {"error": "unauthorized"})
+            if not state["workers"]:
+                return self._answer(503, {"error": "No available workers"})
+            state["generated"].append(body)
+            self._answer(200, {"text": "pong", "meta_info": {"completion_tokens": 1}})
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", state
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_router_is_ready_only_when_readiness_says_so_and_a_generate_goes_through(router):
+    url, state = router
+    env = dict(os.environ, DSV4_API_KEY=state["key"])
+    # /health alone would pass with no worker; the wait reads /readiness and sends a /generate.
+    assert wait("--url", url, "--path", "/health", "--timeout", "2", env=env).returncode == 0
+    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-env", "DSV4_API_KEY",
+                  "--timeout", "1", "--interval", "0.2", env=env)
+    assert result.returncode == 4 and "503" in result.stdout, result.stdout
+    state["workers"] = 2
+    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-env", "DSV4_API_KEY",
+                  "--timeout", "5", env=env)
+    assert result.returncode == 0, result.stdout
+    assert state["generated"] == [{"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}]
+    wrong = wait("--url", url, "--path", "/readiness", "--api-key-env", "DSV4_API_KEY", "--timeout", "1",
+                 "--interval", "0.2", env=dict(os.environ, DSV4_API_KEY="wrong"))
+    assert wrong.returncode == 4 and "401" in wrong.stdout
+
+
+def _systemd_standins(directory: Path, state: str, sub: str, status: int) -> dict:
+    """``systemctl show`` and ``journalctl -u`` of a unit in ``state``/``sub`` that exited ``status``."""
+    directory.mkdir()
+    (directory / "systemctl").write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = show ] || exit 1\necho ActiveState={state}\necho SubState={sub}\necho Result=exit-code\n'
+        f"echo ExecMainStatus={status}\necho ExecMainCode=1\necho NRestarts=1\n")
+    (directory / "journalctl").write_text(
+        "#!/bin/sh\necho \"$*\" > " + str(directory / "journal-args") + "\n"
+        "echo 'launch_server.py: error: unrecognized arguments: --enable-metric'\n")
+    for tool in ("systemctl", "journalctl"):
+        (directory / tool).chmod(0o755)
+    return dict(os.environ, PATH=f"{directory}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("state, sub", [("failed", "failed"), ("activating", "auto-restart")])
+def test_a_unit_that_died_ends_the_wait_at_once_with_its_status_and_journal(tmp_path, state, sub):
+    import time
+
+    env = _systemd_standins(tmp_path / "bin", state, sub, 2)
+    started = time.monotonic()
+    result = wait("--url", "http://127.0.0.1:9", "--unit", "dsv4-decode.service", "--timeout", "1800", env=env)
+    assert time.monotonic() - started < 20
+    assert result.returncode == 1, result.stdout
+    error = json.loads(result.stdout)["error"]
+    assert error.startswith("dsv4-decode.service ") and "exit status 2" in error
+    assert "unrecognized arguments: --enable-metric" in error
+    assert (tmp_path / "bin/journal-args").read_text().split()[:2] == ["-u", "dsv4-decode.service"]
+
+
+def test_a_unit_still_starting_is_waited_for(tmp_path):
+    env = _systemd_standins(tmp_path / "bin", "active", "running", 0)
+    result = wait("--url", "http://127.0.0.1:9", "--unit", "dsv4-decode.service", "--timeout", "1",
+                  "--interval", "0.2", env=env)
+    assert result.returncode == 4 and "timed out" in result.stdout
+
+
 def test_unit_verifier(tmp_path):
     good = tmp_path / "good.service"
     good.write_text("[Unit]\nDescription=x\n\n[Service]\nExecStart=/bin/true\nEnvironmentFile=/etc/x.env\n\n"

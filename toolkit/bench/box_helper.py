@@ -50,7 +50,8 @@ else:  # run as a script on the box, which may have no dsv4kit: unit_env.py is c
 ENV_PREFIXES = ("SGLANG_", "CUDA_", "NCCL_", "DSV4", "TORCH_", "TRITON_")
 PACKAGES = ("sglang", "torch", "triton", "transformers", "tokenizers", "flashinfer-python", "sgl-kernel",
             "deep-gemm", "numpy", "dsv4kit", "sglang-router", "torchvision")
-SERVER_MARKERS = ("sglang.launch_server", "sglang_router.launch_router", "sglang.launch_router")
+SERVER_MARKERS = ("sglang.launch_server", "sglang_router.launch_router", "sglang.launch_router",
+                  "dsv4-router-launch")  # the router unit starts sglang-router through it (key out of argv)
 
 
 def _headers() -> dict:

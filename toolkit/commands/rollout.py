@@ -67,7 +67,7 @@ def status(
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     python: Optional[Path] = typer.Option(
         None, "--python", help="Interpreter of the SGLang venv to inspect (e.g. "
-        "/opt/sglang/venv/bin/python); it runs 'python -m dsv4kit.rollout status --json'. "
+        "/opt/dsv4/venv/bin/python); it runs 'python -m dsv4kit.rollout status --json'. "
         "Default: this interpreter.", dir_okay=False),
     host: Optional[str] = typer.Option(
         None, "--host", help="Inventory host to inspect over SSH (the SSH layer of dsv4kit validate): its "
@@ -123,7 +123,7 @@ def plan(
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
-    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used)."),
+    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The kernel flags provisioning would set on the host, and the report and numbers behind each.

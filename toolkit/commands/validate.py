@@ -26,7 +26,7 @@ def validate(
     interpret: Optional[bool] = typer.Option(None, "--interpret/--no-interpret", help="Force (or forbid) Triton's CPU interpreter. Default for --local: the interpreter only when no GPU is visible. A remote run never falls back silently."),
     installed: bool = typer.Option(False, "--installed", help="Remote: use the dsv4kit already rolled out into the box's SGLang venv instead of shipping this checkout's wheel."),
     trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Remote: accept and record an unknown host key (its fingerprint is printed and saved). A changed key is always refused."),
-    results_dir: Path = typer.Option(Path("results/validation"), "--results-dir", help="Remote: where reports are kept, named by host, GPU and time."),
+    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Remote: where reports are kept, named by host, GPU and time. Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
     wheel: Optional[Path] = typer.Option(None, "--wheel", help="Remote: ship this prebuilt dsv4kit wheel instead of building one from this checkout."),
     verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (see --ctx, --concurrency); `dsv4kit provision` takes 'auto' kernel flags from it."),
     verdict_ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context length (tokens) of the verdict's decode shapes. Default: the host's dsv4_context_length (--local: 131072)."),

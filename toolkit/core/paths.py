@@ -21,3 +21,24 @@ def cannot_write(directory: Path) -> Optional[str]:
     except OSError as exc:
         return str(exc.strerror or exc)
     return None
+
+
+#: The variable that moves the validation reports (``--results-dir`` wins over it).
+RESULTS_DIR_ENV = "DSV4KIT_RESULTS_DIR"
+
+
+def default_results_dir() -> Path:
+    """Where ``validate`` keeps its reports and ``provision``/``rollout plan`` look for them when no
+    ``--results-dir`` is given: ``$DSV4KIT_RESULTS_DIR``, else ``$XDG_DATA_HOME/dsv4kit/validation``
+    (``~/.local/share/dsv4kit/validation``). Never relative to the current directory, so every step
+    finds the reports whichever directory it runs from."""
+    moved = os.environ.get(RESULTS_DIR_ENV)
+    if moved:
+        return Path(moved).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(data) / "dsv4kit" / "validation"
+
+
+def results_dir_or_default(given: Optional[Path]) -> Path:
+    """``given`` (the ``--results-dir`` option, ``~`` expanded) or :func:`default_results_dir`."""
+    return Path(given).expanduser() if given is not None else default_results_dir()

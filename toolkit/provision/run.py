@@ -16,7 +16,7 @@ from dsv4kit.core.exitcodes import Abort
 
 
 def provision(path: Path, *, limit: Optional[Sequence[str]], tags: Optional[Sequence[str]],
-              skip_tags: Optional[Sequence[str]], check: bool, diff: bool, results_dir: Path,
+              skip_tags: Optional[Sequence[str]], check: bool, diff: bool, results_dir: Optional[Path],
               ask_become_pass: bool, ask_vault_pass: bool, vault_id: Optional[Sequence[str]],
               say: Callable[[str], None]):
     """Run playbooks/site.yml on the inventory at ``path``; the play's ``Summary``."""

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit.core import exitcodes
+from dsv4kit.core.paths import results_dir_or_default
 
 AUTO = "auto"
-DEFAULT_RESULTS_DIR = Path("results/validation")
 PROBE_TIMEOUT_S = 60.0
 _STAMP = re.compile(r"-gpu(\d+)-(\d{8}T\d{6}Z)(?:-(\d+))?\.json")  # after the host: see report_filename
 
@@ -196,13 +196,14 @@ def auto_flags(flags: dict) -> list[str]:
     return [name for name, value in (flags or {}).items() if str(value).strip().lower() == AUTO]
 
 
-def plan_host(host, *, results_dir: Path = DEFAULT_RESULTS_DIR, from_report: Optional[Path] = None,
+def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional[Path] = None,
               probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None) -> dict:
     """The kernel flags for ``host`` (an inventory Host), each with where its value came from.
 
     Returns {"host", "flags": {FLAG: value}, "decisions": {FLAG: {...}}, "report": {...} or None}.
     Raises PlanError when a report is refused or the host's facts cannot be read.
     """
+    results_dir = results_dir_or_default(results_dir)
     configured = dict(host.get("dsv4_kernel_flags") or {})
     autos = auto_flags(configured)
     plan = {"host": host.name, "flags": {}, "decisions": {}, "report": None}
@@ -287,7 +288,7 @@ def extra_vars(plans: list[dict]) -> dict:
         "report": p.get("report"), "flags": p["decisions"]}} for p in plans}}
 
 
-def plan_inventory(inventory_path, *, limit=None, results_dir: Path = DEFAULT_RESULTS_DIR,
+def plan_inventory(inventory_path, *, limit=None, results_dir: Optional[Path] = None,
                    probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None) -> list[dict]:
     """A plan for every host (of ``limit``'s plain names, when given) whose kernel flags hold ``auto``."""
     from dsv4kit.core.inventory import load_inventory
@@ -327,7 +328,7 @@ _KNOWN_NON_ROLLOUT = {"preflight", "nvidia_driver", "cuda_toolkit", "host_tuning
                       "sglang_service", "never", "always"}
 
 
-def resolve_for_provision(inventory_path, *, limit=None, results_dir: Path = DEFAULT_RESULTS_DIR,
+def resolve_for_provision(inventory_path, *, limit=None, results_dir: Optional[Path] = None,
                           tags=None, skip_tags=None, probe: Optional[Callable] = None,
                           say: Callable[[str], None] = lambda s: None) -> Optional[dict]:
     """``dsv4kit provision``'s step before Ansible: the extra-vars for the hosts' ``auto`` flags, or None.

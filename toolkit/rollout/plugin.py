@@ -83,6 +83,13 @@ def register() -> None:
         if _registered:
             return
         _registered = True
+    try:  # the serving units ask for it (service.env); independent of the kernel flags
+        from dsv4kit.rollout import loopback_store
+
+        loopback_store.install()
+    except Exception as exc:
+        logger.warning("%s the loopback store could not be installed, torch's store listens on every address: "
+                       "%s: %s", _PREFIX, type(exc).__name__, _first_line(exc))
     try:
         _register()
     except Exception as exc:  # a plugin bug must not take the server down

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit.core import exitcodes
-from dsv4kit.core.paths import cannot_write
+from dsv4kit.core.paths import cannot_write, results_dir_or_default
 
 PREFLIGHT_TIMEOUT_S = 180.0  # importing torch on a cold box can take a while
 INSTALL_TIMEOUT_S = 300.0
@@ -228,7 +228,7 @@ def _default_output() -> Output:
 def run(*, gpu: Optional[int], host: Optional[str] = None, inventory: Optional[Path] = None, timeout: float = 1800.0,
         cases: Optional[str] = None, output_path: Optional[Path] = None, interpret: bool = False,
         installed: bool = False, trust_new_host_key: bool = False,
-        results_dir: Path = Path("results/validation"), wheel: Optional[Path] = None,
+        results_dir: Optional[Path] = None, wheel: Optional[Path] = None,
         output: Optional[Output] = None, on_report: Optional[Callable[[dict], None]] = None,
         _test_remote_sleep_s: Optional[float] = None,
         verdict: bool = True, ctx: Optional[int] = None, concurrency: Optional[str] = None) -> int:
@@ -276,7 +276,7 @@ class _Run:
         self.interpret = interpret
         self.installed = installed
         self.trust = trust_new_host_key
-        self.results_dir = Path(results_dir)
+        self.results_dir = results_dir_or_default(results_dir)
         self.wheel_arg = wheel
         self.test_sleep = test_sleep
         self.started = datetime.now(timezone.utc)

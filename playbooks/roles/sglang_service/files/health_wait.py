@@ -1,22 +1,31 @@
 #!/usr/bin/env python3
-"""Wait for an SGLang server and check that what it reports is what was configured.
+"""Wait for an SGLang server (or the router) and check that what it reports is what was configured.
 
 Usage:
   dsv4_health_wait.py --url http://127.0.0.1:30002 [--path /server_info] --timeout 1800
-                      [--expect KEY=VALUE ...] [--pid PID --expect-env NAME=VALUE ...]
+                      [--unit dsv4-decode.service] [--expect KEY=VALUE ...]
+                      [--pid PID --expect-env NAME=VALUE ...] [--generate] [--api-key-env NAME]
 
-Polls GET URL+PATH every 5 s until it answers 200 with a JSON object (or the timeout passes),
-then compares each --expect KEY with the reported value (as strings; server_info reports the
-resolved server arguments, e.g. context_length), and each --expect-env NAME with the environment
-of process PID (the unit's main process: the kernel flags must be in it). Prints one JSON object;
-exit 0 when everything matches, 1 on a mismatch, 4 on timeout. Standard library only.
+Polls GET URL+PATH every 5 s until it answers 200 (or the timeout passes). With --unit, every
+poll also reads the unit's state from systemd: a unit that failed, or crashed and waits for its
+automatic restart, ends the wait at once, naming the unit, its exit status and the last journal
+lines (exit 1). Then each --expect KEY is compared with the reported value (as strings;
+server_info reports the resolved server arguments), each --expect-env NAME with the environment
+of process PID, and --generate sends one tiny POST /generate through URL that must answer 200
+with text. --api-key-env names the variable holding the API key to send (Authorization: Bearer).
+Prints one JSON object; exit 0 when everything matches, 1 on a failure, 4 on timeout.
+Standard library only.
 """
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+
+JOURNAL_LINES = 20
 
 
 def pairs(values):
@@ -29,13 +38,44 @@ def pairs(values):
     return out
 
 
-def fetch(url):
-    with urllib.request.urlopen(url, timeout=10) as response:
-        body = response.read()
+def request(url, key, body=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=30) as response:
+        raw = response.read()
     try:
-        return json.loads(body)
+        return json.loads(raw)
     except ValueError:  # a plain-text health endpoint: answering 200 is the signal
         return {}
+
+
+def unit_state(unit):
+    """systemd's view of ``unit`` (ActiveState, SubState, Result, ExecMainStatus, ...), or {} if unreadable."""
+    props = "ActiveState,SubState,Result,ExecMainStatus,ExecMainCode,NRestarts"
+    try:
+        out = subprocess.run(["systemctl", "show", unit, "-p", props], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+
+
+def unit_failure(unit):
+    """Why ``unit`` will not answer (failed, or crashed and waiting to restart), or None while it may."""
+    state = unit_state(unit)
+    if state.get("ActiveState") != "failed" and state.get("SubState") != "auto-restart":
+        return None
+    try:
+        journal = subprocess.run(["journalctl", "-u", unit, "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat"],
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        journal = f"(journalctl: {exc})"
+    how = "failed" if state.get("ActiveState") == "failed" else "exited and waits for its automatic restart"
+    return (f"{unit} {how}: result {state.get('Result', '?')}, exit status {state.get('ExecMainStatus', '?')}"
+            f" (restarts so far: {state.get('NRestarts', '?')}); last journal lines:\n{journal}")
 
 
 def process_env(pid):
@@ -44,34 +84,51 @@ def process_env(pid):
     return dict(item.decode(errors="replace").partition("=")[::2] for item in items if b"=" in item)
 
 
+def wait_for(url, args, key):
+    """The JSON answer of URL once it is 200; raises SystemExit with the printed outcome otherwise."""
+    deadline = time.monotonic() + args.timeout
+    last_error = "no answer yet"
+    while True:
+        if args.unit:
+            failure = unit_failure(args.unit)
+            if failure:
+                print(json.dumps({"url": url, "ok": False, "unit": args.unit, "error": failure}))
+                raise SystemExit(1)
+        try:
+            return request(url, key)
+        except (urllib.error.URLError, OSError) as exc:
+            last_error = str(exc)
+        if time.monotonic() >= deadline:
+            print(json.dumps({"url": url, "ok": False, "error": f"timed out after {args.timeout:.0f} s: {last_error}"}))
+            raise SystemExit(4)
+        time.sleep(args.interval)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
     parser.add_argument("--path", default="/server_info")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--interval", type=float, default=5)
+    parser.add_argument("--unit")
     parser.add_argument("--expect", action="append")
     parser.add_argument("--pid", type=int)
     parser.add_argument("--expect-env", action="append")
+    parser.add_argument("--generate", action="store_true")
+    parser.add_argument("--api-key-env")
     args = parser.parse_args(argv)
-    url = args.url.rstrip("/") + args.path
-    deadline = time.monotonic() + args.timeout
-    last_error = "no answer yet"
-    while True:
-        try:
-            info = fetch(url)
-            break
-        except (urllib.error.URLError, OSError) as exc:
-            last_error = str(exc)
-        if time.monotonic() >= deadline:
-            print(json.dumps({"url": url, "ok": False, "error": f"timed out after {args.timeout:.0f} s: {last_error}"}))
-            return 4
-        time.sleep(args.interval)
+    key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
+    base = args.url.rstrip("/")
+    url = base + args.path
+    try:
+        info = wait_for(url, args, key)
+    except SystemExit as done:
+        return done.code
     mismatches = []
-    for key, wanted in pairs(args.expect).items():
-        got = info.get(key) if isinstance(info, dict) else None
+    for name, wanted in pairs(args.expect).items():
+        got = info.get(name) if isinstance(info, dict) else None
         if str(got) != wanted:
-            mismatches.append(f"{key}: server reports {got!r}, configured {wanted!r}")
+            mismatches.append(f"{name}: server reports {got!r}, configured {wanted!r}")
     if args.expect_env:
         try:
             env = process_env(args.pid)
@@ -81,6 +138,17 @@ def main(argv=None):
         for name, wanted in pairs(args.expect_env).items():
             if env and env.get(name) != wanted:
                 mismatches.append(f"env {name}: process has {env.get(name)!r}, configured {wanted!r}")
+    if args.generate and not mismatches:
+        body = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        try:
+            answer = request(base + "/generate", key, body)
+            if not isinstance(answer, dict) or "text" not in answer:
+                mismatches.append(f"POST {base}/generate answered without text: {str(answer)[:300]}")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            mismatches.append(f"POST {base}/generate answered {exc.code}: {detail}")
+        except (urllib.error.URLError, OSError) as exc:
+            mismatches.append(f"POST {base}/generate failed: {exc}")
     print(json.dumps({"url": url, "ok": not mismatches, "mismatches": mismatches,
                       "version": info.get("version") if isinstance(info, dict) else None}))
     return 1 if mismatches else 0

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """Verify systemd unit files: `systemd-analyze verify` when it exists, else a structural check.
 
+Any line systemd-analyze prints fails the check (it warns about a misspelt key or a bad value and
+still exits 0).
+
 Usage: verify_units.py UNIT_FILE... ; prints one JSON object, exit 1 on a problem.
 The structural check: [Unit], [Service] and [Install] sections; Description, ExecStart and
 WantedBy present; ExecStart/ExecStartPre absolute and executable; EnvironmentFile absolute.
 """
 import json
+import re
 import os
 import shutil
 import subprocess
 import sys
+
+_OTHER_UNIT_NOT_FOUND = re.compile(r"Unit [\w@.\\-]+\.(service|target|socket|mount) not found")
 
 
 def structural(path):
@@ -57,11 +63,14 @@ def main(paths):
     if tool:
         proc = subprocess.run([tool, "verify", "--man=no", *paths], capture_output=True, text=True, timeout=120)
         analyzer_output = (proc.stdout + proc.stderr).strip()
-        # Units that reference each other by name are not installed in a scratch prefix: those
-        # "not found" notes are about the search path, not the files.
-        lines = [l for l in analyzer_output.splitlines() if l.strip() and "not found" not in l]
-        if proc.returncode != 0 and lines:
-            problems += lines
+        # systemd-analyze exits 0 on unknown keys and bad values ("Unknown key ..., ignoring"), so
+        # every line it prints is a problem, whatever its exit code; except that units which name
+        # each other are not installed in a scratch prefix, and "Unit ... not found" is about that
+        # search path, not the files.
+        problems += [line for line in analyzer_output.splitlines()
+                     if line.strip() and not _OTHER_UNIT_NOT_FOUND.search(line)]
+        if proc.returncode != 0 and not analyzer_output:
+            problems.append(f"systemd-analyze verify exited {proc.returncode} without saying why")
     print(json.dumps({"checked": paths, "method": "systemd-analyze verify + structural" if tool else "structural",
                       "ok": not problems, "problems": problems, "systemd_analyze": analyzer_output}))
     return 1 if problems else 0

@@ -1,0 +1,59 @@
+"""``python -m sglang.launch_server`` on the simulated box: SGLang 0.5.23's own parser first, then serve.
+
+The argv is parsed with ``sglang.srt.server_args.prepare_server_args`` from the cached 0.5.23 wheel
+(its site directory is on ``PYTHONPATH``): what SGLang rejects exits 2 with SGLang's own message,
+before anything listens. What it accepts is served by tests/fake_sglang_server.py on the parsed
+host and port, and ``/server_info`` reports the parsed values (mode, CUDA-graph batch, API key).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def main(argv: list[str]) -> int:
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(argv)  # SystemExit(2) on what SGLang rejects
+    from tests import fake_sglang_server as fake
+
+    parsed = {"disaggregation_mode": args.disaggregation_mode, "cuda_graph_max_bs_decode": args.cuda_graph_max_bs_decode,
+              "tp_size": args.tp_size, "port": args.port, "host": args.host, "api_key": args.api_key,
+              "mem_fraction_static": args.mem_fraction_static}
+    plain = fake.State.server_info
+    fake.State.server_info = lambda self: {**plain(self), **parsed}
+    if args.api_key:
+        _require_key(fake, args.api_key)
+    return fake.main(["--port", str(args.port), "--model-path", args.model_path,
+                      "--context-length", str(args.context_length),
+                      "--max-running-requests", str(args.max_running_requests or 256),
+                      "--token-delay-ms", "1", "--max-lifetime", "1800"])
+
+
+def _require_key(fake, key: str) -> None:
+    """SGLang's API-key middleware: every path but /health*, /ready*, /metrics* needs the key."""
+    make = fake.make_handler
+
+    def make_handler(state):
+        handler = make(state)
+
+        def guard(method):
+            def checked(self):
+                path = self.path.split("?")[0]
+                if not path.startswith(("/health", "/ready", "/metrics")) and \
+                        self.headers.get("Authorization") != f"Bearer {key}":
+                    return self._json(401, {"error": "Unauthorized"})
+                return method(self)
+            return checked
+
+        handler.do_GET, handler.do_POST = guard(handler.do_GET), guard(handler.do_POST)
+        return handler
+
+    fake.make_handler = make_handler
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
