@@ -46,6 +46,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_model_allow_unpinned": (bool, "Accept a branch name as dsv4_model_revision (the weights then follow the branch)."),
     "dsv4_hf_token": (str, "Hugging Face token for the weights download (vault it); empty: HF_TOKEN from the environment, or none."),
     "dsv4_context_length": (int, "--context-length of the servers, in tokens."),
+    "dsv4_model_max_context_length": (int, "The model's maximum context (config.json max_position_embeddings); a longer dsv4_context_length or bench --ctx is refused before connecting."),
     "dsv4_router_port": (int, "Port of the router (the public endpoint)."),
     "dsv4_router_open": (bool, "True: the router listens on every address (needs dsv4_router_api_key); false: 127.0.0.1 only."),
     "dsv4_router_api_key": (str, "API key the router requires (a Vault value); empty: no key."),

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-from dsv4kit.core import exitcodes
+from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.paths import cannot_write
 
 PREFLIGHT_TIMEOUT_S = 180.0  # importing torch on a cold box can take a while
@@ -339,6 +339,10 @@ class _Run:
             self.gpu = int(default)
             self.gpu_origin = f" (GPU {self.gpu} is dsv4_validate_gpu of {self.host.name} in the inventory; --gpu N picks another)"
             self.say(f"GPU {self.gpu}: dsv4_validate_gpu of {self.host.name} (--gpu N picks another)")
+        try:
+            host_limits.check_gpu(self.host, self.gpu)  # before connecting: the inventory's GPUs
+        except exitcodes.Abort as exc:
+            raise ValidationAbort(exc.exit_code, str(exc)) from None
         if self.verdict is not None:
             from dsv4kit.validation.verdict_run import DEFAULT_CONCURRENCY, parse_concurrency
 
