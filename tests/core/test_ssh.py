@@ -175,7 +175,7 @@ def test_box_side_timeout_ends_the_command_when_the_controller_is_gone(tmp_path,
     inventory = write_inventory(tmp_path / "inv", loopback_ssh)
     sleep = f"7{int(time.time() * 1000) % 100000}.5"
     code = (
-        "from dsv4kit import ssh\n"
+        "from dsv4kit.core import ssh\n"
         "from dsv4kit.core.inventory import load_inventory\n"
         f"s = ssh.open_session(load_inventory({str(inventory)!r}).host())\n"
         f"s.run('sleep {sleep}', timeout=1, stream=print)\n"
