@@ -166,13 +166,15 @@ def _read(path: Path, loader, notes: list, secrets: list) -> Inventory:
         names = [n for n in context if n not in C.INTERNAL_STATIC_VARS and n not in ("hostvars", "omit")]
         templar = Templar(loader=loader, variables=context)
         values, origins = {}, {}
-        for name in names:
-            origins[name] = _origin(context[name]) or str(path)
-            values[name] = _value(templar, context[name], name, entry.name, origins[name], bool(secrets))
+        for raw_name in names:
+            name = _plain(raw_name)
+            origins[name] = _origin(context[raw_name]) or str(path)
+            values[name] = _value(templar, context[raw_name], name, entry.name, origins[name], bool(secrets))
         groups = sorted((g for g in entry.get_groups()), key=lambda g: (g.depth, order.get(g.name, 0)))
-        host = Host(name=entry.name, groups=[g.name for g in groups], vars=values, source=path, origins=origins)
+        host = Host(name=_plain(entry.name), groups=[_plain(g.name) for g in groups], vars=values, source=path,
+                    origins=origins)
         _check_vars(host)
-        inventory.hosts[entry.name] = host
+        inventory.hosts[host.name] = host
     if not inventory.hosts:
         raise InventoryError(f"{path}: no hosts defined")
     return inventory
@@ -258,11 +260,8 @@ def _ansible_message(exc, path: Path) -> str:
 
 
 def _origin(value: Any) -> Optional[str]:
-    try:
-        from ansible._internal._datatag._tags import Origin
-    except ImportError:  # ansible-core before 2.19: the position YAML objects carry
-        position = getattr(value, "ansible_pos", None)
-        return f"{position[0]}:{position[1]}" if position else None
+    from ansible._internal._datatag._tags import Origin  # ansible-core 2.19+: where each value came from
+
     origin = value if isinstance(value, Origin) else Origin.get_tag(value)
     if origin is None:
         return None
@@ -294,11 +293,8 @@ def _configured_vault_secrets(loader) -> list:
 def _vault_context(secrets: list) -> Iterator[None]:
     """ansible-core 2.19+ decrypts a vaulted value when it is used, with the secrets of its
     process-wide context (ansible-playbook sets it once); set it for this read only."""
-    try:
-        from ansible.parsing.vault import VaultSecretsContext
-    except ImportError:  # before 2.19 the loader's secrets decrypt while parsing
-        yield
-        return
+    from ansible.parsing.vault import VaultSecretsContext
+
     previous = VaultSecretsContext._current
     if previous is None:
         VaultSecretsContext._current = VaultSecretsContext(secrets)
@@ -309,10 +305,8 @@ def _vault_context(secrets: list) -> Iterator[None]:
 
 
 def _vaulted(value: Any) -> Optional[str]:
-    try:
-        from ansible.parsing.vault import VaultHelper
-    except ImportError:
-        return str(value._ciphertext) if hasattr(value, "_ciphertext") else None
+    from ansible.parsing.vault import VaultHelper
+
     return VaultHelper.get_ciphertext(value, with_tags=False)
 
 
