@@ -166,3 +166,16 @@ def test_the_shipped_examples_match_ansible_inventory():
             assert {k: v for k, v in values.items() if "{{" not in str(v)} == \
                    {k: inv.host(host).vars[k] for k, v in values.items() if "{{" not in str(v)}, host
 
+
+
+def test_the_users_own_variables_pass_and_a_misspelt_connection_variable_does_not(tmp_path):
+    path = inventory_dir(tmp_path, "hosts.ini", "[dsv4_boxes]\nbox1 ansible_host=\"{{ box_address }}\"\n")
+    # Role variables and Jinja helpers, in a JSON file Ansible reads as it reads YAML.
+    (tmp_path / "group_vars/dsv4_boxes.json").write_text('{"box_address": "10.0.0.9", "model_weights_enabled": false}')
+    host = load_inventory(path).host()
+    assert host.address == "10.0.0.9" and host["model_weights_enabled"] is False
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars/box1.yml").write_text("ansbile_user: ops\n")
+    with pytest.raises(InventoryError, match=r"host_vars/box1.yml:1: host 'box1': unknown field 'ansbile_user' "
+                                             r"\(did you mean 'ansible_user'\?\)"):
+        load_inventory(path)

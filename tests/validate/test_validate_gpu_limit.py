@@ -28,3 +28,13 @@ def test_a_gpu_the_box_does_not_have_is_refused_before_connecting(tmp_path, loop
     assert "connect" not in err and "Traceback" not in err
     code, err = validate("--gpu", "7", "-i", str(inventory), "--installed", "--results-dir", str(results))
     assert code == exitcodes.UNREACHABLE, err  # a GPU of the box: the run goes on to connect
+
+
+def test_the_verdicts_shapes_are_held_to_the_inventorys_limits(tmp_path, loopback_ssh):
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_port=closed_port(),
+                                dsv4_max_running_requests=16, dsv4_model_max_context_length=65536)
+    results = str(tmp_path / "results")
+    code, err = validate("--gpu", "7", "-c", "1,64", "-i", str(inventory), "--installed", "--results-dir", results)
+    assert code == exitcodes.USAGE and "--concurrency/-c 64 exceeds the servers' max_running_requests 16" in err, err
+    code, err = validate("--gpu", "7", "--ctx", "131072", "-i", str(inventory), "--installed", "--results-dir", results)
+    assert code == exitcodes.USAGE and "--ctx 131072 exceeds the model's maximum context length 65536" in err, err

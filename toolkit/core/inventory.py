@@ -156,6 +156,7 @@ def _read(path: Path, loader, notes: list, secrets: list) -> Inventory:
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
+    _forget_vars_files()
     manager = InventoryManager(loader=loader, sources=[str(path)])
     _raise_parse_problems(path, notes)
     variables = VariableManager(loader=loader, inventory=manager)
@@ -178,6 +179,16 @@ def _read(path: Path, loader, notes: list, secrets: list) -> Inventory:
     if not inventory.hosts:
         raise InventoryError(f"{path}: no hosts defined")
     return inventory
+
+
+def _forget_vars_files() -> None:
+    """Ansible's group_vars/host_vars plugin remembers, per process, which files and directories
+    it found; a second read here must see the files as they are now."""
+    from ansible.plugins.vars import host_group_vars
+
+    for cache in (getattr(host_group_vars, "FOUND", None), getattr(host_group_vars, "NAK", None)):
+        if cache is not None:
+            cache.clear()
 
 
 # --------------------------------------------------------------------------- Ansible's own words
@@ -374,8 +385,11 @@ def _check_vars(host: Host) -> None:
         if name not in _KNOWN:
             if name.startswith("ansible_"):
                 continue  # Ansible has many connection variables; it checks its own.
-            hint = difflib.get_close_matches(name, _KNOWN, n=1, cutoff=0.8)
-            if name.startswith("dsv4_") or hint:  # other names are the user's own (Jinja helpers)
+            # Other names are the user's own (Jinja helpers, role variables), unless they look like
+            # a misspelt connection variable ("ansbile_host").
+            hint = difflib.get_close_matches(name, _KNOWN if name.startswith("dsv4_") else CONNECTION_FIELDS,
+                                             n=1, cutoff=0.6 if name.startswith("dsv4_") else 0.85)
+            if name.startswith("dsv4_") or hint:
                 raise InventoryError(
                     f"{host.origin(name)}: host {host.name!r}: unknown field {name!r}"
                     + (f" (did you mean {hint[0]!r}?)" if hint else "")

@@ -1,11 +1,13 @@
 """The schema of the dsv4kit inventory variables (``dsv4_*``), shared by every command.
 
-The inventory is an ordinary Ansible YAML inventory plus ``group_vars/`` and ``host_vars/``
-beside it. Ansible reads it for ``dsv4kit provision``; ``dsv4kit.core.inventory`` reads the same files
-for ``validate`` and ``bench`` and checks every ``dsv4_*`` variable against ``FIELDS``.
+The inventory is an ordinary Ansible inventory (YAML or INI) plus ``group_vars/`` and
+``host_vars/`` beside it. Ansible reads it for ``dsv4kit provision``; ``dsv4kit.core.inventory``
+reads it through ansible-core's own inventory API for the other commands and checks every
+``dsv4_*`` variable against ``FIELDS``.
 
-Each entry: name -> (python type(s), description). Values are checked after merging
-all < group < host. Unknown ``dsv4_*`` names are errors (they are almost always typos).
+Each entry: name -> (python type(s), description). Values are checked once Ansible has merged
+and templated them. Unknown ``dsv4_*`` names are errors (they are almost always typos), as are
+other names very close to a known one.
 Host-level connection settings use Ansible's own names (``ansible_host``, ``ansible_port``, ...),
 listed in ``CONNECTION_FIELDS``.
 """

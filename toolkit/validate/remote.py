@@ -352,6 +352,13 @@ class _Run:
             except ValueError as exc:
                 raise ValidationAbort(exitcodes.USAGE, str(exc)) from None
             self.verdict = (int(ctx or self.host["dsv4_context_length"]), ",".join(map(str, levels)))
+            try:  # the decode shapes the user gave, within what the servers can run
+                if ctx:
+                    host_limits.check_context(self.host, int(ctx))
+                if concurrency:
+                    host_limits.check_concurrency(self.host, levels)
+            except exitcodes.Abort as exc:
+                raise ValidationAbort(exc.exit_code, str(exc)) from None
 
     def _check_connection_inputs(self) -> None:
         """The key file and known_hosts, as provision and bench check them (exit 2 or 3)."""
