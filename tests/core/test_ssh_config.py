@@ -98,3 +98,15 @@ def test_an_unknown_jump_host_key_is_refused_before_connecting(tmp_path, loopbac
         check_hosts(host.source)
     assert info.value.exit_code == exitcodes.UNREACHABLE
     assert "the host key of jump-key (jump host jump of lo) is not in" in str(info.value)
+
+
+def test_proxycommand_is_used(tmp_path, loopback_ssh, home):
+    through = (f"ssh -i {loopback_ssh.client_key} -o UserKnownHostsFile={loopback_ssh.known_hosts} "
+               f"-o StrictHostKeyChecking=yes -o BatchMode=yes -p {loopback_ssh.port} "
+               f"{loopback_ssh.user}@127.0.0.1 -W %h:%p")
+    ssh_config(home, entry(ALIAS, loopback_ssh, ProxyCommand=through))
+    host = load_inventory(alias_inventory(tmp_path, loopback_ssh)).host()
+    before = logins(loopback_ssh)
+    with ssh.open_session(host) as session:
+        assert session.run("echo proxied", timeout=30).stdout.strip() == "proxied"
+    assert logins(loopback_ssh) - before == 2  # ssh -W logged in once, then dsv4kit through it
