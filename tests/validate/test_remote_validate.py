@@ -60,7 +60,7 @@ def test_wheel_builds_are_reproducible(wheel, tmp_path):
 
 def test_wheel_holds_the_three_packages(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("dsv4kit/ssh.py", "dsv4kit/validation/harness.py", "dsv4kit/kernels/__init__.py"):
+    for module in ("dsv4kit/core/ssh.py", "dsv4kit/validation/harness.py", "dsv4kit/kernels/__init__.py"):
         assert module in names
     assert not any("__pycache__" in n for n in names)
 
@@ -280,7 +280,7 @@ def test_interrupt_kills_the_remote_run_and_keeps_nothing(box):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from dsv4kit import remote_validate\n"
+        "from dsv4kit.validate import remote as remote_validate\n"
         f"sys.exit(remote_validate.run(gpu=0, inventory=Path({str(inventory)!r}), timeout=300, "
         f"cases={CASE!r}, interpret=True, installed=True, results_dir=Path({str(results)!r}), "
         f"_test_remote_sleep_s={float(sleep)}))\n"
