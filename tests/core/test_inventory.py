@@ -130,3 +130,10 @@ def test_bad_key_path(tmp_path):
     inv = load_inventory(write_inventory(tmp_path, {"box1": {"ansible_ssh_private_key_file": str(tmp_path / "nokey")}}))
     with pytest.raises(InventoryError, match="does not exist"):
         inv.host("box1").check_connectable()
+
+
+def test_a_context_length_beyond_the_models_maximum_is_named(tmp_path):
+    path = write_inventory(tmp_path, {"box1": {"dsv4_context_length": 2097152}})
+    with pytest.raises(InventoryError, match=r"hosts.yml:\d+: host 'box1': dsv4_context_length 2097152 exceeds the "
+                                             r"model's maximum, dsv4_model_max_context_length 1048576 \(.*group_vars/all.yml:\d+\)"):
+        load_inventory(path)
