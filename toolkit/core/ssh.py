@@ -252,8 +252,8 @@ def resolve(host: "Host") -> Endpoint:
     """Where ``host`` is reached, as Ansible's ssh connection would reach it (module docstring)."""
     given = host.vars
     jump = None
-    for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-        jump = _jump_option(str(given.get(name) or "")) or jump
+    for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):  # ssh: the first value given wins
+        jump = jump or _jump_option(str(given.get(name) or ""))
     key = host.key_file
     return _endpoint(host.address, port=int(given["ansible_port"]) if "ansible_port" in given else None,
                      user=str(given["ansible_user"]) if given.get("ansible_user") else None,
