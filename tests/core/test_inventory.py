@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,9 @@ def test_precedence_all_group_host(tmp_path):
     assert inv.host("b")["dsv4_decode_port"] == 31000
 
 
-def test_precedence_through_nested_groups(tmp_path):
-    # all < parent group < child group (inline vars < group_vars/ file) < host inline < host_vars/.
+def test_precedence_through_nested_groups_is_ansibles(tmp_path):
+    """Ansible's order, from its own ansible-inventory: inventory-file group vars (parent < child)
+    < group_vars/all < group_vars/<group> < host inline < host_vars/."""
     (tmp_path / "group_vars").mkdir()
     all_vars = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
     (tmp_path / "group_vars/all.yml").write_text(yaml.safe_dump(all_vars))
@@ -48,22 +50,38 @@ def test_precedence_through_nested_groups(tmp_path):
     (tmp_path / "host_vars/c.yml").write_text(yaml.safe_dump({"dsv4_router_port": 9003}))
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump({"all": {"children": {"site": {
-        "vars": {"dsv4_context_length": 4096, "dsv4_router_port": 9001},
+        "vars": {"dsv4_mem_fraction_static": 0.7, "dsv4_cuda_graph_max_bs_decode": 32},
         "children": {"rack": {
-            "vars": {"dsv4_context_length": 2048, "dsv4_decode_port": 31000},
+            "vars": {"dsv4_mem_fraction_static": 0.75, "dsv4_decode_port": 31000, "dsv4_prefill_port": 31002},
             "hosts": {"a": None, "b": {"dsv4_context_length": 1024}, "c": {"dsv4_router_port": 9002}},
         }},
         "hosts": {"d": None},
     }}}}))
     inv = load_inventory(path)
-    assert inv.host("a")["dsv4_context_length"] == 2048
-    assert inv.host("a")["dsv4_decode_port"] == 31001
-    assert inv.host("a")["dsv4_router_port"] == 9001
+    assert inv.host("a")["dsv4_context_length"] == 131072  # group_vars/all beats inventory-file group vars
+    assert inv.host("a")["dsv4_decode_port"] == 31001  # group_vars/rack beats rack's inline vars
+    assert inv.host("a")["dsv4_prefill_port"] == 30001  # group_vars/all beats even a child's inline vars
     assert inv.host("b")["dsv4_context_length"] == 1024
     assert inv.host("c")["dsv4_router_port"] == 9003
-    assert inv.host("d")["dsv4_context_length"] == 4096
-    assert inv.host("d")["dsv4_decode_port"] == all_vars["dsv4_decode_port"]
     assert inv.host("a").groups == ["all", "site", "rack"]
+    theirs = ansible_inventory(path)
+    assert set(theirs) == set(inv.hosts)
+    for name, values in theirs.items():  # the values Ansible leaves untemplated are compared elsewhere
+        plain = {k: v for k, v in values.items() if "{{" not in json.dumps(v)}
+        assert plain == {k: inv.host(name).vars[k] for k in plain}, name
+
+
+def ansible_inventory(path):
+    """Every host's dsv4_* and ansible_* variables as the real ``ansible-inventory --list`` gives them."""
+    import subprocess
+    import sys
+
+    tool = Path(sys.executable).parent / "ansible-inventory"
+    proc = subprocess.run([str(tool), "-i", str(path), "--list"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    hostvars = json.loads(proc.stdout)["_meta"]["hostvars"]
+    return {host: {k: v for k, v in values.items() if k.startswith(("dsv4_", "ansible_"))}
+            for host, values in hostvars.items()}
 
 
 def test_missing_file():
@@ -112,3 +130,10 @@ def test_bad_key_path(tmp_path):
     inv = load_inventory(write_inventory(tmp_path, {"box1": {"ansible_ssh_private_key_file": str(tmp_path / "nokey")}}))
     with pytest.raises(InventoryError, match="does not exist"):
         inv.host("box1").check_connectable()
+
+
+def test_a_context_length_beyond_the_models_maximum_is_named(tmp_path):
+    path = write_inventory(tmp_path, {"box1": {"dsv4_context_length": 2097152}})
+    with pytest.raises(InventoryError, match=r"hosts.yml:\d+: host 'box1': dsv4_context_length 2097152 exceeds the "
+                                             r"model's maximum, dsv4_model_max_context_length 1048576 \(.*group_vars/all.yml:\d+\)"):
+        load_inventory(path)

@@ -60,7 +60,7 @@ def test_wheel_builds_are_reproducible(wheel, tmp_path):
 
 def test_wheel_holds_the_three_packages(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("dsv4kit/ssh.py", "dsv4kit/validation/harness.py", "dsv4kit/kernels/__init__.py"):
+    for module in ("dsv4kit/core/ssh.py", "dsv4kit/validation/harness.py", "dsv4kit/kernels/__init__.py"):
         assert module in names
     assert not any("__pycache__" in n for n in names)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from dsv4kit.bench import sweep
 from dsv4kit.bench.args import check_lengths, check_prompts
 from dsv4kit.bench.gates import GateConfig
-from dsv4kit.core import exitcodes
+from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.records import results_repo
 from dsv4kit.records.compare import compare, key_differences
@@ -166,6 +166,8 @@ def _target(req: BenchRequest, inventory_path: Path, ab_spec, warn: Say):
     try:
         target = load_inventory(inventory_path).host(req.host)
         sweep.check_host(target)
+        host_limits.check_context(target, req.ctx)
+        host_limits.check_concurrency(target, sweep.parse_concurrency(req.concurrency))
         if ab_spec is not None:
             try:  # every arm restarts the serving units through the playbook
                 playbook.check_tags(playbook.check_tools(),

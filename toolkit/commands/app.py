@@ -23,6 +23,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's own help layout: it wraps the text to the terminal (or $COLUMNS, 80 when piped) but
+    # never cuts an option name, as rich's tables do at 80 columns. -h is --help in every command.
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
 
 
@@ -48,3 +52,5 @@ app.command("bench")(bench.bench)
 app.command("profile")(profile.profile)
 app.add_typer(records.app, name="records")
 app.add_typer(rollout.app, name="rollout")
+for _group in (records.app, rollout.app):  # their help too: click's layout, never cut
+    _group.rich_markup_mode = None

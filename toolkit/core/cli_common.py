@@ -69,7 +69,7 @@ def _check_key_file(host) -> None:
     key = host.key_file
     if key is None:
         return
-    where = f"{host.source}: host {host.name!r}: ansible_ssh_private_key_file {str(key)!r}"
+    where = f"{host.origin('ansible_ssh_private_key_file')}: host {host.name!r}: ansible_ssh_private_key_file {str(key)!r}"
     if not key.exists():
         raise Abort(exitcodes.USAGE, f"{where} does not exist")
     if not key.is_file():
@@ -79,14 +79,14 @@ def _check_key_file(host) -> None:
 
 
 def _check_known_host(host, trust_new_host_key: Optional[bool]) -> None:
+    """The host key of the box, and of every ProxyJump host on the way, is in known_hosts."""
     import paramiko
 
-    from dsv4kit.core.ssh import known_hosts_name
+    from dsv4kit.core.ssh import RemoteError, resolve
 
     if trust_new_host_key:
         return  # an unknown key is recorded on connect; a changed one is still refused then
     known = host.known_hosts
-    name = known_hosts_name(host.address, host.port)
     keys = paramiko.HostKeys()
     if known.is_file():
         try:
@@ -94,14 +94,21 @@ def _check_known_host(host, trust_new_host_key: Optional[bool]) -> None:
         except Exception as exc:  # noqa: BLE001 - paramiko's InvalidHostKey is no SSHException
             raise Abort(exitcodes.USAGE, f"cannot read known_hosts {str(known)!r} (dsv4_known_hosts of host "
                                          f"{host.name!r}): {exc}; fix or remove the broken line") from None
-    if keys.lookup(name):
-        return
-    port = f"-p {host.port} " if host.port != 22 else ""
-    raise Abort(exitcodes.UNREACHABLE,
-                f"the host key of {name} ({host.name}) is not in {known}: nothing was run. Record it once: "
-                f"ssh-keyscan {port}{host.address} >> {known}, after checking its fingerprint against the "
-                f"box's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on the box)"
-                + (", or pass --trust-new-host-key" if trust_new_host_key is not None else ""))
+    try:
+        endpoint = resolve(host)
+    except RemoteError as exc:
+        raise Abort(exitcodes.USAGE, str(exc)) from None
+    for hop in [*endpoint.jumps, endpoint]:
+        name = hop.known_hosts_name
+        if keys.lookup(name):
+            continue
+        what = f"{host.name}" if hop is endpoint else f"jump host {hop.alias} of {host.name}"
+        port = f"-p {hop.port} " if hop.port != 22 else ""
+        raise Abort(exitcodes.UNREACHABLE,
+                    f"the host key of {name} ({what}) is not in {known}: nothing was run. Record it once: "
+                    f"ssh-keyscan {port}{hop.hostname} >> {known}, after checking its fingerprint against the "
+                    f"box's own (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on the box)"
+                    + (", or pass --trust-new-host-key" if trust_new_host_key is not None else ""))
 
 
 def check_hosts(inventory: Optional[os.PathLike | str], *, host: Optional[str] = None,

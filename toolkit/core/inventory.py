@@ -1,26 +1,32 @@
-"""Load the Ansible inventory that ``dsv4kit provision`` uses, for the other commands.
+"""The Ansible inventory, read by Ansible itself, for every dsv4kit command.
 
-One file, one schema: the YAML inventory (``inventory/hosts.yml``) with ``group_vars/`` and
-``host_vars/`` beside it, merged the way Ansible merges them (all < parent group < child group
-< host), and every ``dsv4_*`` variable checked against ``dsv4kit.core.inventory_schema``. Errors name
-the file, the host and the field.
+ansible-core's own inventory API reads it (``InventoryManager`` and ``VariableManager`` over a
+``DataLoader``), so YAML and INI inventories, an inventory directory, ``group_vars/`` and
+``host_vars/``, their precedence, Jinja values and Vault mean here what they mean to
+``ansible-playbook``. Each host's variables are what ``ansible-inventory --list`` gives, with the
+``dsv4_*`` and connection variables templated, then checked against
+``dsv4kit.core.inventory_schema``. An error names the file (and line) that holds the bad value.
+
+Vault: the secrets Ansible's configuration names (``ANSIBLE_VAULT_PASSWORD_FILE``,
+``ANSIBLE_VAULT_IDENTITY_LIST`` or ansible.cfg; never a prompt), or ``vault_secrets``, decrypt
+vaulted values; without a secret that opens it, a vaulted value stays a ``VaultedValue``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import getpass
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
-
-import yaml
+from typing import Any, Iterator, Optional
 
 from dsv4kit.core.inventory_schema import CONNECTION_FIELDS, FIELDS, REQUIRED
 
 DEFAULT_INVENTORY = Path("inventory/hosts.yml")
-GROUP_KEYS = {"hosts", "vars", "children"}
+_KNOWN = {**FIELDS, **CONNECTION_FIELDS}
 
 
 class InventoryError(ValueError):
@@ -28,18 +34,10 @@ class InventoryError(ValueError):
 
 
 class VaultedValue(str):
-    """An Ansible Vault value (``!vault |``) as written: its ciphertext, never decrypted here.
-
-    Ansible decrypts it (``dsv4kit provision --ask-vault-pass`` / ``--vault-id``); the schema check
-    accepts it for any field, since its type is only known once decrypted.
-    """
-
-
-class _InventoryLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that also reads Ansible's ``!vault`` tag."""
-
-
-_InventoryLoader.add_constructor("!vault", lambda loader, node: VaultedValue(loader.construct_scalar(node)))
+    """An Ansible Vault value no secret here opens: its ciphertext (or, for a value templated from
+    one, the template), never decrypted. The schema check accepts it for any field, since its type
+    is only known once decrypted; ``dsv4kit provision --ask-vault-pass`` / ``--vault-id`` hand
+    Ansible the secret."""
 
 
 @dataclass
@@ -48,6 +46,8 @@ class Host:
     groups: list[str]
     vars: dict[str, Any]
     source: Path
+    #: Where each variable's value was written: "path:line:column" (Ansible's own record).
+    origins: dict[str, str] = field(default_factory=dict)
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.vars.get(name, default)
@@ -57,6 +57,10 @@ class Host:
             return self.vars[name]
         except KeyError:
             raise InventoryError(f"{self.source}: host {self.name!r} has no value for {name!r}") from None
+
+    def origin(self, name: str) -> str:
+        """The file (and line) that sets ``name`` for this host; the inventory when unknown."""
+        return self.origins.get(name) or str(self.source)
 
     @property
     def address(self) -> str:
@@ -92,7 +96,8 @@ class Host:
         key = self.key_file
         if key is not None and not key.is_file():
             raise InventoryError(
-                f"{self.source}: host {self.name!r}: ansible_ssh_private_key_file {str(key)!r} does not exist"
+                f"{self.origin('ansible_ssh_private_key_file')}: host {self.name!r}: "
+                f"ansible_ssh_private_key_file {str(key)!r} does not exist"
             )
 
 
@@ -122,157 +127,329 @@ def default_inventory_path() -> Path:
     return Path(os.environ.get("DSV4KIT_INVENTORY", DEFAULT_INVENTORY))
 
 
-def load_inventory(path: Optional[os.PathLike | str] = None) -> Inventory:
+def load_inventory(path: Optional[os.PathLike | str] = None, *, vault_secrets: Optional[list] = None) -> Inventory:
+    """Every host of the inventory at ``path`` (a file or a directory), read by Ansible and checked.
+
+    ``vault_secrets``: ``[(vault_id, ansible.parsing.vault.VaultSecret)]`` to use instead of the
+    ones Ansible's configuration names. Raises InventoryError naming the file of the problem.
+    """
     path = Path(path) if path is not None else default_inventory_path()
-    if not path.is_file():
+    if not path.is_file() and not path.is_dir():
         raise InventoryError(f"inventory file {str(path)!r} not found (pass --inventory PATH or set DSV4KIT_INVENTORY)")
-    data = _read_yaml(path)
-    if not isinstance(data, dict) or not data:
-        raise InventoryError(f"{path}: expected a YAML mapping of groups (e.g. 'all:'), got {type(data).__name__}")
+    from ansible.errors import AnsibleError
+    from ansible.parsing.dataloader import DataLoader
 
-    base = path.parent
+    loader = DataLoader()
+    with _ansible_notes() as notes:
+        try:
+            secrets = vault_secrets if vault_secrets is not None else _configured_vault_secrets(loader)
+            loader.set_vault_secrets(secrets)
+            with _vault_context(secrets):
+                return _read(path, loader, notes, secrets)
+        except AnsibleError as exc:
+            raise InventoryError(_ansible_message(exc, path)) from None
+
+
+def _read(path: Path, loader, notes: list, secrets: list) -> Inventory:
+    from ansible import constants as C
+    from ansible.inventory.manager import InventoryManager
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    _forget_vars_files()
+    manager = InventoryManager(loader=loader, sources=[str(path)])
+    _raise_parse_problems(path, notes)
+    variables = VariableManager(loader=loader, inventory=manager)
     inventory = Inventory(path=path)
-    host_entries: dict[str, tuple[list[str], dict]] = {}
-    # Each group's own vars (inline < group_vars/ file). "all" has its file even when the
-    # inventory never spells out an "all:" group.
-    group_vars: dict[str, dict] = {"all": _group_file_vars(base, "all")}
-
-    def walk(group: str, body: Any, parents: list[str]) -> None:
-        if body is None:
-            body = {}
-        if not isinstance(body, dict):
-            raise InventoryError(f"{path}: group {group!r} must be a mapping, got {type(body).__name__}")
-        unknown = set(body) - GROUP_KEYS
-        if unknown:
-            raise InventoryError(f"{path}: group {group!r} has unknown key(s) {sorted(unknown)}; allowed: {sorted(GROUP_KEYS)}")
-        chain = parents + [group]
-        inline = body.get("vars") or {}
-        if not isinstance(inline, dict):
-            raise InventoryError(f"{path}: vars of group {group!r} must be a mapping")
-        # Ansible: inventory-file group vars < group_vars/ files.
-        group_vars[group] = {**inline, **_group_file_vars(base, group)}
-        hosts = body.get("hosts") or {}
-        if not isinstance(hosts, dict):
-            raise InventoryError(f"{path}: hosts of group {group!r} must be a mapping of host names")
-        for host, host_vars in hosts.items():
-            host_vars = host_vars or {}
-            if not isinstance(host_vars, dict):
-                raise InventoryError(f"{path}: host {host!r} must map to variables, got {type(host_vars).__name__}")
-            groups, previous = host_entries.get(str(host), ([], {}))
-            host_entries[str(host)] = (groups + [g for g in chain if g not in groups], {**previous, **host_vars})
-        children = body.get("children") or {}
-        if not isinstance(children, dict):
-            raise InventoryError(f"{path}: children of group {group!r} must be a mapping")
-        for child, child_body in children.items():
-            walk(str(child), child_body, chain)
-
-    for group, body in data.items():
-        walk(str(group), body, [] if group == "all" else ["all"])
-
-    for host, (groups, inline_vars) in host_entries.items():
-        merged: dict = {}
-        for group in groups:  # "all" first, then parents before children, as walked
-            merged.update(group_vars[group])
-        merged.update(inline_vars)
-        merged.update(_host_file_vars(base, host))
-        _check_vars(path, host, merged)
-        inventory.hosts[host] = Host(name=host, groups=groups, vars=merged, source=path)
+    order = {name: index for index, name in enumerate(manager.groups)}
+    for entry in manager.get_hosts():
+        context = variables.get_vars(host=entry, include_hostvars=True, stage="all")
+        names = [n for n in context if n not in C.INTERNAL_STATIC_VARS and n not in ("hostvars", "omit")]
+        templar = Templar(loader=loader, variables=context)
+        values, origins = {}, {}
+        for raw_name in names:
+            name = _plain(raw_name)
+            origins[name] = _origin(context[raw_name]) or str(path)
+            values[name] = _value(templar, context[raw_name], name, entry.name, origins[name], bool(secrets))
+        groups = sorted((g for g in entry.get_groups()), key=lambda g: (g.depth, order.get(g.name, 0)))
+        host = Host(name=_plain(entry.name), groups=[_plain(g.name) for g in groups], vars=values, source=path,
+                    origins=origins)
+        _check_vars(host)
+        inventory.hosts[host.name] = host
     if not inventory.hosts:
         raise InventoryError(f"{path}: no hosts defined")
     return inventory
 
 
-def _read_yaml(path: Path) -> Any:
+def _forget_vars_files() -> None:
+    """Ansible's group_vars/host_vars plugin remembers, per process, which files and directories
+    it found; a second read here must see the files as they are now."""
+    from ansible.plugins.vars import host_group_vars
+
+    for cache in (getattr(host_group_vars, "FOUND", None), getattr(host_group_vars, "NAK", None)):
+        if cache is not None:
+            cache.clear()
+
+
+# --------------------------------------------------------------------------- Ansible's own words
+@contextlib.contextmanager
+def _ansible_notes() -> Iterator[list]:
+    """Ansible reports inventory problems as warnings on its display; collect them instead, as
+    (text, exception or None), so that they become one error here (and nothing else prints)."""
+    from ansible.utils.display import Display
+
+    display, notes = Display(), []
+    saved = {name: display.__dict__.get(name) for name in ("warning", "error_as_warning")}
+    display.warning = lambda msg, *args, **kwargs: notes.append((str(msg), None))
+    display.error_as_warning = lambda msg, exception, *args, **kwargs: notes.append((str(msg or ""), exception))
     try:
-        with open(path) as fh:
-            return yaml.load(fh, Loader=_InventoryLoader)  # noqa: S506 - a SafeLoader plus !vault
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"{path}: not valid YAML: {exc}") from None
+        yield notes
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                display.__dict__.pop(name, None)
+            else:
+                display.__dict__[name] = value
 
 
-def _vars_files(directory: Path, name: str) -> list[Path]:
-    files = [directory / f"{name}{ext}" for ext in (".yml", ".yaml", "")]
-    found = [f for f in files if f.is_file()]
-    folder = directory / name
-    if folder.is_dir():
-        found += sorted(p for p in folder.iterdir() if p.suffix in (".yml", ".yaml"))
-    return found
+def _raise_parse_problems(path: Path, notes: list) -> None:
+    """An inventory file no Ansible plugin could read (Ansible warns and goes on with no hosts),
+    or a group key Ansible skips, is an error here, in Ansible's words."""
+    # Ansible's words: "Failed to parse inventory with 'yaml' plugin." and the exception.
+    failures = [(re.search(r"with '([^']+)' plugin", msg), exc) for msg, exc in notes if exc is not None]
+    failures = [(found.group(1) if found else "", exc) for found, exc in failures]
+    unparsed = [msg[len("Unable to parse "):].rsplit(" as an inventory source", 1)[0]
+                for msg, exc in notes if exc is None and msg.startswith("Unable to parse ")]
+    problems = []
+    for source in unparsed:
+        # Ansible tried each inventory plugin; name the failures of the ones that fit the file's kind.
+        yaml_like = Path(source).suffix in (".yml", ".yaml", ".json")
+        mine = [(plugin, e) for plugin, e in failures if _failure_source(e) == source]
+        fitting = [e for plugin, e in mine if plugin in (("yaml", "auto") if yaml_like else ("ini",))]
+        fitting = fitting or [e for _, e in mine]
+        reasons: dict[str, str] = {}
+        for exc in fitting:
+            where, message = _ansible_origin(exc), _ansible_text(exc)
+            if message not in reasons or (where and ":" in where and ":" not in reasons[message]):
+                reasons[message] = where or source
+        kind = "a YAML" if yaml_like else "an INI"
+        problems += [f"{where}: Ansible cannot read it as {kind} inventory: {message}"
+                     for message, where in reasons.items()] or [f"{source}: no Ansible inventory plugin reads it"]
+    problems += [f"{path}: {msg} (Ansible skips such a key; it is almost always a typo)"
+                 for msg, exc in notes if exc is None and msg.startswith("Skipping unexpected key")]
+    if problems:
+        raise InventoryError("; ".join(problems))
 
 
-def _load_vars_files(files: list[Path]) -> dict:
-    merged: dict = {}
-    for file in files:
-        data = _read_yaml(file) or {}
-        if not isinstance(data, dict):
-            raise InventoryError(f"{file}: expected a mapping of variables")
-        merged.update(data)
-    return merged
+def _failure_source(exc) -> Optional[str]:
+    obj = getattr(exc, "obj", None)
+    path = getattr(obj, "path", None)
+    if path:
+        return str(path)
+    found = re.search(r"with source '([^']+)'>", str(getattr(obj, "description", "") or ""))
+    return found.group(1) if found else None
 
 
-def _group_file_vars(base: Path, group: str) -> dict:
-    return _load_vars_files(_vars_files(base / "group_vars", group))
+def _ansible_text(exc) -> str:
+    return " ".join(str(getattr(exc, "message", None) or exc).split())
 
 
-def _host_file_vars(base: Path, host: str) -> dict:
-    return _load_vars_files(_vars_files(base / "host_vars", host))
+def _ansible_origin(exc) -> Optional[str]:
+    """Where Ansible says the error is: the first origin with a path along the exception's causes."""
+    seen = exc
+    while seen is not None:
+        where = _origin(getattr(seen, "obj", None))
+        if where and not where.startswith("<"):
+            return where
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
+def _ansible_message(exc, path: Path) -> str:
+    """``origin: message`` for an AnsibleError (its origin: where Ansible says it is)."""
+    return f"{_ansible_origin(exc) or path}: {_ansible_text(exc)}"
+
+
+def _origin(value: Any) -> Optional[str]:
+    from ansible._internal._datatag._tags import Origin  # ansible-core 2.19+: where each value came from
+
+    origin = value if isinstance(value, Origin) else Origin.get_tag(value)
+    if origin is None:
+        return None
+    return f"{origin.path}:{origin.line_num}" if origin.path and origin.line_num else (origin.path or origin.description)
+
+
+# --------------------------------------------------------------------------- Vault
+def _configured_vault_secrets(loader) -> list:
+    """The secrets Ansible's configuration names (password file, identity list), never a prompt."""
+    from ansible import constants as C
+    from ansible.parsing.vault import get_file_vault_secret
+
+    # Read now, not at import: the environment of this call counts, as for a fresh ansible-playbook.
+    password_file = C.config.get_config_value("DEFAULT_VAULT_PASSWORD_FILE")
+    sources = [("", password_file)] if password_file else []
+    for identity in C.config.get_config_value("DEFAULT_VAULT_IDENTITY_LIST") or []:
+        label, _, source = str(identity).rpartition("@")
+        if source not in ("prompt", "prompt_ask_vault_pass"):
+            sources.append((label, source))
+    secrets = []
+    for label, source in sources:
+        secret = get_file_vault_secret(filename=source, vault_id=label or None, loader=loader)
+        secret.load()
+        secrets.append((label or C.DEFAULT_VAULT_IDENTITY, secret))
+    return secrets
+
+
+@contextlib.contextmanager
+def _vault_context(secrets: list) -> Iterator[None]:
+    """ansible-core 2.19+ decrypts a vaulted value when it is used, with the secrets of its
+    process-wide context (ansible-playbook sets it once); set it for this read only."""
+    from ansible.parsing.vault import VaultSecretsContext
+
+    previous = VaultSecretsContext._current
+    if previous is None:
+        VaultSecretsContext._current = VaultSecretsContext(secrets)
+    try:
+        yield
+    finally:
+        VaultSecretsContext._current = previous
+
+
+def _vaulted(value: Any) -> Optional[str]:
+    from ansible.parsing.vault import VaultHelper
+
+    return VaultHelper.get_ciphertext(value, with_tags=False)
+
+
+def _undecryptable(exc: BaseException) -> bool:
+    seen = exc
+    while seen is not None:
+        if "ndecryptable" in type(seen).__name__ or "undecryptable variable" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+# --------------------------------------------------------------------------- values
+def _value(templar, raw: Any, name: str, host: str, origin: str, have_secrets: bool) -> Any:
+    """``raw`` as plain Python: templated when it is one of ours, else as Ansible holds it."""
+    from ansible.errors import AnsibleError
+
+    ciphertext = _vaulted(raw)
+    if ciphertext is not None:  # a vaulted value itself: its plaintext, if a secret opens it
+        try:
+            return str.__str__(str(raw))
+        except Exception as exc:  # noqa: BLE001 - no secret at all, or none that opens it
+            if not have_secrets or _undecryptable(exc):
+                return VaultedValue(ciphertext)
+            raise InventoryError(f"{origin}: host {host!r}: {name}: cannot decrypt it with the vault secrets "
+                                 f"given: {' '.join(str(exc).split())}") from None
+    ours = name in _KNOWN or name.startswith("dsv4_")
+    try:
+        return _plain(templar.template(raw) if ours else raw)
+    except AnsibleError as exc:
+        if _undecryptable(exc):
+            return VaultedValue(str(raw))  # templated from a vaulted value no secret opens
+        message = " ".join(str(getattr(exc, "message", None) or exc).split())
+        raise InventoryError(f"{origin}: host {host!r}: {name}: {message}") from None
+
+
+def _plain(value: Any) -> Any:
+    """Ansible's tagged values as the plain types the rest of dsv4kit (and yaml/json) expect."""
+    if value is None or type(value) is bool or isinstance(value, VaultedValue):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if _vaulted(value) is not None:
+        return str.__str__(str(value))  # decrypted on use (a secret opened it)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- the schema
 def _type_name(kind) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join(k.__name__ for k in kinds)
 
 
-def _check_vars(path: Path, host: str, values: dict) -> None:
-    known = {**FIELDS, **CONNECTION_FIELDS}
+def _check_vars(host: Host) -> None:
+    values = host.vars
     for name, value in values.items():
-        if name not in known:
+        if name not in _KNOWN:
             if name.startswith("ansible_"):
                 continue  # Ansible has many connection variables; it checks its own.
-            hint = difflib.get_close_matches(name, known, n=1)
-            raise InventoryError(
-                f"{path}: host {host!r}: unknown field {name!r}"
-                + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                + "; the schema is in toolkit/core/inventory_schema.py"
-            )
-        kind = known[name][0]
+            # Other names are the user's own (Jinja helpers, role variables), unless they look like
+            # a misspelt connection variable ("ansbile_host").
+            hint = difflib.get_close_matches(name, _KNOWN if name.startswith("dsv4_") else CONNECTION_FIELDS,
+                                             n=1, cutoff=0.6 if name.startswith("dsv4_") else 0.85)
+            if name.startswith("dsv4_") or hint:
+                raise InventoryError(
+                    f"{host.origin(name)}: host {host.name!r}: unknown field {name!r}"
+                    + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                    + "; the schema is in toolkit/core/inventory_schema.py"
+                )
+            continue
+        kind = _KNOWN[name][0]
         if isinstance(value, VaultedValue):
             continue
+        kinds = kind if isinstance(kind, tuple) else (kind,)
         # bool is an int in Python; a YAML 'true' for an int field is a mistake worth naming.
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in kinds):
             raise InventoryError(
-                f"{path}: host {host!r}: field {name!r} must be {_type_name(kind)}, got {type(value).__name__} {value!r}"
+                f"{host.origin(name)}: host {host.name!r}: field {name!r} must be {_type_name(kind)}, "
+                f"got {type(value).__name__} {value!r}"
             )
     missing = [name for name in REQUIRED if name not in values]
     if missing:
-        raise InventoryError(f"{path}: host {host!r}: missing required field(s) {', '.join(missing)}")
-    _check_layout(path, host, values)
+        raise InventoryError(f"{host.source}: host {host.name!r}: missing required field(s) {', '.join(missing)}")
+    _check_layout(host)
 
 
-def _check_layout(path: Path, host: str, values: dict) -> None:
+def _check_layout(host: Host) -> None:
+    values, name_of = host.vars, host.name
     count = values.get("dsv4_gpu_count")
-    split = {k: values.get(k) for k in ("dsv4_prefill_gpus", "dsv4_decode_gpus")}
     seen: set = set()
-    for name, gpus in split.items():
-        if gpus is None:
+    for name in ("dsv4_prefill_gpus", "dsv4_decode_gpus"):
+        gpus = values.get(name)
+        if gpus is None or isinstance(gpus, VaultedValue):
             continue
         for gpu in gpus:
             if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0 or (count is not None and gpu >= count):
-                raise InventoryError(f"{path}: host {host!r}: {name} has {gpu!r}, not a GPU index in [0, {count})")
+                raise InventoryError(f"{host.origin(name)}: host {name_of!r}: {name} has {gpu!r}, "
+                                     f"not a GPU index in [0, {count})")
             if gpu in seen:
-                raise InventoryError(f"{path}: host {host!r}: GPU {gpu} is in both the prefill and the decode set")
+                raise InventoryError(f"{host.origin(name)}: host {name_of!r}: GPU {gpu} is in both the prefill "
+                                     f"and the decode set")
             seen.add(gpu)
     gpu = values.get("dsv4_validate_gpu")
-    if gpu is not None and count is not None and not 0 <= gpu < count:
-        raise InventoryError(f"{path}: host {host!r}: dsv4_validate_gpu {gpu} is not in [0, {count})")
+    if isinstance(gpu, int) and isinstance(count, int) and not 0 <= gpu < count:
+        raise InventoryError(f"{host.origin('dsv4_validate_gpu')}: host {name_of!r}: dsv4_validate_gpu {gpu} "
+                             f"is not in [0, {count})")
+    context, most = values.get("dsv4_context_length"), values.get("dsv4_model_max_context_length")
+    if isinstance(context, int) and isinstance(most, int) and context > most:
+        raise InventoryError(f"{host.origin('dsv4_context_length')}: host {name_of!r}: dsv4_context_length "
+                             f"{context} exceeds the model's maximum, dsv4_model_max_context_length {most} "
+                             f"({host.origin('dsv4_model_max_context_length')})")
     for name in ("dsv4_venv_dir", "dsv4_state_dir", "dsv4_prefix", "dsv4_model_path"):
         value = values.get(name)
-        if value is not None and not str(value).startswith("/"):
-            raise InventoryError(f"{path}: host {host!r}: {name} must be an absolute path, got {value!r}")
+        if value is None or isinstance(value, VaultedValue):
+            continue
+        if not str(value).startswith("/"):
+            raise InventoryError(f"{host.origin(name)}: host {name_of!r}: {name} must be an absolute path, "
+                                 f"got {value!r}")
         # The systemd units and the box-side scripts use these paths as single words.
-        if value is not None and any(c.isspace() or c in "\"'\\$`%" for c in str(value)):
-            raise InventoryError(f"{path}: host {host!r}: {name} must not contain whitespace, quotes, '\\', "
-                                 f"'$', '`' or '%' (systemd units use it unquoted), got {value!r}")
+        if any(c.isspace() or c in "\"'\\$`%" for c in str(value)):
+            raise InventoryError(f"{host.origin(name)}: host {name_of!r}: {name} must not contain whitespace, "
+                                 f"quotes, '\\', '$', '`' or '%' (systemd units use it unquoted), got {value!r}")
     for name in ("dsv4_health_timeout", "dsv4_package_timeout", "dsv4_connect_timeout"):
         value = values.get(name)
-        if value is not None and value <= 0:
-            raise InventoryError(f"{path}: host {host!r}: {name} must be a positive number of seconds, got {value!r}")
+        if isinstance(value, (int, float)) and value <= 0:
+            raise InventoryError(f"{host.origin(name)}: host {name_of!r}: {name} must be a positive number of "
+                                 f"seconds, got {value!r}")

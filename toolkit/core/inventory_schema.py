@@ -1,11 +1,13 @@
 """The schema of the dsv4kit inventory variables (``dsv4_*``), shared by every command.
 
-The inventory is an ordinary Ansible YAML inventory plus ``group_vars/`` and ``host_vars/``
-beside it. Ansible reads it for ``dsv4kit provision``; ``dsv4kit.core.inventory`` reads the same files
-for ``validate`` and ``bench`` and checks every ``dsv4_*`` variable against ``FIELDS``.
+The inventory is an ordinary Ansible inventory (YAML or INI) plus ``group_vars/`` and
+``host_vars/`` beside it. Ansible reads it for ``dsv4kit provision``; ``dsv4kit.core.inventory``
+reads it through ansible-core's own inventory API for the other commands and checks every
+``dsv4_*`` variable against ``FIELDS``.
 
-Each entry: name -> (python type(s), description). Values are checked after merging
-all < group < host. Unknown ``dsv4_*`` names are errors (they are almost always typos).
+Each entry: name -> (python type(s), description). Values are checked once Ansible has merged
+and templated them. Unknown ``dsv4_*`` names are errors (they are almost always typos), as are
+other names very close to a known one.
 Host-level connection settings use Ansible's own names (``ansible_host``, ``ansible_port``, ...),
 listed in ``CONNECTION_FIELDS``.
 """
@@ -46,6 +48,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_model_allow_unpinned": (bool, "Accept a branch name as dsv4_model_revision (the weights then follow the branch)."),
     "dsv4_hf_token": (str, "Hugging Face token for the weights download (vault it); empty: HF_TOKEN from the environment, or none."),
     "dsv4_context_length": (int, "--context-length of the servers, in tokens."),
+    "dsv4_model_max_context_length": (int, "The model's maximum context (config.json max_position_embeddings); a longer dsv4_context_length or bench --ctx is refused before connecting."),
     "dsv4_router_port": (int, "Port of the router (the public endpoint)."),
     "dsv4_router_open": (bool, "True: the router listens on every address (needs dsv4_router_api_key); false: 127.0.0.1 only."),
     "dsv4_router_api_key": (str, "API key the router requires (a Vault value); empty: no key."),

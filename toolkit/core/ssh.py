@@ -1,10 +1,15 @@
 """SSH to an inventory host: verified host keys, commands with hard timeouts, file transfer.
 
-Fabric (over paramiko) underneath, configured from the inventory only: no ``~/.ssh/config`` is
-read, host keys are checked against ``Host.known_hosts`` and never accepted silently. An unknown
-key is refused unless the caller opts in with ``trust_new_host_key`` (the key is then appended to
-that known_hosts file and its SHA256 fingerprint printed and kept on the session); a changed key is
-always refused.
+Fabric (over paramiko) underneath. Where to connect is resolved as Ansible's ssh connection
+(OpenSSH) resolves it (:func:`resolve`): ``ansible_host`` (else the inventory name) is looked up in
+``~/.ssh/config``, whose ``HostName``, ``Port``, ``User``, ``IdentityFile``, ``IdentitiesOnly``,
+``HostKeyAlias``, ``ProxyJump`` and ``ProxyCommand`` apply; ``ansible_port`` and ``ansible_user``,
+when set, win, and a ``-o ProxyJump=``/``-J`` in ``ansible_ssh_common_args`` or
+``ansible_ssh_extra_args`` wins over the file. docs/provisioning.md lists what is not honoured.
+Host keys (of the box and of every jump host) are checked against ``Host.known_hosts`` and never
+accepted silently. An unknown key is refused unless the caller opts in with
+``trust_new_host_key`` (the key is then appended to that known_hosts file and its SHA256
+fingerprint printed and kept on the session); a changed key is always refused.
 
 Every command runs in its own session (``setsid``) under GNU ``timeout`` on the box, so a timeout
 on either side kills the whole remote process group, not just the shell that started it.
@@ -16,6 +21,7 @@ the host, the port, the key file and the known_hosts file, never key material or
 from __future__ import annotations
 
 import base64
+import getpass
 import hashlib
 import os
 import re
@@ -138,14 +144,131 @@ def _env_reader(env: Optional[dict]) -> str:
     return "".join(f"IFS= read -r {k}; export {k}; " for k in env)
 
 
-def _host_key_policy(session: "RemoteSession"):
+def ssh_config_path() -> Path:
+    """The OpenSSH client configuration Ansible's ssh connection reads: ``~/.ssh/config``."""
+    return Path(os.path.expanduser("~/.ssh/config"))
+
+
+@dataclass
+class Endpoint:
+    """Where one SSH hop goes, resolved (:func:`resolve`)."""
+
+    alias: str  # the name looked up in ~/.ssh/config (ansible_host, else the inventory name)
+    hostname: str
+    port: int
+    user: str
+    key_files: list[str]
+    only_key_files: bool  # the named key files alone: no agent, no default keys
+    host_key_alias: Optional[str]  # HostKeyAlias: the name the host key is filed under instead
+    jumps: list["Endpoint"]  # ProxyJump hops, first hop first
+    proxy_command: Optional[str] = None
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The known_hosts name of this hop's key: the HostKeyAlias as is (OpenSSH adds no port to
+        it), else ``hostname`` or ``[hostname]:port``."""
+        return self.host_key_alias or known_hosts_name(self.hostname, self.port)
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+    def describe(self) -> str:
+        via = ", ".join(j.target for j in self.jumps) or (f"ProxyCommand {self.proxy_command}" if self.proxy_command else "")
+        return self.target + (f" via {via}" if via else "")
+
+
+def _lookup(alias: str) -> dict:
+    import paramiko
+
+    path = ssh_config_path()
+    if not path.is_file():
+        return {"hostname": alias}
+    try:
+        return dict(paramiko.SSHConfig.from_path(str(path)).lookup(alias))
+    except Exception as exc:  # noqa: BLE001 - paramiko raises several kinds on a bad line
+        raise Unreachable(f"cannot read {path} (for {alias!r}): {exc}") from None
+
+
+def _jump_option(args: str) -> Optional[str]:
+    """A ProxyJump given on ssh's command line in ``args`` (``-J x`` or ``-o ProxyJump=x``)."""
+    words = shlex.split(args or "")
+    for index, word in enumerate(words):
+        value = None
+        if word == "-J" and index + 1 < len(words):
+            value = words[index + 1]
+        elif word.startswith("-J") and len(word) > 2:
+            value = word[2:]
+        elif word == "-o" and index + 1 < len(words):
+            value = words[index + 1]
+        elif word.startswith("-o") and len(word) > 2:
+            value = word[2:]
+        if value is None:
+            continue
+        if word.startswith("-J"):
+            return value
+        key, _, option = value.replace("=", " ", 1).partition(" ")
+        if key.lower() == "proxyjump":
+            return option.strip()
+    return None
+
+
+def _endpoint(alias: str, *, port: Optional[int], user: Optional[str], key_file: Optional[str],
+              jump: Optional[str], depth: int = 0) -> Endpoint:
+    config = _lookup(alias)
+    keys = [key_file] if key_file else [os.path.expanduser(k) for k in config.get("identityfile", [])]
+    endpoint = Endpoint(
+        alias=alias, hostname=config.get("hostname", alias),
+        port=int(port if port is not None else config.get("port", 22)),
+        user=str(user or config.get("user") or getpass.getuser()),
+        key_files=keys,
+        only_key_files=bool(key_file) or str(config.get("identitiesonly", "no")).lower() == "yes",
+        host_key_alias=config.get("hostkeyalias"), jumps=[],
+        proxy_command=None if str(config.get("proxycommand", "none")).lower() == "none" else config["proxycommand"],
+    )
+    hops = jump if jump is not None else config.get("proxyjump")
+    if hops and hops.lower() != "none":
+        if depth > 8:
+            raise Unreachable(f"ProxyJump for {alias!r}: more than 8 nested jump hosts (a loop in {ssh_config_path()}?)")
+        endpoint.proxy_command = None  # ssh: ProxyJump and ProxyCommand exclude each other; the first wins
+        for hop in hops.split(","):
+            hop_user, _, rest = hop.strip().rpartition("@")
+            hop_host, hop_port = rest, None
+            if rest.startswith("["):  # [v6addr]:port
+                hop_host, _, tail = rest[1:].partition("]")
+                hop_port = int(tail[1:]) if tail.startswith(":") else None
+            elif rest.count(":") == 1:
+                hop_host, hop_port = rest.split(":")[0], int(rest.split(":")[1])
+            endpoint.jumps.append(_endpoint(hop_host, port=hop_port, user=hop_user or None, key_file=None,
+                                            jump=None, depth=depth + 1))
+        # A hop's own ProxyJump comes first: ssh reaches it through that.
+        endpoint.jumps = [j for hop in endpoint.jumps for j in (*hop.jumps, hop)]
+        for hop in endpoint.jumps:
+            hop.jumps = []
+    return endpoint
+
+
+def resolve(host: "Host") -> Endpoint:
+    """Where ``host`` is reached, as Ansible's ssh connection would reach it (module docstring)."""
+    given = host.vars
+    jump = None
+    for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):  # ssh: the first value given wins
+        jump = jump or _jump_option(str(given.get(name) or ""))
+    key = host.key_file
+    return _endpoint(host.address, port=int(given["ansible_port"]) if "ansible_port" in given else None,
+                     user=str(given["ansible_user"]) if given.get("ansible_user") else None,
+                     key_file=str(key) if key is not None else None, jump=jump)
+
+
+def _host_key_policy(session: "RemoteSession", *, box: bool = True):
     import paramiko
 
     class VerifyPolicy(paramiko.MissingHostKeyPolicy):
         """RejectPolicy, unless trusting new keys was asked for explicitly."""
 
         def missing_host_key(self, client, hostname, key):
-            session.host_key_fingerprint = fingerprint(key)
+            if box:  # a jump host's key is checked the same way, but is not the box's
+                session.host_key_fingerprint = fingerprint(key)
             known = session.known_hosts
             if not session.trust_new_host_key:
                 raise UnknownHostKey(
@@ -192,38 +315,32 @@ class RemoteSession:
         self.host_key_trusted_now = False
         self._say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._conn = None
+        self._gateways: list = []
+        self.endpoint = resolve(host)
 
     # -- connection ---------------------------------------------------------------------------
     @property
     def target(self) -> str:
-        return f"{self.host.user}@{self.host.address}:{self.host.port}"
+        return self.endpoint.describe()
 
-    def connect(self) -> "RemoteSession":
-        import logging
-
+    def _connection(self, endpoint: Endpoint, gateway, *, box: bool):
+        """A fabric Connection to ``endpoint`` (through ``gateway``), host keys checked."""
         import fabric
         import paramiko
 
-        # paramiko logs handshake failures with tracebacks from its own thread; the error we raise
-        # says it once. (Handlers configured by the caller still receive the records.)
-        logger = logging.getLogger("paramiko")
-        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
-            logger.addHandler(logging.NullHandler())
-        host = self.host
-        key = host.key_file
-        connect_kwargs = {
-            "banner_timeout": host.connect_timeout,
-            "auth_timeout": host.connect_timeout,
-        }
-        if key is not None:
+        timeout = self.host.connect_timeout
+        connect_kwargs = {"banner_timeout": timeout, "auth_timeout": timeout}
+        if endpoint.key_files:
+            connect_kwargs["key_filename"] = list(endpoint.key_files)
+        if endpoint.only_key_files:
             # A named key is the only credential tried: predictable, and no agent surprises.
-            connect_kwargs.update(key_filename=[str(key)], look_for_keys=False, allow_agent=False)
-        # An empty SSH config: the inventory alone says where and as whom to connect.
+            connect_kwargs.update(look_for_keys=False, allow_agent=False)
+        # An empty SSH config for fabric: resolve() has applied ~/.ssh/config already.
         config = fabric.Config(ssh_config=paramiko.SSHConfig())
         conn = fabric.Connection(
-            host.address, user=host.user, port=host.port, config=config,
-            connect_timeout=max(1, int(round(host.connect_timeout))),
-            connect_kwargs=connect_kwargs, inline_ssh_env=True,
+            endpoint.hostname, user=endpoint.user, port=endpoint.port, config=config,
+            connect_timeout=max(1, int(round(timeout))), connect_kwargs=connect_kwargs, inline_ssh_env=True,
+            gateway=gateway if gateway is not None else endpoint.proxy_command,
         )
         client = conn.client
         client._system_host_keys = paramiko.HostKeys()  # only host.known_hosts counts
@@ -232,7 +349,30 @@ class RemoteSession:
                 client.load_host_keys(str(self.known_hosts))
             except Exception as exc:  # noqa: BLE001 - a broken line raises InvalidHostKey, no SSHException
                 raise UnknownHostKey(f"cannot read known_hosts {self.known_hosts}: {exc}") from None
-        client.set_missing_host_key_policy(_host_key_policy(self))
+        if endpoint.host_key_alias:  # paramiko looks the key up under the address; ssh under the alias
+            keys = client.get_host_keys()
+            for kind, key in (keys.lookup(endpoint.host_key_alias) or {}).items():
+                keys.add(known_hosts_name(endpoint.hostname, endpoint.port), kind, key)
+        client.set_missing_host_key_policy(_host_key_policy(self, box=box))
+        return conn
+
+    def connect(self) -> "RemoteSession":
+        import logging
+
+        import paramiko
+
+        # paramiko logs handshake failures with tracebacks from its own thread; the error we raise
+        # says it once. (Handlers configured by the caller still receive the records.)
+        logger = logging.getLogger("paramiko")
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
+        host, endpoint = self.host, self.endpoint
+        key = ", ".join(endpoint.key_files) or None
+        gateway = None
+        for hop in self.endpoint.jumps:  # ProxyJump: each hop through the one before it
+            gateway = self._connection(hop, gateway, box=False)
+            self._gateways.append(gateway)
+        conn = self._connection(self.endpoint, gateway, box=True)
         self._conn = conn
         where = f"{self.target} ({host.name})"
         try:
@@ -242,7 +382,7 @@ class RemoteSession:
             raise
         except paramiko.BadHostKeyException as exc:
             self.close()
-            name = known_hosts_name(host.address, host.port)
+            name = endpoint.known_hosts_name
             raise HostKeyMismatch(
                 f"HOST KEY CHANGED for {name} ({host.name}): {self.known_hosts} has "
                 f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)}, the server presents "
@@ -261,14 +401,14 @@ class RemoteSession:
             cred = f"key file {key}" if key else "the ssh-agent and ~/.ssh default keys"
             raise AuthenticationFailed(
                 f"{where}: authentication failed with {cred} ({exc}). Is the public key in "
-                f"~{host.user}/.ssh/authorized_keys on the box?"
+                f"~{endpoint.user}/.ssh/authorized_keys on the box?"
             ) from None
         except (socket.timeout, TimeoutError) as exc:
             self.close()
             raise Unreachable(f"{where}: connection timed out after {host.connect_timeout:g}s ({exc})") from None
         except socket.gaierror as exc:
             self.close()
-            raise Unreachable(f"{where}: cannot resolve {host.address!r}: {exc}") from None
+            raise Unreachable(f"{where}: cannot resolve {endpoint.hostname!r}: {exc}") from None
         except paramiko.SSHException as exc:
             self.close()
             if "No authentication methods" in str(exc):
@@ -288,12 +428,14 @@ class RemoteSession:
         return self
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
-            self._conn = None
+        for conn in [self._conn, *reversed(self._gateways)]:
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+        self._conn = None
+        self._gateways = []
 
     def __enter__(self) -> "RemoteSession":
         return self

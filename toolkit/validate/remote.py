@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-from dsv4kit.core import exitcodes
+from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.paths import cannot_write, results_dir_or_default
 
 PREFLIGHT_TIMEOUT_S = 180.0  # importing torch on a cold box can take a while
@@ -339,6 +339,10 @@ class _Run:
             self.gpu = int(default)
             self.gpu_origin = f" (GPU {self.gpu} is dsv4_validate_gpu of {self.host.name} in the inventory; --gpu N picks another)"
             self.say(f"GPU {self.gpu}: dsv4_validate_gpu of {self.host.name} (--gpu N picks another)")
+        try:
+            host_limits.check_gpu(self.host, self.gpu)  # before connecting: the inventory's GPUs
+        except exitcodes.Abort as exc:
+            raise ValidationAbort(exc.exit_code, str(exc)) from None
         if self.verdict is not None:
             from dsv4kit.validation.verdict_run import DEFAULT_CONCURRENCY, parse_concurrency
 
@@ -348,6 +352,13 @@ class _Run:
             except ValueError as exc:
                 raise ValidationAbort(exitcodes.USAGE, str(exc)) from None
             self.verdict = (int(ctx or self.host["dsv4_context_length"]), ",".join(map(str, levels)))
+            try:  # the decode shapes the user gave, within what the servers can run
+                if ctx:
+                    host_limits.check_context(self.host, int(ctx))
+                if concurrency:
+                    host_limits.check_concurrency(self.host, levels)
+            except exitcodes.Abort as exc:
+                raise ValidationAbort(exc.exit_code, str(exc)) from None
 
     def _check_connection_inputs(self) -> None:
         """The key file and known_hosts, as provision and bench check them (exit 2 or 3)."""
