@@ -271,6 +271,12 @@ class ForeignLoad:
         self.threads = [threading.Thread(target=self._one, args=(i,), daemon=True) for i in range(n)]
         self.trigger = threading.Thread(target=self._start_all, daemon=True)
         self.errors: list[str] = []
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        """Hang up every request (the stand-in ends them at its next token) and wait for them."""
+        self.stopped.set()
+        self.join()
 
     def _one(self, i: int) -> None:
         body = json.dumps({"input_ids": [1, 2, 3, 4], "stream": True,
@@ -280,7 +286,8 @@ class ForeignLoad:
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
                 for _ in response:
-                    pass
+                    if self.stopped.is_set():
+                        break  # closing the connection ends the request on the server
         except Exception as exc:  # the test asserts on the bench, not on this load
             self.errors.append(str(exc))
 

@@ -810,7 +810,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             detail = idle.get("detail") or "the servers were not idle before the point"
             points.append({
                 "max_concurrency": c, "repetition": rep, "num_prompts": n, **({"arm": arm} if arm else {}),
-                "warmup_requests": cfg.warmup_for(c), "not_run": True,
+                "warmup_requests": cfg.warmup_for(c), "server_start": current["start"], "not_run": True,
                 "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
                 "wall_s": round(wall, 3), "raw": {}, "details_file": None,
                 "derived": derive({}, serving_gpus, None, None), "window": {}, "latency": None,
@@ -852,7 +852,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                     provenance = restarted(f"repetition {rep + 1}")
                     starts.append({"before_repetition": rep, "startup_time": current["startup_time"],
                                    "provenance_differs": _provenance_differs(first_provenance, provenance)})
-                current["start"] = len(starts)
+                current["start"] = len(starts) - 1
                 for c in cfg.concurrency:
                     run_point(c, rep, None)
         else:
