@@ -159,3 +159,45 @@ def test_a_sigkilled_bench_leaves_nothing_running_on_the_box(box, tmp_path):
     sent = server.stats()["generate_count"]
     time.sleep(2)
     assert server.stats()["generate_count"] == sent  # and nobody sends any more
+
+
+def test_a_spill_that_cannot_be_written_stops_the_sweep_and_records_publish_recovers_it(box, tmp_path):
+    # After the first point the spill's details folder turns into a file (as a full disk refuses a
+    # write) and the results path too: the sweep stops at once with exit 5, the first point stays
+    # on disk, nothing half-made is left; `records publish` publishes it once the disk is back.
+    server, inventory = box(context_length=4096)
+    repo = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,2,4",
+                             "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    seen = []
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("[1/3] C=1") and "tok/s" in line:
+                (spill,) = list((tmp_path / "spill").iterdir())
+                (spill / "details").rename(tmp_path / "details.kept")
+                (spill / "details").write_text("no room")
+                repo.write_text("no room")
+                break
+        _, rest = proc.communicate(timeout=200)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 5, stderr
+    assert "cannot spill" in stderr and "[3/3]" not in stderr and "records publish" in stderr
+    assert not list(spill.rglob("*.tmp")) and (spill / "record.partial.json").is_file()
+    # the disk is back
+    (spill / "details").unlink()
+    (tmp_path / "details.kept").rename(spill / "details")
+    repo.unlink()
+    published = dsv4kit("records", "publish", str(spill), "--results-repo", str(repo), "--json")
+    assert published.returncode == 0, published.stderr
+    out = json.loads(published.stdout)
+    record = json.loads((repo / "records" / out["run_id"] / "record.json").read_text())
+    assert record["incomplete"] and [p["max_concurrency"] for p in record["points"]] == [1]
+    assert not spill.exists()
