@@ -310,23 +310,26 @@ def wait_idle(ports, timeout: float, interval: float = 0.5) -> dict:
     values or problem}}``; not ok names the load (or why it could not be read)."""
     started = time.monotonic()
     while True:
-        seen, busy = {}, []
+        seen, busy, blind = {}, [], []
         for port in ports:
             try:
                 values, problems, _ = read_metrics(port)
             except Exception as exc:
                 seen[str(port)] = {"error": str(getattr(exc, "reason", exc))}
-                busy.append(f"port {port}: /metrics unreadable ({seen[str(port)]['error']})")
+                blind.append(f"port {port}: /metrics unreadable ({seen[str(port)]['error']})")
                 continue
             wanted = {k: values.get(k) for k in REQUIRED}
             seen[str(port)] = {**wanted, **({"problems": problems} if problems else {})}
             missing = [problems.get(k) or f"{k} missing" for k in REQUIRED if values.get(k) is None]
             if missing:
-                busy.append(f"port {port}: " + "; ".join(missing))
+                blind.append(f"port {port}: " + "; ".join(missing))
             elif wanted["num_running_reqs"] or wanted["num_queue_reqs"]:
                 busy.append(f"port {port}: {wanted['num_running_reqs']:g} running, {wanted['num_queue_reqs']:g} "
                             f"queued")
         waited = round(time.monotonic() - started, 2)
+        if blind:  # waiting cannot help: the load cannot be read at all
+            return {"ok": False, "waited_s": waited, "ports": seen,
+                    "detail": "cannot tell whether the servers are idle before the point: " + "; ".join(blind)}
         if not busy:
             return {"ok": True, "waited_s": waited, "ports": seen}
         if waited >= timeout:
