@@ -238,8 +238,10 @@ def synthetic_record(run_id: str, decode: dict, *, context_length: int = 4096, i
         "server": {"context_length": context_length, "launch_args_sha256": "x"},
         "client": {"tool": "sglang.benchmark.serving", "tool_version": "0.5.23", "backend": "sglang",
                    "dataset": {"name": "random-ids", "input_len": isl, "output_len": osl, "range_ratio": 1.0},
-                   "seed": 42, "tokenize_prompt": True, "num_prompts": {str(c): 8 for c in decode}},
-        "sweep": {"concurrency": sorted(decode), "repeat": max(len(v) for v in decode.values())},
+                   "seed": 42, "tokenize_prompt": True, "num_prompts": {str(c): 8 for c in decode},
+                   "warmup_requests": {str(c): max(c, 8) for c in decode}},
+        "sweep": {"concurrency": sorted(decode), "repeat": max(len(v) for v in decode.values()),
+                  "gates": GateConfig().to_dict()},
         "points": points, "summary": summarize_points(points),
         "validity_passed": all(p["validity"]["passed"] for p in points),
         "invalid_points": sum(not p["validity"]["passed"] for p in points), "notes": [],
@@ -255,3 +257,57 @@ def publish_record(repo: Path, record: dict) -> None:
 
     publish(repo, run_id=record["run_id"], tag=record["tag"],
             files={f"records/{record['run_id']}/record.json": dumps(record).encode()}, message=f"bench {record['run_id']}")
+
+
+class ForeignLoad:
+    """A second client loading the stand-in: ``n`` streamed ``/generate`` requests of ``tokens``
+    new tokens each, in threads, started at once or when the server's ``flush_count`` passes
+    ``after_flushes`` (the bench client flushes right before its measured run)."""
+
+    def __init__(self, server: FakeServer, n: int, tokens: int, after_flushes: int | None = None):
+        import threading
+
+        self.server, self.n, self.tokens, self.after = server, n, tokens, after_flushes
+        self.threads = [threading.Thread(target=self._one, args=(i,), daemon=True) for i in range(n)]
+        self.trigger = threading.Thread(target=self._start_all, daemon=True)
+        self.errors: list[str] = []
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        """Hang up every request (the stand-in ends them at its next token) and wait for them."""
+        self.stopped.set()
+        self.join()
+
+    def _one(self, i: int) -> None:
+        body = json.dumps({"input_ids": [1, 2, 3, 4], "stream": True,
+                           "sampling_params": {"max_new_tokens": self.tokens, "ignore_eos": True}}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.server.port}/generate", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                for _ in response:
+                    if self.stopped.is_set():
+                        break  # closing the connection ends the request on the server
+        except Exception as exc:  # the test asserts on the bench, not on this load
+            self.errors.append(str(exc))
+
+    def _start_all(self) -> None:
+        if self.after is not None:
+            deadline = time.monotonic() + 600
+            while self.server.stats()["flush_count"] <= self.after and time.monotonic() < deadline:
+                time.sleep(0.02)
+        for thread in self.threads:
+            thread.start()
+
+    def start(self) -> "ForeignLoad":
+        self.trigger.start()
+        return self
+
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self.threads) or self.trigger.is_alive()
+
+    def join(self, timeout: float = 120) -> None:
+        self.trigger.join(timeout)
+        for thread in self.threads:
+            if thread.ident is not None:
+                thread.join(timeout)

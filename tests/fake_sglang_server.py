@@ -22,8 +22,11 @@ Fault injection (the traps the bench gates must catch):
   ``--batch-slowdown K``: a decode step takes ``token_delay_ms * (1 + K * (running - 1))``.
   ``--omit cached_tokens,prompt_tokens,startup_time``: leave those fields out of ``meta_info``
   and ``/server_info`` (the client then silently falls back to 0 / the planned length).
+  ``--enable-priority-scheduling``, ``--enable-metrics-for-all-schedulers`` (with ``--tp-size``):
+  ``/metrics`` in the shapes 0.5.23 writes with those server flags (see ``State.metrics``).
   ``POST /_test/config`` with a JSON body changes ``context_length``, ``error_every``,
-  ``cached_tokens``, ``token_delay_ms`` or ``flush_status`` (400: the flush fails, as SGLang's does
+  ``cached_tokens``, ``token_delay_ms``, ``decode_cap``, ``priority_scheduling``,
+  ``all_schedulers``, ``tp_size`` or ``flush_status`` (400: the flush fails, as SGLang's does
   when the server cannot go idle, and the client aborts) at run time; ``"restart": true`` bumps
   ``startup_time`` as a restart would and bumps ``startup_time`` when the context
   length changes (a restart stand-in).
@@ -33,6 +36,8 @@ labels (``--enable-metrics``): ``sglang:num_running_reqs`` (decoding now), ``num
 (waiting for a slot or for prefill), ``gen_throughput`` (tokens emitted in the last second),
 ``token_usage`` and the ``generation_tokens_total`` counter. ``POST /_test/stats`` returns the
 wall-clock time of every emitted token, so tests can check a headline against what was delivered.
+Any number of clients may load it at once (a second client's requests count in its batch and
+its ``/metrics`` like the bench's own; ``tests/bench_support.ForeignLoad``).
 
 Listens on 127.0.0.1 only and exits by itself after ``--max-lifetime`` seconds.
 """
@@ -79,31 +84,64 @@ class State:
         self.generated_total = 0
         self.prompt_total = 0
         self.token_times: list[float] = []
+        self.priority_scheduling = args.enable_priority_scheduling
+        self.all_schedulers = args.enable_metrics_for_all_schedulers
+        self.tp_size = args.tp_size
+        self.running_by_priority: dict = {}
+        self.queued_by_priority: dict = {}
+        self.known_priorities: set = set()
+        self.generated_by_priority: dict = {}
+        self.prompt_by_priority: dict = {}
 
     def metrics(self) -> str:
-        """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here)."""
+        """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here), in
+        its collector's shapes: the scheduler gauges carry tp_rank/pp_rank/moe_ep_rank; with
+        ``--enable-priority-scheduling`` the total is the ``priority=""`` series and one series per
+        priority seen follows it; with ``--enable-metrics-for-all-schedulers`` every TP rank writes
+        its own copy (the same batch), not only rank 0."""
         now = time.time()
         recent = sum(1 for t in self.token_times[-5000:] if t > now - 1.0)
-        labels = (f'model_name="{self.model_path}",engine_type="unified",tp_rank="0",pp_rank="0",'
-                  f'moe_ep_rank="0"')
-        stream = f'model_name="{self.model_path}",engine_type="unified",is_streaming="true"'
+        ranks = range(self.tp_size) if self.all_schedulers else range(1)
         gauges = [
-            ("num_running_reqs", "The number of running requests.", self.running),
-            ("num_queue_reqs", "The number of requests in the waiting queue.", self.queued),
-            ("gen_throughput", "The generation throughput (token/s).", float(recent)),
-            ("token_usage", "The token usage.", self.running_tokens / self.max_total_num_tokens),
+            ("num_running_reqs", "The number of running requests.", self.running, self.running_by_priority),
+            ("num_queue_reqs", "The number of requests in the waiting queue.", self.queued, self.queued_by_priority),
+            ("gen_throughput", "The generation throughput (token/s).", float(recent), None),
+            ("token_usage", "The token usage.", self.running_tokens / self.max_total_num_tokens, None),
         ]
         lines = []
-        for name, doc, value in gauges:
-            lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} gauge",
-                      f"sglang:{name}{{{labels}}} {float(value)}"]
-        for name, doc, value in (("prompt_tokens", "Number of prefill tokens processed.", self.prompt_total),
-                                 ("generation_tokens", "Number of generation tokens processed.",
-                                  self.generated_total)):
-            lines += [f"# HELP sglang:{name}_total {doc}", f"# TYPE sglang:{name}_total counter",
-                      f"sglang:{name}_total{{{stream}}} {float(value)}",
-                      f"sglang:{name}_created{{{stream}}} {self.startup_time}"]
+        for name, doc, value, by_priority in gauges:
+            lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} gauge"]
+            for rank in ranks:
+                labels = (f'model_name="{self.model_path}",engine_type="unified",tp_rank="{rank}",pp_rank="0",'
+                          f'moe_ep_rank="{rank}"')
+                if not self.priority_scheduling:
+                    lines.append(f"sglang:{name}{{{labels}}} {float(value)}")
+                    continue
+                lines.append(f'sglang:{name}{{{labels},priority=""}} {float(value)}')
+                if by_priority is not None:
+                    for priority in sorted(self.known_priorities):
+                        lines.append(f'sglang:{name}{{{labels},priority="{priority}"}} '
+                                     f'{float(by_priority.get(priority, 0))}')
+        streams = {("true", p): v for p, v in self.generated_by_priority.items()}
+        prompts = {("true", p): v for p, v in self.prompt_by_priority.items()}
+        for name, doc, per in (("prompt_tokens", "Number of prefill tokens processed.", prompts),
+                               ("generation_tokens", "Number of generation tokens processed.", streams)):
+            lines += [f"# HELP sglang:{name}_total {doc}", f"# TYPE sglang:{name}_total counter"]
+            for (streaming, priority), value in sorted(per.items(), key=str) or [(("true", None), 0)]:
+                labels = f'model_name="{self.model_path}",engine_type="unified"'
+                if self.priority_scheduling:
+                    labels += f',priority="{"" if priority is None else priority}"'
+                labels += f',is_streaming="{streaming}"'
+                lines += [f"sglang:{name}_total{{{labels}}} {float(value)}",
+                          f"sglang:{name}_created{{{labels}}} {self.startup_time}"]
         return "\n".join(lines) + "\n"
+
+    def enter(self, field: str, priority, delta: int) -> None:
+        """Count a request into (or out of) the running or queued total and its priority (lock held)."""
+        setattr(self, field, getattr(self, field) + delta)
+        per = self.running_by_priority if field == "running" else self.queued_by_priority
+        per[priority] = per.get(priority, 0) + delta
+        self.known_priorities.add(priority)
 
     def server_info(self) -> dict:
         return {
@@ -111,7 +149,7 @@ class State:
             "tokenizer_path": self.model_path,
             "served_model_name": self.model_path,
             "context_length": self.context_length,
-            "tp_size": 4,
+            "tp_size": self.tp_size,
             "dp_size": 1,
             "ep_size": 1,
             "kv_cache_dtype": "fp8_e4m3",
@@ -224,9 +262,13 @@ def make_handler(state: State):
             elif path == "/_test/config":
                 body = self._body()
                 with state.lock:
-                    for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status"):
+                    for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status",
+                                "priority_scheduling", "all_schedulers", "tp_size"):
                         if key in body:
                             setattr(state, key, body[key])
+                    if "decode_cap" in body:  # for requests that arrive from now on
+                        state.decode_cap = body["decode_cap"]
+                        state.slots = threading.BoundedSemaphore(body["decode_cap"]) if body["decode_cap"] else None
                     if body.get("restart"):  # what a unit restart does to /server_info
                         state.startup_time = time.time()
                     if "context_length" in body and body["context_length"] != state.context_length:
@@ -278,7 +320,7 @@ def make_handler(state: State):
                                        f"({max_new}) exceeds the context length ({context_length}).",
                                        "type": "BadRequestError", "code": 400}})
             else:
-                self._stream_tokens(index, prompt_tokens, max_new, cached, delay)
+                self._stream_tokens(index, prompt_tokens, max_new, cached, delay, body.get("priority", 0))
             self._chunk(b"[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
@@ -298,12 +340,14 @@ def make_handler(state: State):
                 meta.pop(name)
             return meta
 
-        def _stream_tokens(self, index: int, prompt_tokens: int, max_new: int, cached: int, delay: float) -> None:
+        def _stream_tokens(self, index: int, prompt_tokens: int, max_new: int, cached: int, delay: float,
+                           priority=0) -> None:
             """Queue for a decode slot (and a serial prefill), then decode at the batch's speed."""
             with state.lock:
-                state.queued += 1
-            if state.slots is not None:
-                state.slots.acquire()
+                state.enter("queued", priority, 1)
+            slots = state.slots
+            if slots is not None:
+                slots.acquire()
             try:
                 if state.prefill_lock is not None:
                     with state.prefill_lock:
@@ -311,10 +355,11 @@ def make_handler(state: State):
                 elif state.prefill_ms:
                     time.sleep(state.prefill_ms / 1000.0)
                 with state.lock:
-                    state.queued -= 1
-                    state.running += 1
+                    state.enter("queued", priority, -1)
+                    state.enter("running", priority, 1)
                     state.running_tokens += prompt_tokens
                     state.prompt_total += prompt_tokens
+                    state.prompt_by_priority[priority] = state.prompt_by_priority.get(priority, 0) + prompt_tokens
                 words: list[str] = []
                 ids: list[int] = []
                 try:
@@ -328,17 +373,18 @@ def make_handler(state: State):
                         with state.lock:
                             state.token_times.append(time.time())
                             state.generated_total += 1
+                            state.generated_by_priority[priority] = state.generated_by_priority.get(priority, 0) + 1
                             state.running_tokens += 1
                         self._chunk({"text": " ".join(words), "output_ids": list(ids),
                                      "meta_info": self._meta(index, prompt_tokens, len(ids), cached,
                                                              i == max_new - 1, max_new)})
                 finally:
                     with state.lock:
-                        state.running -= 1
+                        state.enter("running", priority, -1)
                         state.running_tokens -= prompt_tokens + len(ids)
             finally:
-                if state.slots is not None:
-                    state.slots.release()
+                if slots is not None:
+                    slots.release()
 
     return Handler
 
@@ -371,6 +417,11 @@ def main(argv=None) -> int:
     parser.add_argument("--max-running-requests", type=int, default=256)
     parser.add_argument("--max-total-num-tokens", type=int, default=1_000_000)
     parser.add_argument("--no-profiler", action="store_true", help="/start_profile and /stop_profile are 404")
+    parser.add_argument("--tp-size", type=int, default=4)
+    parser.add_argument("--enable-priority-scheduling", action="store_true",
+                        help="/metrics: a priority=\"\" total plus one series per priority (0.5.23's shape)")
+    parser.add_argument("--enable-metrics-for-all-schedulers", action="store_true",
+                        help="/metrics: one copy of each scheduler gauge per TP rank")
     args = parser.parse_args(argv)
 
     from fake_profiler import FakeProfiler

@@ -232,8 +232,8 @@ def test_client_command_line_has_the_trap_fixes():
 
 
 def test_run_names():
-    assert run_names("box 1", 131072, "20260101T000000Z") == (
-        "box-1-ctx131072-20260101T000000Z", "bench/box-1/131072/20260101T000000Z")
+    assert run_names("box 1", 131072, "20260101T000000Z-a1b2c3") == (
+        "box-1-ctx131072-20260101T000000Z-a1b2c3", "bench/box-1/131072/20260101T000000Z-a1b2c3")
 
 
 def test_the_restart_reruns_the_serving_tag_with_the_new_context_length(monkeypatch, tmp_path):
@@ -292,7 +292,9 @@ def test_the_window_measures_what_was_delivered_not_c_over_tpot():
     # what was delivered is 200.
     ttfts, itls = [0.01, 0.01] + [0.11] * 10, [[0.01] * 9] * 12
     window = analyze({"ttfts": ttfts, "itls": itls}, 4, None, 1)
-    assert window["decode_tok_s"] == pytest.approx(200.0, rel=0.1)
+    assert window["window_tok_s"] == pytest.approx(200.0, rel=0.1)
+    # never 4 decoding at once: no decode headline at all
+    assert window["decode_tok_s"] is None and "never had all 4" in window["decode_evidence"]
     assert window["running"] is None and "no /metrics evidence" in window["evidence"]
 
 
@@ -313,7 +315,7 @@ def test_window_samples_are_placed_on_the_box_clock():
 
 
 def test_prometheus_text_is_parsed_as_sglang_serves_it():
-    from dsv4kit.bench.box_helper import parse_metrics
+    from dsv4kit.bench.box_helper import parse_exposition, select_metrics
 
     text = (
         "# HELP sglang:num_running_reqs The number of running requests.\n"
@@ -326,7 +328,9 @@ def test_prometheus_text_is_parsed_as_sglang_serves_it():
         'sglang:generation_tokens_created{model_name="m",engine_type="decode",is_streaming="true"} 1.7e9\n'
         'sglang:cache_hit_rate{model_name="m"} 0.0\n'
     )
-    assert parse_metrics(text) == {"num_running_reqs": 5.0, "token_usage": 0.5, "generation_tokens_total": 120.0}
+    values, problems = select_metrics(parse_exposition(text))
+    assert values == {"num_running_reqs": 5.0, "token_usage": 0.5, "generation_tokens_total": 120.0}
+    assert "missing" in problems["num_queue_reqs"]
 
 
 def test_scrubber_cases_that_used_to_slip_through():
@@ -449,16 +453,17 @@ def test_ab_argument_and_what_each_arm_restarts_with():
         assert info.value.exit_code == 2 and words in str(info.value), bad
 
 
-def test_an_unwritable_spill_directory_warns_and_the_sweep_goes_on(tmp_path):
-    from dsv4kit.bench.sweep import Spill
+def test_an_unwritable_spill_directory_stops_the_sweep(tmp_path):
+    from dsv4kit.bench.sweep import Spill, SpillError
+    from dsv4kit.core import exitcodes
 
     (tmp_path / "file").write_text("x")
-    said = []
-    spill = Spill(tmp_path / "file" / "run", said.append)
-    spill.point({"max_concurrency": 1, "repetition": 0, "raw": {}}, "details/c1_r0.json.gz", {})
-    spill.point({"max_concurrency": 1, "repetition": 1, "raw": {}}, "details/c1_r1.json.gz", {})
-    assert len(said) == 1 and "cannot spill" in said[0]
+    spill = Spill(tmp_path / "file" / "run")
+    with pytest.raises(SpillError) as caught:
+        spill.point({"max_concurrency": 1, "repetition": 0, "raw": {}}, "details/c1_r0.json.gz", {})
+    assert caught.value.exit_code == exitcodes.ENVIRONMENT and "cannot spill" in str(caught.value)
     good = Spill(tmp_path / "spill" / "run")
+    good.create()
     good.point({"max_concurrency": 4, "repetition": 0, "arm": "B", "raw": {"api_key": "sk-x"}},
                "details/c4_r0_B.json.gz", {"ttfts": [0.1]})
     written = (tmp_path / "spill" / "run" / "point-c4-r0-B.json").read_text()

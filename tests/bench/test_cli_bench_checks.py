@@ -171,7 +171,7 @@ def test_the_planned_record_has_the_key_the_record_gets():
     cfg = SweepConfig(context_length=8192, concurrency=[16, 1], input_len=512, output_len=128, num_prompts=20)
     record = {**sections(host=host, probe={}, server_info={}, context_length=8192, restarted=False),
               "client": client_section(cfg, tool_version="0.5.23", base_url="http://x"),
-              "sweep": {"concurrency": cfg.concurrency}}
+              "sweep": {"concurrency": cfg.concurrency, "gates": cfg.gates.to_dict()}}
     full = comparability_key(json.loads(dumps(record)))
     planned = {k: v for k, v in comparability_key(planned_record(cfg, host)).items() if k not in BOX_KEY_FIELDS}
     assert set(planned) == set(full) - set(BOX_KEY_FIELDS)

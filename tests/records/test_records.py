@@ -231,7 +231,7 @@ def test_each_metric_gets_its_own_verdict_and_the_summary_names_them():
     assert result.metric_verdicts() == {"decode_tok_s": "improved", "median_ttft_ms": "improved",
                                         "median_tpot_ms": "regressed", "p99_tpot_ms": "no-change"}
     summary = result.summary()
-    assert summary.startswith("throughput improved (decode_tok_s improved +30.0% at C=8)")
+    assert summary.startswith("C=8 regressed; throughput improved (decode_tok_s improved +30.0% at C=8)")
     assert "TTFT improved" in summary and "TPOT regressed (median_tpot_ms regressed +30.0% at C=8" in summary
     assert result.outcome == "regressed" and result.exit_code() == 1
     rows[2] = Row("median_tpot_ms", 16, 3, 3, 10.0, 8.0, -20.0, (-25.0, -15.0), 5.0, "improved")

@@ -118,7 +118,12 @@ def test_an_ab_record_over_a_kernel_flag_keeps_its_verdict_and_matches_no_plain_
     rec["ab"] = {"key": INDEXER, "kind": "env", "values": {"A": "0", "B": "1"}}
     assert comparability_key(rec)["kernel_flags"] == f"{ATTENTION}=0,{INDEXER}=A/B 0|1"
     assert arm_comparison(rec).comparable
-    assert not compare(rec, synthetic_record("lo-ctx4096-20260101T000100Z", {1: [100.0]})).comparable
+    with pytest.raises(ValueError, match="never pooled"):  # both arms are never compared as one record
+        compare(rec, synthetic_record("lo-ctx4096-20260101T000100Z", {1: [100.0]}))
+    from dsv4kit.records.compare import select_arm
+
+    # one arm, with the flags it ran with (here the record's own), is a record like any other
+    assert compare(select_arm(rec, "B"), synthetic_record("lo-ctx4096-20260101T000100Z", {1: [100.0]})).comparable
 
 
 def test_records_show_and_compare_cli_name_the_flags(tmp_path):

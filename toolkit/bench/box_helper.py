@@ -102,34 +102,157 @@ def cmd_wait_health(args) -> dict:
 # ------------------------------------------------------------------------------------- run-point
 #: The client prints this just before the cache flush and the 1 s pause that precede the measured run.
 MAIN_RUN_MARKER = "Starting main benchmark run"
-#: Scraped metrics: name -> how series (tp/dp ranks, is_streaming) combine into one number.
-METRICS = {"sglang:num_running_reqs": "sum", "sglang:num_queue_reqs": "sum", "sglang:gen_throughput": "sum",
-           "sglang:token_usage": "max", "sglang:generation_tokens_total": "sum",
-           "sglang:prompt_tokens_total": "sum"}
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+#: Scraped metrics: name -> how 0.5.23's series combine into one number (docs/benchmarking.md).
+#: ``scheduler-sum``/``scheduler-max``: a scheduler gauge. Its total is the series without a
+#: ``priority`` label or with ``priority=""`` (``--enable-priority-scheduling`` adds one series per
+#: priority beside it, a breakdown of the same requests). Each DP group reports it from its
+#: stats-logging rank (the lowest ``pp_rank``/``tp_rank`` of the group);
+#: ``--enable-metrics-for-all-schedulers`` adds one copy per other rank, which runs the same batch.
+#: So: per ``dp_rank`` the lowest rank's series, then summed (or the max) over the DP groups.
+#: ``partition-sum``: a tokenizer counter, split by ``is_streaming``/``priority``: every request
+#: is in exactly one series, so the series add up.
+METRICS = {"sglang:num_running_reqs": "scheduler-sum", "sglang:num_queue_reqs": "scheduler-sum",
+           "sglang:gen_throughput": "scheduler-sum", "sglang:token_usage": "scheduler-max",
+           "sglang:generation_tokens_total": "partition-sum", "sglang:prompt_tokens_total": "partition-sum"}
+#: Metrics a point cannot do without: a problem with one of these is named in the gate it feeds.
+REQUIRED = ("num_running_reqs", "num_queue_reqs")
+_RANK_LABELS = ("pp_rank", "tp_rank")
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,)?')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
-def parse_metrics(text: str) -> dict:
-    """The Prometheus text of ``/metrics`` -> {short name: value} for the metrics in METRICS."""
-    found: dict = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match or match.group(1) not in METRICS:
+class ExpositionError(ValueError):
+    """A line of /metrics that is not Prometheus text format."""
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r'\\[\\"n]', lambda m: _ESCAPES[m.group(0)], value)
+
+
+def _number(text: str) -> float:
+    lowered = text.lower()
+    if lowered in ("+inf", "inf"):
+        return float("inf")
+    if lowered == "-inf":
+        return float("-inf")
+    if lowered == "nan":
+        return float("nan")
+    return float(text)
+
+
+def parse_exposition(text: str, names=None) -> list:
+    """Prometheus text format 0.0.4 -> [(name, {label: value}, float)], in order; only ``names``
+    when given. Comments and blank lines are skipped; label values are unescaped; a trailing
+    timestamp is dropped. Checked against prometheus_client's parser in the tests."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
             continue
+        match = _NAME.match(line)
+        if not match:
+            raise ExpositionError(f"line {number}: no metric name: {line[:80]!r}")
+        name, rest = match.group(0), line[match.end():]
+        labels = {}
+        if rest.startswith("{"):
+            pos = 1
+            while True:
+                while pos < len(rest) and rest[pos] == " ":
+                    pos += 1
+                if pos < len(rest) and rest[pos] == "}":
+                    pos += 1
+                    break
+                label = _LABEL.match(rest, pos)
+                if not label:
+                    raise ExpositionError(f"line {number}: bad label set: {line[:120]!r}")
+                labels[label.group(1)] = _unescape(label.group(2))
+                pos = label.end()
+                if not label.group(3) and not rest[pos:pos + 1] == "}":
+                    raise ExpositionError(f"line {number}: bad label set: {line[:120]!r}")
+            rest = rest[pos:]
+        fields = rest.split()
+        if not fields or len(fields) > 2:
+            raise ExpositionError(f"line {number}: expected a value (and a timestamp): {line[:120]!r}")
         try:
-            value = float(match.group(3))
+            value = _number(fields[0])
         except ValueError:
-            continue
-        name = match.group(1).split(":", 1)[1]
-        if name in found:
-            found[name] = found[name] + value if METRICS[match.group(1)] == "sum" else max(found[name], value)
+            raise ExpositionError(f"line {number}: value {fields[0]!r} is not a number") from None
+        if names is None or name in names:
+            out.append((name, labels, value))
+    return out
+
+
+def _rank(labels: dict) -> tuple:
+    def as_int(text):
+        try:
+            return int(text)
+        except (TypeError, ValueError):
+            return -1
+    return tuple(as_int(labels.get(name)) for name in _RANK_LABELS)
+
+
+def _shape(labels: dict) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def select_metric(name: str, series: list) -> tuple:
+    """(value, problem) of one metric from its series [(labels, value)] (see METRICS); value None
+    with the problem in words when the series is missing or ambiguous."""
+    how = METRICS[name]
+    if not series:
+        return None, f"{name} is missing from /metrics"
+    if how == "partition-sum":
+        return sum(v for _, v in series), None
+    totals = [(l, v) for l, v in series if l.get("priority", "") == ""]
+    if not totals:
+        return None, (f"{name} has only per-priority series ({len(series)}), no total (priority=\"\"): "
+                      f"the total cannot be told")
+    groups: dict = {}
+    for labels, value in totals:
+        groups.setdefault(labels.get("dp_rank"), []).append((labels, value))
+    values = []
+    for dp, members in sorted(groups.items(), key=lambda item: str(item[0])):
+        lowest = min(_rank(l) for l, _ in members)
+        chosen = [(l, v) for l, v in members if _rank(l) == lowest]
+        if len(chosen) > 1:
+            return None, (f"{name} is ambiguous: {len(chosen)} total series for the same rank"
+                          f"{'' if dp is None else f' of dp_rank {dp}'}, differing in other labels: "
+                          + "; ".join(_shape(l) for l, _ in chosen[:4]))
+        values.append(chosen[0][1])
+    return (max(values) if how == "scheduler-max" else sum(values)), None
+
+
+def select_metrics(samples: list) -> tuple:
+    """The parsed exposition -> ({short name: value}, {short name: problem}) for METRICS."""
+    by_name: dict = {name: [] for name in METRICS}
+    for name, labels, value in samples:
+        if name in by_name:
+            by_name[name].append((labels, value))
+    values, problems = {}, {}
+    for name, series in by_name.items():
+        value, problem = select_metric(name, series)
+        short = name.split(":", 1)[1]
+        if problem:
+            problems[short] = problem
         else:
-            found[name] = value
-    return found
+            values[short] = value
+    return values, problems
+
+
+def read_metrics(port: int) -> tuple:
+    """({short name: value}, {short name: problem}, raw text of our metrics' lines) of one scrape."""
+    _, body = http_get(port, "/metrics", 5.0)
+    samples = parse_exposition(body, names=METRICS)
+    kept = "\n".join(l for l in body.splitlines() if l.split("{", 1)[0].split(" ", 1)[0] in METRICS) + "\n"
+    values, problems = select_metrics(samples)
+    return values, problems, kept
 
 
 class Scraper:
-    """Poll ``/metrics`` of some ports in a thread until stopped."""
+    """Poll ``/metrics`` of some ports in a thread until stopped. Each sample has ``t`` (the box's
+    monotonic clock, which placing the window uses), ``wall`` (its wall clock, for people), the
+    port, the selected values and, when a metric could not be selected, ``problems``."""
 
     def __init__(self, ports, interval: float):
         import threading
@@ -138,24 +261,35 @@ class Scraper:
         self.interval = interval
         self.samples: list = []
         self.errors: dict = {}
+        self.exposition: dict = {}  # port -> the raw text of our metrics in its first scrape
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def scrape(self, port) -> None:
+        try:
+            values, problems, raw = read_metrics(port)
+        except urllib.error.HTTPError as exc:
+            self._error(port, f"HTTP {exc.code} from /metrics (is the server started with --enable-metrics?)")
+            return
+        except ExpositionError as exc:
+            self._error(port, f"/metrics is not Prometheus text: {exc}")
+            return
+        except Exception as exc:
+            self._error(port, str(getattr(exc, "reason", exc)))
+            return
+        if not values and len(problems) == len(METRICS):
+            self._error(port, "no sglang: metrics in the answer (is the server started with --enable-metrics?)")
+            return
+        self.exposition.setdefault(str(port), raw)
+        sample = {"t": round(time.monotonic(), 4), "wall": round(time.time(), 4), "port": port, **values}
+        if problems:
+            sample["problems"] = problems
+        self.samples.append(sample)
 
     def _loop(self) -> None:
         while not self.stop_event.is_set():
             for port in self.ports:
-                try:
-                    status, body = http_get(port, "/metrics", 5.0)
-                    values = parse_metrics(body)
-                    if values:
-                        self.samples.append({"t": round(time.time(), 4), "port": port, **values})
-                    else:
-                        self._error(port, "no sglang: metrics in the answer (is the server started with "
-                                          "--enable-metrics?)")
-                except urllib.error.HTTPError as exc:
-                    self._error(port, f"HTTP {exc.code} from /metrics (is the server started with --enable-metrics?)")
-                except Exception as exc:
-                    self._error(port, str(getattr(exc, "reason", exc)))
+                self.scrape(port)
             self.stop_event.wait(self.interval)
 
     def _error(self, port, message: str) -> None:
@@ -169,6 +303,94 @@ class Scraper:
     def __exit__(self, *exc):
         self.stop_event.set()
         self.thread.join(timeout=10)
+
+
+def wait_idle(ports, timeout: float, interval: float = 0.5) -> dict:
+    """Wait until every port's server runs and queues no request (``num_running_reqs`` and
+    ``num_queue_reqs`` 0), at most ``timeout`` s. ``{"ok", "waited_s", "ports": {port: last
+    values or problem}}``; not ok names the load (or why it could not be read)."""
+    started = time.monotonic()
+    while True:
+        seen, busy, blind = {}, [], []
+        for port in ports:
+            try:
+                values, problems, _ = read_metrics(port)
+            except Exception as exc:
+                seen[str(port)] = {"error": str(getattr(exc, "reason", exc))}
+                blind.append(f"port {port}: /metrics unreadable ({seen[str(port)]['error']})")
+                continue
+            wanted = {k: values.get(k) for k in REQUIRED}
+            seen[str(port)] = {**wanted, **({"problems": problems} if problems else {})}
+            missing = [problems.get(k) or f"{k} missing" for k in REQUIRED if values.get(k) is None]
+            if missing:
+                blind.append(f"port {port}: " + "; ".join(missing))
+            elif wanted["num_running_reqs"] or wanted["num_queue_reqs"]:
+                busy.append(f"port {port}: {wanted['num_running_reqs']:g} running, {wanted['num_queue_reqs']:g} "
+                            f"queued")
+        waited = round(time.monotonic() - started, 2)
+        if blind:  # waiting cannot help: the load cannot be read at all
+            return {"ok": False, "waited_s": waited, "ports": seen,
+                    "detail": "cannot tell whether the servers are idle before the point: " + "; ".join(blind)}
+        if not busy:
+            return {"ok": True, "waited_s": waited, "ports": seen}
+        if waited >= timeout:
+            return {"ok": False, "waited_s": waited, "ports": seen,
+                    "detail": f"the servers were not idle before the point (another client's load?) after "
+                              f"{timeout:g} s: " + "; ".join(busy)}
+        time.sleep(interval)
+
+
+def _session_anchor():
+    """(pid, start ticks) of the sshd process this helper runs under, or None (not under sshd)."""
+    pid = os.getppid()
+    for _ in range(32):
+        if pid <= 1:
+            return None
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            return None
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        if comm.startswith("sshd"):
+            return pid, fields[19]
+        pid = int(fields[1])
+    return None
+
+
+def _anchor_alive(anchor) -> bool:
+    try:
+        stat = open(f"/proc/{anchor[0]}/stat").read()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields[19] == anchor[1] and fields[0] != "Z"
+
+
+def start_watchdog(interval: float = 0.5):
+    """End this helper's whole process group (the client, nvidia-smi, the helper) when the SSH
+    session it runs under is gone: a bench killed on the control machine (even by SIGKILL) leaves
+    nothing running on the box. No-op when not started by sshd. Returns the thread or None."""
+    import signal
+    import threading
+
+    anchor = _session_anchor()
+    if anchor is None:
+        return None
+
+    def watch():
+        while _anchor_alive(anchor):
+            time.sleep(interval)
+        group = os.getpgrp()
+        try:
+            os.killpg(group, signal.SIGTERM)
+            time.sleep(2.0)
+        finally:
+            os.killpg(group, signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
 
 
 def _meta_info_fields(port: int) -> dict:
@@ -332,23 +554,40 @@ def gpu_settings() -> dict:
     return {"available": True, "devices": parse_query_csv(out, SETTINGS_FIELDS)}
 
 
+#: run-point's exit status when the servers were not idle before the point (the client never ran).
+NOT_IDLE_EXIT = 75
+
+
+def _write_json(path: str, data) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
 def cmd_run_point(args) -> int:
     ports = [int(p) for p in args.metrics_ports.split(",") if p]
     argv = args.client
     if argv and argv[0] == "--":
         argv = argv[1:]
-    marker_time = None
-    started = time.time()
+    start_watchdog()
+    idle = wait_idle(ports, args.idle_timeout) if args.idle_timeout >= 0 else {"ok": True, "skipped": True}
+    if not idle["ok"]:
+        _write_json(args.evidence_out, {"idle_before": idle})
+        sys.stdout.write(idle["detail"] + "\n")
+        return NOT_IDLE_EXIT
+    marker_time = marker_wall = None
+    started = time.monotonic()
     telemetry = Telemetry(args.telemetry_ms, args.evidence_out + ".nvsmi.csv")
     with telemetry, Scraper(ports, args.interval) as scraper:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         for line in proc.stdout:
             if marker_time is None and MAIN_RUN_MARKER in line:
-                marker_time = time.time()
+                marker_time, marker_wall = time.monotonic(), time.time()
             sys.stdout.write(line)
             sys.stdout.flush()
         code = proc.wait()
-    ended = time.time()
+    ended = time.monotonic()
     startup = {}
     for port in ports:
         try:
@@ -360,16 +599,14 @@ def cmd_run_point(args) -> int:
         except Exception as exc:
             startup[str(port)] = {"reported": False, "error": str(getattr(exc, "reason", exc))}
     evidence = {
-        "started": started, "ended": ended, "main_run_marker_time": marker_time, "interval_s": args.interval,
+        "clock": "monotonic", "started": started, "ended": ended, "main_run_marker_time": marker_time,
+        "main_run_marker_wall": marker_wall, "interval_s": args.interval, "idle_before": idle,
         "metrics_ports": ports, "samples": scraper.samples, "scrape_errors": scraper.errors,
-        "startup_after": startup,
+        "exposition": scraper.exposition, "startup_after": startup,
         "telemetry": telemetry.result(),
         "meta_info": _meta_info_fields(args.probe_port) if args.probe_port and code == 0 else None,
     }
-    tmp = args.evidence_out + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(evidence, fh)
-    os.replace(tmp, args.evidence_out)
+    _write_json(args.evidence_out, evidence)
     return code
 
 
@@ -421,6 +658,53 @@ def _torch_cuda() -> dict:
     match = re.search(r"^cuda(?:\s*:\s*[^=]+)?\s*=\s*['\"]?([^'\"\n]+?)['\"]?\s*$", text, re.M)
     value = match.group(1) if match else None
     return {"torch_cuda": None if value in (None, "None") else value}
+
+
+def _installed_fingerprint(name: str) -> dict:
+    """The installed distribution ``name``: its version and a hash of what is installed: the wheel's
+    own sha256 (``direct_url.json``) when pip kept it, else the sha256 of its RECORD (which lists
+    the hash of every installed file, so it changes with any file of the wheel)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return {"version": None, "sha256": None, "record_sha256": None, "reason": f"{name} is not installed in this venv"}
+    out = {"version": dist.version, "sha256": None, "record_sha256": None}
+    direct = dist.read_text("direct_url.json")
+    if direct:
+        try:
+            info = json.loads(direct).get("archive_info") or {}
+            hashes = info.get("hashes") or {}
+            out["sha256"] = hashes.get("sha256") or (str(info.get("hash", "")).split("=", 1)[1]
+                                                     if str(info.get("hash", "")).startswith("sha256=") else None)
+        except ValueError:
+            pass
+    record = dist.read_text("RECORD")
+    if record:
+        out["record_sha256"] = hashlib.sha256(record.encode()).hexdigest()
+    return out
+
+
+def weights_fingerprint(model_path: str) -> dict:
+    """The model_weights stage's marker (``.dsv4kit-weights.json``) in the model directory, reduced
+    to what identifies the weights: repository, revision, and each file's size and digest (not the
+    mtimes, which a copy changes). ``fingerprint`` is the sha256 of that manifest."""
+    path = os.path.join(model_path, ".dsv4kit-weights.json")
+    try:
+        with open(path) as fh:
+            marker = json.load(fh)
+        files = marker["files"]
+        manifest = {"repo": marker.get("repo"), "revision": marker.get("revision"),
+                    "files": {n: {k: v for k, v in rec.items() if k in ("size", "sha256", "blob_id")}
+                              for n, rec in sorted(files.items())}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"fingerprint": None, "marker": path,
+                "reason": f"no usable weights marker {path} (the model_weights stage writes it): {exc}"}
+    blob = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    return {"fingerprint": hashlib.sha256(blob).hexdigest(), "marker": path, "repo": manifest["repo"],
+            "revision": manifest["revision"], "files": len(manifest["files"]),
+            "bytes": sum(int(r.get("size") or 0) for r in manifest["files"].values())}
 
 
 def _sglang_wheel(state_dir: str) -> dict:
@@ -618,6 +902,8 @@ def cmd_probe(args) -> dict:
         "restart_pending": os.path.exists(os.path.join(args.state_dir, "restart-pending")) if args.state_dir else None,
         "kernel_decision": _decision(args.decision_file),
         "model": _model(args.model_path),
+        "weights": weights_fingerprint(args.model_path),
+        "dsv4kit_wheel": _installed_fingerprint("dsv4kit"),
         "client_env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
     }
 
@@ -643,6 +929,8 @@ def main(argv=None) -> int:
     p.add_argument("--probe-port", type=int, default=0)
     p.add_argument("--interval", type=float, default=0.25)
     p.add_argument("--telemetry-ms", type=int, default=500)
+    p.add_argument("--idle-timeout", type=float, default=120.0,
+                   help="seconds to wait for idle servers before the point (negative: do not check)")
     p.add_argument("client", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "run-point":

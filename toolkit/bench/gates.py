@@ -20,7 +20,11 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
                      x the requested one: the client applied the load (queued requests count too).
 ``running_batch``    in the steady-state window (``dsv4kit.bench.window``) the decode server's
                      ``sglang:num_running_reqs`` held >= ``min_concurrency_ratio`` x C (median of the
-                     ``/metrics`` samples): the server decoded C requests together. No samples: fail.
+                     ``/metrics`` samples): the server decoded C requests together; and never more
+                     than C + ``running_tolerance`` x C (more is another client's load). No samples,
+                     or a series that is missing or ambiguous (box_helper.select_metric): fail.
+``idle``             (only on a point that did not run) the servers still ran or queued requests
+                     after ``idle_timeout_s``: another client's load; the client was not started.
 ``max_running``      C <= the decode server's effective ``max_running_requests`` (``effective_max_running``).
 ``kv_capacity``      C x (ISL + OSL) <= the decode server's ``max_total_num_tokens``.
 ``cold_cache``       prefix-cache hit rate <= ``max_cache_hit_pct`` (the cache was flushed), and the
@@ -33,6 +37,7 @@ Every gate needs its evidence: a missing field or sample fails the gate, it neve
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -45,6 +50,11 @@ class GateConfig:
     min_concurrency_ratio: float = 0.8
     max_cache_hit_pct: float = 1.0
     expect_cold: bool = True
+    #: running_batch's upper bound: the decode server runs at most C + floor(this x C) requests
+    #: (more is another client's load).
+    running_tolerance: float = 0.1
+    #: Seconds to wait for idle servers before each point (``idle`` gate).
+    idle_timeout_s: float = 120.0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -171,14 +181,21 @@ def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateCon
     c = expected.max_concurrency
     w = window or {}
     running = w.get("running")
+    ceiling = c + math.floor(config.running_tolerance * c)
     if running is None:
         gate("running_batch", False, f"no evidence of the server's running batch: "
                                      f"{w.get('evidence') or 'no steady-state window was analysed'}")
+    elif w.get("parse_problem"):
+        gate("running_batch", False, w["parse_problem"])
     else:
-        gate("running_batch", running["median"] >= config.min_concurrency_ratio * c,
+        low = running["median"] >= config.min_concurrency_ratio * c
+        high = running["max"] <= ceiling
+        gate("running_batch", low and high,
              f"decode server's running batch in the steady-state window: median {running['median']:g} "
              f"(min {running['min']:g}, max {running['max']:g}, {w.get('samples')} samples over "
-             f"{w.get('duration_s')} s) for C={c} (minimum {config.min_concurrency_ratio:g} x C)")
+             f"{w.get('duration_s')} s) for C={c} (at least {config.min_concurrency_ratio:g} x C, at most "
+             f"{ceiling})" + ("" if high else f": {running['max'] - c:g} request(s) beyond the bench's own C: "
+                                              f"another client's load on the server"))
     limit = expected.max_running_requests
     gate("max_running", limit is not None and c <= limit,
          "the decode server's /server_info has no max_running_requests" if limit is None

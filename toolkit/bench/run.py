@@ -56,6 +56,8 @@ class BenchRequest:
     max_cache_hit_pct: float = 1.0
     retok_tolerance: float = 0.05
     ab: Optional[str] = None
+    restarts: int = 0
+    idle_timeout: float = 120.0
     trust_new_host_key: bool = False
     verbose: bool = False
     #: ``--profile``: called after the last point (``dsv4kit.profile.run.bench_hook``), its result
@@ -128,9 +130,9 @@ def _sweep_config(req: BenchRequest) -> sweep.SweepConfig:
         context_length=req.ctx, concurrency=sweep.parse_concurrency(req.concurrency), input_len=isl, output_len=osl,
         repeat=req.repeat, num_prompts=req.num_prompts, warmup_requests=req.warmup_requests, seed=req.seed,
         point_timeout_s=req.point_timeout, server_timeout_s=req.server_timeout, restart=req.restart,
-        verbose=req.verbose, metrics_interval_s=req.metrics_interval,
+        verbose=req.verbose, metrics_interval_s=req.metrics_interval, restarts=req.restarts,
         gates=GateConfig(retok_tolerance=req.retok_tolerance, min_concurrency_ratio=req.min_concurrency_ratio,
-                         max_cache_hit_pct=req.max_cache_hit_pct),
+                         max_cache_hit_pct=req.max_cache_hit_pct, idle_timeout_s=req.idle_timeout),
     )
     sweep.check_config(cfg)
     return cfg
@@ -217,6 +219,10 @@ def plan(req: BenchRequest, warn: Say) -> BenchPlan:
     cfg = _sweep_config(req)
     ab_spec = _ab_spec(req, warn)
     _check_repo(repo)
+    try:
+        sweep.check_free_space([repo, sweep.default_spill_root()])
+    except sweep.BenchAbort as exc:
+        raise Abort(exc.exit_code, str(exc)) from None
     target = _target(req, inventory_path, ab_spec, warn)
     old, ignore = _baseline(req, repo, target, cfg)
     return BenchPlan(request=req, cfg=cfg, target=target, inventory_path=inventory_path, repo=repo,
@@ -244,7 +250,7 @@ def publish_partial(p: BenchPlan, exc: Exception, spill_root: Path) -> str:
         published = publish(p, partial)
     except (results_repo.ResultsRepoError, KeyboardInterrupt) as publish_error:
         return (f"the {len(partial.record['points'])} completed point(s) could not be published "
-                f"({publish_error}); they are kept in {spilled}")
+                f"({publish_error}); they are kept in {spilled} (`dsv4kit records publish {spilled}` publishes them)")
     sweep.Spill(spilled).remove()
     return (f"the {len(partial.record['points'])} completed point(s) were recorded as INCOMPLETE record "
             f"{partial.run_id} (tag {published.tag}); it never serves as a baseline")
@@ -265,8 +271,8 @@ def exit_code(record: dict, comparison, ab_spec) -> int:
     if code == exitcodes.OK and ((record.get("profile") or {}).get("gate") or {}).get("breaches"):
         code = exitcodes.CHECK_FAILED  # bench --profile --max-class-share
     if ab_spec is not None and code == exitcodes.OK:
-        code = {"regressed": exitcodes.CHECK_FAILED, "inconclusive": exitcodes.INCONCLUSIVE}.get(
-            record["ab"]["outcome"], exitcodes.OK)
+        code = {"invalid": exitcodes.CHECK_FAILED, "regressed": exitcodes.CHECK_FAILED,
+                "inconclusive": exitcodes.INCONCLUSIVE}.get(record["ab"]["outcome"], exitcodes.OK)
     return code
 
 
@@ -300,7 +306,7 @@ def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
                                            f"{repo} (the sweep is kept in {spilled})") from None
     except results_repo.ResultsRepoError as exc:
         raise Abort(exitcodes.TOOL_FAILED, f"{exc} (nothing was recorded in {repo}; the sweep is kept in "
-                                           f"{spilled})") from None
+                                           f"{spilled}: `dsv4kit records publish {spilled}` publishes it)") from None
     sweep.Spill(spilled).remove()
     if published.worktree_warning:
         progress(f"warning: {recorded_line(result, published, repo)}, but the work tree of {repo} was not updated "

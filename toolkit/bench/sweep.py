@@ -42,7 +42,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit.core import exitcodes
+from dsv4kit.bench.box_helper import NOT_IDLE_EXIT
 from dsv4kit.bench.gates import GateConfig, PointExpectation, effective_max_running, evaluate
+from dsv4kit.bench.metrics import cross_check
 from dsv4kit.bench.slo import latency_block
 from dsv4kit.bench.window import analyze as analyze_window
 from dsv4kit.records.record import (KIND, SCHEMA_VERSION, comparability_key, decode_info, derive, dumps,
@@ -61,7 +63,8 @@ CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_O
 #: The playbook tag that (re)starts the serving units; a context-length restart runs only it.
 RESTART_TAG = "sglang_service"
 #: Comparability-key fields that only the box can tell (the probe), not known before a sweep.
-BOX_KEY_FIELDS = ("gpu_model", "client_tool_version", "kernel_flags")
+BOX_KEY_FIELDS = ("gpu_model", "client_tool_version", "kernel_flags", "sglang_wheel", "sgl_kernel", "flashinfer",
+                  "dsv4kit_wheel", "weights", "driver", "launch_args")
 
 
 class BenchAbort(exitcodes.Abort):
@@ -81,6 +84,8 @@ class SweepConfig:
     point_timeout_s: float = 3600.0
     server_timeout_s: float = 1800.0
     restart: bool = True
+    #: Server restarts between repetitions (``--restarts``), spread evenly (``restart_before``).
+    restarts: int = 0
     #: Seconds between two /metrics scrapes of each serving port during a point.
     metrics_interval_s: float = 0.25
     gates: GateConfig = field(default_factory=GateConfig)
@@ -124,6 +129,9 @@ def check_config(cfg: SweepConfig) -> None:
             f"exceeds --ctx {cfg.context_length}: the server would reject every request")
     if cfg.repeat < 1:
         problems.append(f"--repeat must be >= 1, got {cfg.repeat}")
+    elif not 0 <= cfg.restarts <= cfg.repeat - 1:
+        problems.append(f"--restarts {cfg.restarts}: give 0 to {cfg.repeat - 1} (a restart goes between two of the "
+                        f"{cfg.repeat} repetitions)")
     if cfg.num_prompts is not None and cfg.num_prompts < 1:
         problems.append(f"--num-prompts must be >= 1, got {cfg.num_prompts}")
     elif cfg.num_prompts is not None:
@@ -176,7 +184,11 @@ def parse_concurrency(text: str) -> list[int]:
 
 
 def utc_stamp(now: Optional[datetime] = None) -> str:
-    return (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    """``20260101T120000Z-3f9a1c``: the UTC second and 24 random bits, so that two sweeps started
+    in the same second on one host never share a run id, a tag or a spill directory."""
+    import secrets
+
+    return (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
 def safe_name(name: str) -> str:
@@ -325,15 +337,13 @@ def default_apply_arm(inventory_path, host, context_length: int, ab: ABSpec, arm
 
 def arm_comparison(record: dict):
     """The A/B verdicts: arm B against arm A, from the one record's points (``dsv4kit.records.compare``)."""
-    from dsv4kit.records.compare import compare
+    from dsv4kit.records.compare import compare, select_arm
 
-    sides = {}
-    for arm in ABSpec.arms:
-        side = dict(record, run_id=f"{record['run_id']}:{arm}",
-                    points=[p for p in record["points"] if p.get("arm") == arm])
-        sides[arm] = side
+    sides = {arm: select_arm(record, arm) for arm in ABSpec.arms}
     # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both).
-    return compare(sides["A"], sides["B"], ignore=("kernel_flags",))
+    # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both,
+    # and a server flag changes the launch arguments).
+    return compare(sides["A"], sides["B"], ignore=("kernel_flags", "launch_args"))
 
 
 def slo_limits(host) -> Optional[dict]:
@@ -353,39 +363,100 @@ def default_spill_root() -> Path:
     return Path(state) / "dsv4kit" / "spill"
 
 
+class SpillError(BenchAbort):
+    """A finished point could not be written to the spill directory: the sweep stops at once."""
+
+
+#: A sweep does not start with less free space than this where it spills and publishes
+#: (``$DSV4KIT_BENCH_MIN_FREE_MB`` overrides it).
+MIN_FREE_MB = 512
+
+
+def check_free_space(paths, need_mb: Optional[float] = None) -> None:
+    """Exit 5 (before connecting) when the file system of any of ``paths`` (or of its nearest
+    existing ancestor) has less than ``need_mb`` MiB free."""
+    import shutil
+
+    need = float(os.environ.get("DSV4KIT_BENCH_MIN_FREE_MB") or MIN_FREE_MB) if need_mb is None else need_mb
+    for path in paths:
+        probe = Path(path).absolute()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        free = shutil.disk_usage(probe).free / 2**20
+        if free < need:
+            raise BenchAbort(exitcodes.ENVIRONMENT,
+                             f"only {free:.0f} MiB free on the file system of {path} (need {need:.0f} MiB for the "
+                             f"spilled points and the record; $DSV4KIT_BENCH_MIN_FREE_MB sets it): nothing was run")
+
+
+def write_durably(target: Path, data: bytes) -> None:
+    """``data`` into ``target``: a sibling temporary file, fsync, rename, fsync of the directory.
+    A reader sees the old file or the whole new one; a failure leaves no temporary file behind."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Spill:
-    """A local directory holding each finished point the moment it is done (scrubbed, atomic
-    writes): ``point-c<C>-r<R>.json`` and ``details/c<C>_r<R>.json.gz``, then ``record.json``
-    when the sweep ends. The caller removes it once the record is published."""
+    """A local directory holding each finished point the moment it is done (scrubbed, durable
+    writes: ``write_durably``): ``point-c<C>-r<R>.json``, ``details/c<C>_r<R>.json.gz`` and
+    ``record.partial.json`` (the incomplete record so far) after every point, ``record.json`` when
+    the sweep ends. ``dsv4kit records publish DIR`` publishes a kept one. A write that fails raises
+    SpillError: the sweep stops, the points written before stay. The caller removes the
+    directory once the record is published."""
+
+    from dsv4kit.records.spill_publish import FINAL, PARTIAL
 
     def __init__(self, directory: Path, warn: Optional[Callable[[str], None]] = None):
         self.directory = directory
         self.warn = warn
-        self.broken: Optional[str] = None
+
+    def create(self) -> None:
+        """Make the directory; one that exists already is another sweep's (run ids never repeat)."""
+        try:
+            self.directory.parent.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir()
+        except FileExistsError:
+            raise BenchAbort(exitcodes.TOOL_FAILED, f"spill directory {self.directory} exists already: another sweep "
+                                                    f"has this run id") from None
+        except OSError as exc:
+            raise SpillError(exitcodes.ENVIRONMENT, f"cannot create the spill directory {self.directory}: {exc}") from None
 
     def _write(self, name: str, data: bytes) -> None:
-        if self.broken:
-            return
-        target = self.directory / name
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
-        except OSError as exc:  # the sweep goes on; only the local copy is lost
-            self.broken = str(exc)
-            if self.warn:
-                self.warn(f"warning: cannot spill finished points to {self.directory}: {exc}")
+            write_durably(self.directory / name, data)
+        except OSError as exc:
+            kept = sorted(p.name for p in self.directory.glob("point-*.json")) if self.directory.is_dir() else []
+            raise SpillError(exitcodes.ENVIRONMENT,
+                             f"cannot spill {name} to {self.directory}: {exc}; the sweep stopped here so that no "
+                             f"point is measured without a copy ({len(kept)} earlier point(s) are kept there)") from None
 
-    def point(self, point: dict, details_file: str, details: dict) -> None:
+    def point(self, point: dict, details_file: Optional[str], details: Optional[dict]) -> None:
         arm = f"-{point['arm']}" if point.get("arm") else ""
         name = f"point-c{point['max_concurrency']}-r{point['repetition']}{arm}.json"
+        if details_file is not None:
+            self._write(details_file, gzip.compress(json.dumps(strict_json(scrub(details)), separators=(",", ":"),
+                                                               allow_nan=False).encode(), mtime=0))
         self._write(name, dumps(scrub(point)).encode())
-        self._write(details_file, gzip.compress(json.dumps(strict_json(scrub(details)), separators=(",", ":"),
-                                                           allow_nan=False).encode(), mtime=0))
+
+    def progress(self, result: "SweepResult") -> None:
+        self._write(self.PARTIAL, dumps(result.record).encode())
 
     def finished(self, result: "SweepResult") -> None:
-        self._write("record.json", dumps(result.record).encode())
+        self._write(self.FINAL, dumps(result.record).encode())
 
     def remove(self) -> None:
         import shutil
@@ -419,6 +490,19 @@ class Remote:
 
         for module in (Path(__file__).with_name("box_helper.py"), Path(unit_env.__file__)):
             self.session.put(module, f"{self.workdir}/{module.name}")
+
+    def restart_units(self, progress: Callable[[str], None], timeout: float) -> None:
+        """``systemctl restart`` of the serving units the probe found (``sudo -n`` unless root):
+        a plain restart, nothing reconfigured (``--restarts``)."""
+        if not getattr(self, "units", None):
+            raise BenchAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: --restarts needs the dsv4-*.service units, and "
+                                                    f"none were found (run `dsv4kit provision`)")
+        names = " ".join(shlex.quote(f"{u}.service") for u in self.units)
+        result = self.session.run(f'if [ "$(id -u)" = 0 ]; then systemctl restart {names}; '
+                                  f'else sudo -n systemctl restart {names}; fi', timeout=timeout, check=False)
+        if result.exit_code != 0:
+            raise BenchAbort(exitcodes.TOOL_FAILED, f"{self.host.name}: restarting {names} failed (exit "
+                                                    f"{result.exit_code}): {(result.stderr or result.stdout)[-800:]}")
 
     def cleanup(self) -> None:
         if self.workdir and ".." not in self.workdir and re.fullmatch(
@@ -518,7 +602,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
               argv: Optional[list[str]] = None, stamp: Optional[str] = None,
               restart: Optional[Callable] = None, spill_root: Optional[Path] = None,
               ab: Optional["ABSpec"] = None, apply_arm: Optional[Callable] = None,
-              profile: Optional[Callable] = None) -> SweepResult:
+              restart_units: Optional[Callable] = None, profile: Optional[Callable] = None) -> SweepResult:
     """Run the whole sweep over ``session``; return the record (nothing is published here).
 
     Each finished point is written at once under ``spill_root/<run_id>/`` (``Spill``). When the
@@ -544,6 +628,8 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
     helper_env = {"OPENAI_API_KEY": env["OPENAI_API_KEY"]} if "OPENAI_API_KEY" in env else None
 
     spill = Spill(Path(spill_root) / run_id, progress) if spill_root is not None else None
+    if spill is not None:
+        spill.create()
     remote = Remote(session, host, progress)
     total = cfg.repeat * len(cfg.concurrency) * (2 if ab else 1)
     points: list[dict] = []
@@ -611,11 +697,12 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                 "finished_at_utc": finished.isoformat(timespec="seconds"),
                 "duration_wall_s": round(time.time() - started, 3),
                 "toolkit": toolkit_info(argv),
-                **sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
-                           restarted=restarted, prefill_server_info=prefill_info),
+                **first_provenance,
                 "client": client_section(cfg, tool_version=(probe.get("packages") or {}).get("sglang"),
                                          base_url=base_url),
+                "starts": list(starts) if ab is None else None,
                 "sweep": {"concurrency": list(cfg.concurrency), "repeat": cfg.repeat, "order": "repetition-major",
+                          "restarts": cfg.restarts,
                           "point_timeout_s": cfg.point_timeout_s, "metrics_interval_s": cfg.metrics_interval_s,
                           "gates": cfg.gates.to_dict(), "slo": slo},
                 "points": list(points),
@@ -632,13 +719,19 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             record["comparability_key"] = comparability_key(record)
             if ab is not None:
                 record["ab"] = ab.to_dict()
+                record["ab"]["provenance"] = dict(arm_provenance)
                 comparison = arm_comparison(record)
                 record["ab"]["comparison"] = comparison.to_dict()
                 record["ab"]["outcome"] = comparison.outcome
                 record["ab"]["summary"] = comparison.summary()
             return SweepResult(record=scrub(record), details=dict(details))
 
-        current = {"info": info, "startup_time": startup_time,
+        first_provenance = sections(host=host, probe=probe, server_info=info, context_length=cfg.context_length,
+                                    restarted=restarted, prefill_server_info=prefill_info)
+        remote.units = sorted((probe.get("units") or {}).keys())
+        starts: list[dict] = [{"before_repetition": 0, "startup_time": startup_time, "provenance_differs": []}]
+        arm_provenance: dict = {}
+        current = {"info": info, "startup_time": startup_time, "start": 0,
                    "prefill_startup_time": decode_info(prefill_info or {}).get("startup_time")}
 
         def run_point(c: int, rep: int, arm: Optional[str]) -> None:
@@ -653,7 +746,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             wrapped = [remote.python, f"{remote.workdir}/box_helper.py", "run-point",
                        "--evidence-out", evidence_file, "--metrics-ports", ",".join(map(str, metrics_ports)),
                        "--probe-port", str(router_port), "--interval", f"{cfg.metrics_interval_s:g}",
-                       "--", *argv_point]
+                       "--idle-timeout", f"{cfg.gates.idle_timeout_s:g}", "--", *argv_point]
             progress(f"{label}: {n} prompts of {cfg.input_len}+{cfg.output_len} tokens, "
                      f"warm-up {cfg.warmup_for(c)}...")
             t0 = time.monotonic()
@@ -661,6 +754,9 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             result = session.run(shlex.join(wrapped), timeout=cfg.point_timeout_s, env=env,
                                  cwd=remote.workdir, stream=stream, check=False)
             wall = time.monotonic() - t0
+            if result.exit_code == NOT_IDLE_EXIT:
+                not_run_point(c, rep, arm, n, argv_point, wall, remote.fetch_json(evidence_file, label), label)
+                return
             if result.exit_code != 0:
                 tail = (result.stderr.strip() or result.stdout.strip())[-1500:]
                 raise BenchAbort(exitcodes.TOOL_FAILED,
@@ -674,6 +770,9 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                                         max_running_requests=effective_max_running(current["info"]),
                                         max_total_num_tokens=limits.get("max_total_num_tokens"))
             window = analyze_window(line, c, evidence, decode_port)
+            problem = cross_check(evidence, decode_port)
+            if problem:
+                window["parse_problem"] = problem
             validity = evaluate(line, expected, cfg.gates, evidence, window)
             latency = latency_block(line, slo)
             raw, point_details, _ = split_client_line(line)
@@ -685,7 +784,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             details[details_file] = point_details
             points.append({
                 "max_concurrency": c, "repetition": rep, "num_prompts": n, **({"arm": arm} if arm else {}),
-                "warmup_requests": cfg.warmup_for(c),
+                "warmup_requests": cfg.warmup_for(c), "server_start": current["start"],
                 "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
                 "wall_s": round(wall, 3), "raw": raw, "details_file": details_file,
                 "derived": derived, "validity": validity, "window": window, "latency": latency,
@@ -698,6 +797,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
             })
             if spill is not None:
                 spill.point(points[-1], details_file, point_details)
+                spill.progress(build(incomplete="the sweep did not finish"))
             verdict = "valid" if validity["passed"] else f"INVALID ({', '.join(validity['failed'])})"
             progress(f"{label}: decode {_num(derived.get('decode_tok_s'))} tok/s (running batch "
                      f"{_num((window.get('running') or {}).get('median'))}), output "
@@ -707,8 +807,56 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                 for name in validity["failed"]:
                     progress(f"    gate {name}: {validity['gates'][name]['detail']}")
 
+        def not_run_point(c: int, rep: int, arm: Optional[str], n: int, argv_point: list, wall: float,
+                          evidence: dict, label: str) -> None:
+            """The servers were busy with another client's load: the point is invalid, never run."""
+            idle = evidence.get("idle_before") or {}
+            detail = idle.get("detail") or "the servers were not idle before the point"
+            points.append({
+                "max_concurrency": c, "repetition": rep, "num_prompts": n, **({"arm": arm} if arm else {}),
+                "warmup_requests": cfg.warmup_for(c), "server_start": current["start"], "not_run": True,
+                "argv": [a.replace(remote.workdir, "<workdir>") for a in argv_point],
+                "wall_s": round(wall, 3), "raw": {}, "details_file": None,
+                "derived": derive({}, serving_gpus, None, None), "window": {}, "latency": None,
+                "validity": {"passed": False, "failed": ["idle"], "gates": {"idle": {"passed": False, "detail": detail}},
+                             "retok_ratio": None, "achieved_concurrency_ratio": None, "cache_hit_pct": None,
+                             "errors": 0},
+                "server_evidence": {"metrics_ports": metrics_ports, "idle_before": idle},
+            })
+            if spill is not None:
+                spill.point(points[-1], None, None)
+                spill.progress(build(incomplete="the sweep did not finish"))
+            progress(f"{label}: INVALID (idle): {detail}")
+
+        def restarted(what: str) -> dict:
+            """After a restart: wait for the servers, read them again, and take this start's own
+            provenance (what ran after the restart, not before it)."""
+            remote.wait_health(serving_ports, cfg.server_timeout_s, helper_env)
+            current["info"] = remote.server_info(decode_port, helper_env)
+            if _context_of(current["info"]) != cfg.context_length:
+                raise BenchAbort(exitcodes.ENVIRONMENT,
+                                 f"{host.name}: after the restart for {what} the decode server reports "
+                                 f"context length {_context_of(current['info'])}, not {cfg.context_length}")
+            current["startup_time"] = decode_info(current["info"]).get("startup_time")
+            prefill = None
+            if prefill_port:
+                answer = remote.helper("server-info", "--port", str(prefill_port), env=helper_env)
+                prefill = answer.get("server_info") if answer.get("ok") else None
+                current["prefill_startup_time"] = decode_info(prefill or {}).get("startup_time")
+            start_probe = remote.probe()
+            return sections(host=host, probe=start_probe, server_info=current["info"],
+                            context_length=cfg.context_length, restarted=True, prefill_server_info=prefill)
+
         if ab is None:
             for rep in range(cfg.repeat):
+                if rep and restart_before(rep, cfg.repeat, cfg.restarts):
+                    progress(f"restarting the serving units before repetition {rep + 1}/{cfg.repeat} "
+                             f"(--restarts {cfg.restarts})...")
+                    (restart_units or remote.restart_units)(progress, cfg.server_timeout_s)
+                    provenance = restarted(f"repetition {rep + 1}")
+                    starts.append({"before_repetition": rep, "startup_time": current["startup_time"],
+                                   "provenance_differs": _provenance_differs(first_provenance, provenance)})
+                current["start"] = len(starts) - 1
                 for c in cfg.concurrency:
                     run_point(c, rep, None)
         else:
@@ -720,17 +868,8 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
                              f"repetition {rep + 1}/{cfg.repeat})...")
                     (apply_arm or default_apply_arm)(inventory_path, host, cfg.context_length, ab, arm, progress,
                                                      cfg.server_timeout_s)
-                    remote.wait_health(serving_ports, cfg.server_timeout_s, helper_env)
-                    current["info"] = remote.server_info(decode_port, helper_env)
-                    if _context_of(current["info"]) != cfg.context_length:
-                        raise BenchAbort(exitcodes.ENVIRONMENT,
-                                         f"{host.name}: after the restart for arm {arm} the decode server reports "
-                                         f"context length {_context_of(current['info'])}, not {cfg.context_length}")
-                    current["startup_time"] = decode_info(current["info"]).get("startup_time")
-                    if prefill_port:
-                        answer = remote.helper("server-info", "--port", str(prefill_port), env=helper_env)
-                        current["prefill_startup_time"] = decode_info(answer.get("server_info") or {}).get(
-                            "startup_time") if answer.get("ok") else None
+                    provenance = restarted(f"arm {arm}")
+                    arm_provenance.setdefault(arm, provenance)
                     for c in cfg.concurrency:
                         run_point(c, rep, arm)
         if profile is not None:
@@ -743,8 +882,27 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Call
         remote.cleanup()
     result = build()
     if spill is not None:
-        spill.finished(result)
+        try:
+            spill.finished(result)
+        except SpillError as exc:  # every point is spilled already; the record is about to be published
+            progress(f"warning: {exc}")
     return result
+
+
+def restart_before(rep: int, repeat: int, restarts: int) -> bool:
+    """Whether the servers restart before repetition ``rep`` (0-based): ``restarts`` restarts spread
+    evenly over the gaps between the ``repeat`` repetitions (``repeat - 1`` of them: before each)."""
+    if rep <= 0 or restarts <= 0:
+        return False
+    return (rep * (restarts + 1)) // repeat != ((rep - 1) * (restarts + 1)) // repeat
+
+
+def _provenance_differs(first: dict, later: dict) -> list[str]:
+    """Which provenance facts of a later server start differ from the first start's."""
+    paths = (("software", "packages"), ("software", "sglang_wheel"), ("software", "dsv4kit_wheel"),
+             ("software", "kernel_flags"), ("model", "weights_fingerprint"), ("server", "launch_args_sha256"),
+             ("server", "resolved_args_sha256"), ("gpus", "driver"))
+    return [".".join(p) for p in paths if (first.get(p[0]) or {}).get(p[1]) != (later.get(p[0]) or {}).get(p[1])]
 
 
 def client_section(cfg: SweepConfig, *, tool_version: Optional[str], base_url: str) -> dict:
@@ -779,7 +937,7 @@ def planned_record(cfg: SweepConfig, host) -> dict:
 
     return scrub({
         "client": client_section(cfg, tool_version=None, base_url=""),
-        "sweep": {"concurrency": list(cfg.concurrency)},
+        "sweep": {"concurrency": list(cfg.concurrency), "gates": cfg.gates.to_dict()},
         "server": {"context_length": cfg.context_length},
         "model": model_section(host, {}, {}),
         "gpus": {"serving_count": serving_gpu_count(host)},

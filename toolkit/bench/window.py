@@ -8,12 +8,18 @@ rebuilt exactly, relative to the start of the measured run:
 - window start ``a``: the last first-token time of the first wave (all ``C`` requests decoding);
 - window end ``b``: the first finish after the last request was dispatched (the load drops
   below ``C`` there, the tail begins);
-- ``decode_tok_s`` = output tokens delivered in ``(a, b]`` / ``(b - a)``: what the server
-  delivered while the load held, NOT ``C x 1000 / median TPOT`` (which assumes ``C`` requests
-  decode together, and is kept as ``tpot_formula_tok_s`` for reference only).
+- ``window_tok_s`` = output tokens delivered in ``(a, b]`` / ``(b - a)``: what the server
+  delivered while the load held (prefills of newcomers included);
+- ``decode_tok_s`` (the headline) = tokens delivered while all ``C`` requests were past their
+  first token and unfinished (``full_decode_intervals``) / the length of those stretches: the
+  server decoding C requests, without the next prompts' prefill (at C=1 it is 1000 / TPOT).
+  Tokens are counted from what the chunks held (``completion_tokens``), not one per chunk.
+  NOT ``C x 1000 / median TPOT`` (which assumes ``C`` requests decode together; kept as
+  ``tpot_formula_tok_s`` for reference only).
 
 The server's own account comes from ``/metrics`` samples scraped on the box during the point
-(``box_helper.py run-point``). The window is placed on the box's clock at the client's
+(``box_helper.py run-point``). The window is placed on the box's monotonic clock (a step of the
+wall clock moves nothing) at the client's
 "Starting main benchmark run" line plus the 1 s pause the client sleeps after the flush, and
 shrunk by ``EDGE_TRIM`` of its length at each end to absorb that placement's error. In it the
 decode server's ``sglang:num_running_reqs`` must have held ``>= ratio x C`` (median of samples).
@@ -21,6 +27,7 @@ decode server's ``sglang:num_running_reqs`` must have held ``>= ratio x C`` (med
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import statistics
 from typing import Optional, Sequence
@@ -33,24 +40,55 @@ EDGE_TRIM = 0.1
 MIN_SAMPLES = 2
 
 
-def token_timeline(ttfts: Sequence[float], itls: Sequence[Sequence[float]], concurrency: int) -> list[dict]:
-    """Per request (in dispatch order): ``start``, ``tokens`` (times of each output token), ``finish``."""
+def token_timeline(ttfts: Sequence[float], itls: Sequence[Sequence[float]], concurrency: int,
+                   output_lens: Optional[Sequence[int]] = None) -> list[dict]:
+    """Per request (in dispatch order): ``start``, ``tokens`` (times of each output chunk),
+    ``counts`` (tokens in each chunk), ``first`` (first-token time or None) and ``finish``.
+
+    The client spreads a multi-token decode chunk over its tokens (one ITL entry per token) but
+    counts the first chunk once, whatever it holds; the server's ``completion_tokens``
+    (``output_lens``) minus the ITL entries is what the first chunk really carried."""
     free = [0.0] * max(1, min(concurrency, len(ttfts)) or 1)
     heapq.heapify(free)
     requests = []
-    for ttft, gaps in zip(ttfts, itls):
+    for i, (ttft, gaps) in enumerate(zip(ttfts, itls)):
         start = heapq.heappop(free)
-        tokens = []
+        tokens, counts = [], []
         if ttft and ttft > 0:
             t = start + ttft
             tokens.append(t)
+            total = output_lens[i] if output_lens is not None and i < len(output_lens) else None
+            counts.append(max(1, (total or 0) - len(gaps or ())) if total else 1)
             for gap in gaps or ():
                 t += gap
                 tokens.append(t)
+                counts.append(1)
         finish = tokens[-1] if tokens else start
-        requests.append({"start": start, "tokens": tokens, "finish": finish})
+        requests.append({"start": start, "tokens": tokens, "counts": counts,
+                         "first": tokens[0] if tokens else None, "finish": finish})
         heapq.heappush(free, finish)
     return requests
+
+
+def full_decode_intervals(requests: list[dict], concurrency: int) -> list[tuple[float, float]]:
+    """The stretches of time in which ``concurrency`` requests were all past their first token and
+    not finished: the server was decoding all C of them (no prefill of a newcomer in between)."""
+    events = []
+    for r in requests:
+        if r["first"] is not None and r["finish"] > r["first"]:
+            events += [(r["first"], 1), (r["finish"], -1)]
+    events.sort(key=lambda e: (e[0], e[1]))  # a finish before a first token at the same instant
+    active, since, out = 0, None, []
+    for t, step in events:
+        before = active
+        active += step
+        if before < concurrency <= active:
+            since = t
+        elif active < concurrency <= before and since is not None:
+            if t > since:
+                out.append((since, t))
+            since = None
+    return out
 
 
 def steady_window(requests: list[dict], concurrency: int) -> Optional[tuple[float, float]]:
@@ -77,21 +115,35 @@ def analyze(line: dict, concurrency: int, evidence: Optional[dict], decode_port:
     ttfts = line.get("ttfts")
     itls = line.get("itls")
     out: dict = {"start_s": None, "end_s": None, "duration_s": None, "tokens": None, "decode_tok_s": None,
+                 "window_tok_s": None, "decoding_s": None,
                  "run_duration_s": None, "samples": 0, "running": None, "queue": None, "token_usage_max": None,
                  "server_gen_throughput_mean": None, "evidence": None}
     if ttfts is None or itls is None:
         out["evidence"] = "the client line has no per-request TTFTs/ITLs (run with --output-details)"
         return out
-    requests = token_timeline(ttfts, itls, concurrency)
+    requests = token_timeline(ttfts, itls, concurrency, line.get("output_lens"))
     out["run_duration_s"] = max((r["finish"] for r in requests), default=0.0)
     window = steady_window(requests, concurrency)
     if window is None:
         out["evidence"] = "no steady-state window: no request produced a token"
         return out
     a, b = window
-    tokens = sum(1 for r in requests for t in r["tokens"] if a < t <= b)
-    out.update(start_s=round(a, 4), end_s=round(b, 4), duration_s=round(b - a, 4), tokens=tokens,
-               decode_tok_s=tokens / (b - a))
+    in_window = sum(n for r in requests for t, n in zip(r["tokens"], r["counts"]) if a < t <= b)
+    intervals = full_decode_intervals(requests, concurrency)
+    decoding = sum(e - s for s, e in intervals)
+    starts = [s for s, _ in intervals]
+
+    def decoding_all(t: float) -> bool:
+        i = bisect.bisect_left(starts, t) - 1
+        return i >= 0 and t <= intervals[i][1]
+
+    decode_tokens = sum(n for r in requests for t, n in zip(r["tokens"], r["counts"]) if decoding_all(t))
+    out.update(start_s=round(a, 4), end_s=round(b, 4), duration_s=round(b - a, 4), tokens=in_window,
+               window_tok_s=in_window / (b - a), decoding_s=round(decoding, 4), decode_tokens=decode_tokens,
+               decode_intervals=len(intervals), decode_tok_s=decode_tokens / decoding if decoding > 0 else None,
+               decoding_fraction=round(decoding / (b - a), 4))
+    if decoding <= 0:
+        out["decode_evidence"] = f"the client never had all {concurrency} requests decoding at once"
     if not evidence:
         out["evidence"] = "no /metrics evidence was collected for this point"
         return out
@@ -100,18 +152,24 @@ def analyze(line: dict, concurrency: int, evidence: Optional[dict], decode_port:
         out["evidence"] = "the client's 'Starting main benchmark run' line was not seen, so the window cannot be placed"
         return out
     anchor = marker + CLIENT_PAUSE_S
-    out["run_start_box_clock"] = round(anchor, 4)
+    wall = evidence.get("main_run_marker_wall")
+    out["run_start_box_clock"] = round((wall if wall is not None else marker) + CLIENT_PAUSE_S, 4)
+    out["clock"] = evidence.get("clock") or "wall"
     trim = EDGE_TRIM * (b - a)
     lo, hi = anchor + a + trim, anchor + b - trim
-    samples = [s for s in evidence.get("samples") or () if s.get("port") == decode_port and lo <= s["t"] <= hi
-               and s.get("num_running_reqs") is not None]
+    placed = [s for s in evidence.get("samples") or () if s.get("port") == decode_port and lo <= s["t"] <= hi]
+    samples = [s for s in placed if s.get("num_running_reqs") is not None]
     out["samples"] = len(samples)
     out["placed_on_box_clock"] = [round(lo, 3), round(hi, 3)]
+    problems = sorted({p for s in placed for k, p in (s.get("problems") or {}).items() if k == "num_running_reqs"})
+    if problems:
+        out["metrics_problem"] = problems[0]
     if len(samples) < MIN_SAMPLES:
         errors = (evidence.get("scrape_errors") or {}).get(str(decode_port))
-        out["evidence"] = (f"{len(samples)} /metrics sample(s) of the decode server in the {b - a:.2f} s window "
-                           f"(need {MIN_SAMPLES})" + (f"; scrape errors: {errors['count']}x {errors['first']}"
-                                                      if errors else ""))
+        out["evidence"] = ((f"{problems[0]}; " if problems else "")
+                           + f"{len(samples)} usable /metrics sample(s) of the decode server in the {b - a:.2f} s "
+                           f"window (need {MIN_SAMPLES})" + (f"; scrape errors: {errors['count']}x {errors['first']}"
+                                                             if errors else ""))
         return out
     running = [s["num_running_reqs"] for s in samples]
     out["running"] = {"median": statistics.median(running), "min": min(running), "max": max(running),

@@ -53,6 +53,8 @@ def bench(
     max_cache_hit_pct: float = typer.Option(1.0, "--max-cache-hit-pct", min=0.0, max=100.0, help="Gate: prefix-cache hit rate at most this (%) on a flushed cache."),
     retok_tolerance: float = typer.Option(0.05, "--retok-tolerance", min=0.0, max=1.0, help="Gate: |retokenized/reported output tokens - 1| at most this."),
     ab: Optional[str] = typer.Option(None, "--ab", metavar="KEY=A,B", help="A/B in one record: KEY is an environment variable of the serving units (e.g. SGLANG_SM120_TRITON_INDEXER=0,1) or a server flag (e.g. --attention-backend=triton,dsv4). Repetitions run interleaved A B A B with a server restart (the playbook) before every arm; the record holds both arms and the verdict of B against A (exit 0 B no worse, 1 B regressed or a point invalid, 7 inconclusive)."),
+    restarts: int = typer.Option(0, "--restarts", min=0, help="Restart the serving units (systemctl restart) this many times between repetitions, spread evenly (--repeat minus 1: before every repetition), so that a verdict includes start-to-start variance. Each start's provenance is recorded."),
+    idle_timeout: float = typer.Option(120.0, "--idle-timeout", min=0.0, help="Seconds to wait before each point for the servers to run and queue nothing; still busy (another client's load) fails the point (gate idle)."),
     trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key (a changed key is always refused)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the client's own output."),
     profile: Optional[int] = typer.Option(None, "--profile", metavar="STEPS", min=1, max=256, help="After the points, profile STEPS decode steps at the largest concurrency and keep the breakdown in the record (docs/profiling.md)."),
@@ -68,9 +70,8 @@ def bench(
     Finished points are spilled locally at once; a sweep that fails after some points publishes
     them as an incomplete record.
 
-    Exit codes: 0 ok; 1 an invalid point or a regression; 2 bad input; 3 unreachable; 4 timeout;
-    5 something missing; 6 the client, ansible or git failed; 7 the comparison was inconclusive;
-    130 interrupted.
+    Exit codes: 0 ok; 1 an invalid point or a regression; 2 bad input; 3 unreachable; 4 timeout; 5
+    something missing; 6 the client, ansible or git failed; 7 inconclusive; 130 interrupted.
     """
     from dsv4kit.bench import run as bench_run
 
@@ -85,8 +86,9 @@ def bench(
         server_timeout=server_timeout, metrics_interval=metrics_interval, restart=restart,
         min_concurrency_ratio=min_concurrency_ratio,
         ratio_given=invocation.get_parameter_source("min_concurrency_ratio").name != "DEFAULT",
-        max_cache_hit_pct=max_cache_hit_pct, retok_tolerance=retok_tolerance, ab=ab,
-        trust_new_host_key=trust_new_host_key, verbose=verbose, profile_hook=_profile_hook(profile, max_class_share))
+        max_cache_hit_pct=max_cache_hit_pct, retok_tolerance=retok_tolerance, ab=ab, restarts=restarts,
+        idle_timeout=idle_timeout, trust_new_host_key=trust_new_host_key, verbose=verbose,
+        profile_hook=_profile_hook(profile, max_class_share))
     plan = bench_run.plan(request, warn=say)
     # The same checks as provision and validate: inventory, key file, known_hosts (exit 2 or 3).
     check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)

@@ -4,9 +4,14 @@ A record is named by its run id (``box1-ctx131072-20260101T120000Z``), its tag
 (``bench/box1/131072/20260101T120000Z``), a unique run-id prefix, or a ``record.json`` path.
 
 ``compare`` exit codes: 0 comparable, no regression and every metric told apart from the noise;
-1 a metric regressed (also "mixed": better at one C, worse at another); 2 the records are not
-comparable (the differing key fields are listed; no verdict) or a record was not found;
-7 inconclusive (fewer than 3 valid repetitions on a side, or noise too large to tell).
+1 a metric regressed (also "mixed": better at one C, worse at another) or a concurrency is
+invalid (an invalid or missing point on either side); 2 the records are not comparable (the
+differing key fields are listed; no verdict), a record was not found, or an A/B record was given
+without naming an arm (``ID@A``); 7 inconclusive (fewer than 3 valid repetitions on a side, or
+noise too large to tell). The worst concurrency decides.
+
+``publish DIR`` publishes a sweep kept in a spill directory (a publish that failed, a disk that
+filled up): its ``record.json``, else its ``record.partial.json`` as an incomplete record.
 """
 
 from __future__ import annotations
@@ -54,6 +59,19 @@ def _load(repo: Path, ident: str) -> dict:
     try:
         return read_record(repo, ident)
     except (RecordError, ResultsRepoError) as exc:
+        _fail(exitcodes.USAGE, str(exc))
+
+
+def _load_side(repo: Path, ident: str) -> dict:
+    """A record to compare; ``ID@A`` / ``ID@B`` is one arm of an A/B record (arms are never pooled)."""
+    from dsv4kit.records.compare import select_arm
+
+    base, sep, arm = ident.rpartition("@")
+    if not sep or not base:
+        return _load(repo, ident)
+    try:
+        return select_arm(_load(repo, base), arm)
+    except ValueError as exc:
         _fail(exitcodes.USAGE, str(exc))
 
 
@@ -168,20 +186,21 @@ def _profile_gate(record: dict, max_class_share: Optional[List[str]], show: bool
 @app.command("compare")
 @interruptible("dsv4kit records compare", "nothing was changed")
 def compare_cmd(
-    old_id: str = typer.Argument(..., metavar="A", help="The old record (baseline)."),
-    new_id: str = typer.Argument(..., metavar="B", help="The new record."),
+    old_id: str = typer.Argument(..., metavar="A", help="The old record (baseline); ID@A or ID@B for one arm of an A/B record."),
+    new_id: str = typer.Argument(..., metavar="B", help="The new record; ID@A or ID@B for one arm of an A/B record."),
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
     ignore: List[str] = typer.Option([], "--ignore", help="Comparability field allowed to differ (repeatable), e.g. context_length."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
     max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="Gate on B's profile (bench --profile): exit 1 when CLASS takes more than PCT% of decode kernel time."),
 ) -> None:
     """Compare B against A per metric and concurrency (and their decode breakdowns when both carry
-    a profile); exit 1 on a regression or a --max-class-share breach in B, 2 if not comparable,
-    7 if inconclusive (fewer than 3 valid repetitions a side, or too noisy to tell)."""
+    a profile); exit 1 on a regression, an invalid concurrency or a --max-class-share breach in B,
+    2 if not comparable, 7 if inconclusive (fewer than 3 valid repetitions a side, or too noisy to
+    tell). The worst concurrency decides; the summary names each one's outcome."""
     from dsv4kit.records.compare import compare, format_comparison
 
     repo = _repo(results_repo)
-    old, new = _load(repo, old_id), _load(repo, new_id)
+    old, new = _load_side(repo, old_id), _load_side(repo, new_id)
     try:
         result = compare(old, new, ignore=ignore)
     except ValueError as exc:
@@ -203,6 +222,32 @@ def _print_profiles(old: dict, new: dict) -> None:
         typer.echo("\n" + format_diff(a, b))
     elif a is not None or b is not None:
         typer.echo(f"\nonly {'A' if a is not None else 'B'} carries a profile (bench --profile); no breakdown to compare")
+
+
+@app.command("publish")
+@interruptible("dsv4kit records publish", "nothing was published")
+def publish_cmd(
+    spill_dir: Path = typer.Argument(..., metavar="DIR", help="A spill directory a sweep kept (its run id, under ~/.local/state/dsv4kit/spill or $DSV4KIT_SPILL_DIR)."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Publish a kept spill as one commit and tag; the spill is removed once it is published.
+    A sweep that did not finish is published as an incomplete record (never a baseline)."""
+    from dsv4kit.records import spill_publish
+    from dsv4kit.records.results_repo import default_path
+
+    repo = results_repo or default_path()
+    doing(f"publishing {spill_dir} into {repo}", "nothing was published")
+    try:
+        published, record = spill_publish.publish_spill(spill_dir, repo)
+    except spill_publish.SpillPublishError as exc:
+        _fail(exc.exit_code, str(exc))
+    if json_out:
+        typer.echo(json.dumps({"run_id": record["run_id"], "tag": published.tag, "commit": published.commit,
+                               "incomplete": bool(record.get("incomplete")), "results_repo": str(repo)}, indent=2))
+    else:
+        typer.echo(f"published {record['run_id']}{' (INCOMPLETE)' if record.get('incomplete') else ''}: commit "
+                   f"{published.commit[:12]}, tag {published.tag} in {repo}")
 
 
 @app.command("plot")

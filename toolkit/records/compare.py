@@ -40,6 +40,8 @@ from dsv4kit.records.record import KEY_FIELDS, comparability_key, metric_value
 from dsv4kit.records.served_flags import is_unknown
 
 K_CV = 3.0
+#: Outcomes from worst to best: one bad concurrency decides the whole comparison.
+OUTCOME_ORDER = ("invalid", "regressed", "inconclusive", "ok")
 #: A verdict other than "inconclusive" needs at least this many valid repetitions on each side.
 MIN_REPETITIONS = 3
 #: metric -> (direction, label). Direction "higher" means higher is better.
@@ -97,6 +99,8 @@ class Comparison:
     ignored: list[str] = field(default_factory=list)
     info: list[dict] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
+    #: concurrency -> which side had invalid points there, in words
+    invalid_detail: dict = field(default_factory=dict)
 
     @property
     def regressions(self) -> list[Row]:
@@ -119,24 +123,39 @@ class Comparison:
                 out[metric] = "no-change"
         return out
 
+    def concurrency_outcomes(self) -> dict[int, str]:
+        """Per concurrency, the worst of its rows (``OUTCOME_ORDER``; no-change and improved are ok)."""
+        out: dict[int, str] = {}
+        for r in self.rows:
+            word = {"no-change": "ok", "improved": "ok"}.get(r.verdict, r.verdict)
+            if r.concurrency not in out or OUTCOME_ORDER.index(word) < OUTCOME_ORDER.index(out[r.concurrency]):
+                out[r.concurrency] = word
+        return dict(sorted(out.items()))
+
     @property
     def outcome(self) -> str:
+        """The worst over every concurrency and metric: invalid, regressed, inconclusive, ok."""
         if not self.comparable:
             return "not-comparable"
-        verdicts = set(self.metric_verdicts().values())
-        if verdicts & {"regressed", "mixed"}:
-            return "regressed"
-        if "inconclusive" in verdicts or not self.rows:
+        if not self.rows:
             return "inconclusive"
-        return "ok"
+        return min(self.concurrency_outcomes().values(), key=OUTCOME_ORDER.index)
 
     def exit_code(self) -> int:
-        return {"not-comparable": exitcodes.USAGE, "regressed": exitcodes.CHECK_FAILED,
-                "inconclusive": exitcodes.INCONCLUSIVE, "ok": exitcodes.OK}[self.outcome]
+        return {"not-comparable": exitcodes.USAGE, "invalid": exitcodes.CHECK_FAILED,
+                "regressed": exitcodes.CHECK_FAILED, "inconclusive": exitcodes.INCONCLUSIVE,
+                "ok": exitcodes.OK}[self.outcome]
 
     def summary(self) -> str:
-        """One line naming what moved which way, e.g. ``throughput improved (decode_tok_s +29.7% at
-        C=8); TTFT improved (...); TPOT regressed (...)``."""
+        """Each concurrency's outcome, then what moved which way, e.g. ``C=1 ok, C=8 invalid (new:
+        1 of 3 repetitions invalid); throughput improved (decode_tok_s +29.7% at C=8); ...``."""
+        per_c = self.concurrency_outcomes()
+        head = ", ".join(f"C={c} {word}" + (f" ({self.invalid_detail[c]})" if word == "invalid" and
+                                            self.invalid_detail.get(c) else "") for c, word in per_c.items())
+        rest = self._movement()
+        return "; ".join(part for part in (head, rest) if part)
+
+    def _movement(self) -> str:
         verdicts = self.metric_verdicts()
         parts = []
         for family, metrics in FAMILIES.items():
@@ -160,6 +179,7 @@ class Comparison:
             "differences": self.differences, "ignored": self.ignored, "info": self.info,
             "rows": [r.to_dict() for r in self.rows], "regressions": len(self.regressions),
             "metric_verdicts": self.metric_verdicts(), "outcome": self.outcome, "summary": self.summary(),
+            "concurrency_outcomes": {str(c): v for c, v in self.concurrency_outcomes().items()},
             "min_repetitions": MIN_REPETITIONS,
         }
 
@@ -256,6 +276,12 @@ def verdict_for(metric: str, concurrency: int, old: list[float], new: list[float
 
 
 def compare(old: dict, new: dict, *, ignore: Iterable[str] = (), metrics: Iterable[str] = tuple(METRICS)) -> Comparison:
+    """B (``new``) against A (``old``). ValueError for an unknown ``ignore`` field, and for a record
+    holding both arms of an A/B sweep: its arms are never pooled (``select_arm`` picks one)."""
+    for record in (old, new):
+        if len(arms_of(record)) > 1:
+            raise ValueError(f"{record['run_id']} is an A/B record with arms {', '.join(arms_of(record))}: its arms "
+                             f"are never pooled; name one arm, e.g. {record['run_id']}@A")
     ignore = sorted(set(ignore))
     unknown = [f for f in ignore if f not in KEY_FIELDS]
     if unknown:
@@ -270,15 +296,52 @@ def compare(old: dict, new: dict, *, ignore: Iterable[str] = (), metrics: Iterab
     if result.differences:
         result.comparable = False
         return result
-    concurrencies = sorted({int(p["max_concurrency"]) for p in old["points"]} &
+    concurrencies = sorted({int(p["max_concurrency"]) for p in old["points"]} |
                            {int(p["max_concurrency"]) for p in new["points"]})
+    for c in concurrencies:
+        bad = [f"{side}: {_invalid_at(record, c)}" for side, record in (("old", old), ("new", new))
+               if _invalid_at(record, c)]
+        if bad:
+            result.invalid_detail[c] = "; ".join(bad)
     for metric in metrics:
         values = {c: (_values(old, metric, c), _values(new, metric, c)) for c in concurrencies}
         if not any(a or b for a, b in values.values()):
             continue  # neither record measured it (e.g. no SLOs, so no goodput)
         for c in concurrencies:
-            result.rows.append(verdict_for(metric, c, *values[c]))
+            row = verdict_for(metric, c, *values[c])
+            if c in result.invalid_detail:
+                row.verdict = "invalid"  # an invalid repetition (or a missing C) makes the concurrency invalid
+            result.rows.append(row)
     return result
+
+
+def _invalid_at(record: dict, concurrency: int) -> Optional[str]:
+    """Why ``record`` has no clean result at ``concurrency``, in words; None when every point is valid."""
+    points = [p for p in record["points"] if int(p["max_concurrency"]) == concurrency]
+    if not points:
+        return f"no point at C={concurrency}"
+    bad = [p for p in points if not p["validity"]["passed"]]
+    if not bad:
+        return None
+    gates = sorted({g for p in bad for g in p["validity"].get("failed") or ()})
+    return f"{len(bad)} of {len(points)} repetitions invalid ({', '.join(gates)})"
+
+
+def arms_of(record: dict) -> list[str]:
+    """The A/B arms whose points ``record`` holds ([] for a plain sweep)."""
+    return sorted({p["arm"] for p in record.get("points") or () if p.get("arm")})
+
+
+def select_arm(record: dict, arm: str) -> dict:
+    """One arm of an A/B record as a record of its own (its points, its own provenance when the
+    record kept it): what ``records compare ID@A`` compares. ValueError for an arm it lacks."""
+    arms = arms_of(record)
+    if arm not in arms:
+        raise ValueError(f"{record.get('run_id')} has no arm {arm!r} (its arms: {', '.join(arms) or 'none'})")
+    side = dict(record, run_id=f"{record['run_id']}@{arm}", points=[p for p in record["points"] if p.get("arm") == arm])
+    side.update(((record.get("ab") or {}).get("provenance") or {}).get(arm) or {})
+    side.pop("ab", None)
+    return side
 
 
 def _fmt(value: Optional[float], digits: int = 2) -> str:
@@ -311,7 +374,9 @@ def format_comparison(result: Comparison) -> str:
         if few:
             lines.append(f"fewer than {MIN_REPETITIONS} valid repetitions on a side at C={', '.join(map(str, few))}: "
                          f"inconclusive there (run with --repeat {MIN_REPETITIONS} or more)")
-        lines.append({"regressed": f"{len(result.regressions)} regression(s)",
+        lines.append({"invalid": "INVALID: a concurrency has invalid or missing points (listed above); no verdict "
+                                 "there, and this is not a pass",
+                      "regressed": f"{len(result.regressions)} regression(s)",
                       "inconclusive": "INCONCLUSIVE: no regression found, but not every metric could be told "
                                       "from the noise (this is not a pass)",
                       "ok": "no regression"}[result.outcome])

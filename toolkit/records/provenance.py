@@ -77,11 +77,14 @@ def _server_args(server_info: dict, processes: list[dict]) -> dict:
 def model_section(host, probe: dict, server_info: dict) -> dict:
     """The record's ``model`` section (``bench.planned_record`` builds it before the probe, from the inventory)."""
     model_path = host.get("dsv4_model_path") or server_info.get("model_path") or ""
+    weights = probe.get("weights") or {}
     return {
         "name": os.path.basename(str(model_path).rstrip("/")) or None,
         "path": model_path,
         "revision": host.get("dsv4_model_revision"),
         **{k: v for k, v in (probe.get("model") or {}).items() if k not in ("local_path",)},
+        "weights_fingerprint": weights.get("fingerprint"),
+        "weights": weights or None,
     }
 
 
@@ -130,6 +133,9 @@ def sections(*, host, probe: dict, server_info: dict, context_length: int, resta
         "torch_cuda": (probe.get("cuda") or {}).get("torch_cuda"),
         "triton": packages.get("triton"),
         "transformers": packages.get("transformers"),
+        "sgl_kernel": packages.get("sgl-kernel"),
+        "flashinfer": packages.get("flashinfer-python"),
+        "dsv4kit_wheel": probe.get("dsv4kit_wheel") or {"version": None, "sha256": None, "reason": "not probed"},
         "packages": packages,
         "server_env": server_env if (server_env or not env_reasons) else None,
         "server_env_source": env_source,

@@ -54,7 +54,13 @@ SUMMARY_METRICS = ("decode_tok_s", "decode_tok_s_per_gpu", "output_throughput", 
 #: Fields of the comparability key (a verdict needs them all equal, see dsv4kit.records.compare).
 KEY_FIELDS = ("model", "model_revision", "gpu_model", "gpu_count", "context_length", "dataset",
               "input_len", "output_len", "range_ratio", "tokenize_prompt", "seed", "concurrency",
-              "num_prompts", "backend", "client_tool_version", "kernel_flags")
+              "num_prompts", "backend", "client_tool_version", "kernel_flags",
+              "sglang_wheel", "sgl_kernel", "flashinfer", "dsv4kit_wheel", "weights", "driver",
+              "launch_args", "gates", "warmup_requests")
+#: Launch options left out of the ``launch_args`` key: where the server listens, and the context
+#: length (its own key field, which ``--baseline-ctx`` lets differ).
+LAUNCH_KEY_SKIP = ("--host", "--port", "--context-length", "--api-key", "--admin-api-key", "--dist-init-addr",
+                   "--nccl-port")
 
 
 class RecordError(ValueError):
@@ -166,7 +172,50 @@ def comparability_key(record: dict) -> dict:
         "backend": client.get("backend"),
         "client_tool_version": client.get("tool_version"),
         "kernel_flags": served_flags.key_value(record),
+        "sglang_wheel": _wheel_hash((record.get("software") or {}).get("sglang_wheel")),
+        "sgl_kernel": (record.get("software") or {}).get("sgl_kernel"),
+        "flashinfer": (record.get("software") or {}).get("flashinfer"),
+        "dsv4kit_wheel": _wheel_hash((record.get("software") or {}).get("dsv4kit_wheel")),
+        "weights": model.get("weights_fingerprint"),
+        "driver": gpus.get("driver"),
+        "launch_args": launch_key((record.get("server") or {}).get("launch_args")),
+        "gates": _gates_key((record.get("sweep") or {}).get("gates")),
+        "warmup_requests": client.get("warmup_requests"),
     }
+
+
+def _gates_key(gates) -> Optional[str]:
+    """The gate thresholds that decide validity (how long to wait for idle servers does not)."""
+    if not isinstance(gates, dict):
+        return None
+    return sha256_json({k: v for k, v in gates.items() if k != "idle_timeout_s"})[:16]
+
+
+def _wheel_hash(info) -> Optional[str]:
+    """A wheel's sha256, else the hash of its installed RECORD (``box_helper._installed_fingerprint``)."""
+    if not isinstance(info, dict):
+        return None
+    return info.get("sha256") or info.get("record_sha256")
+
+
+def launch_key(argv) -> Optional[str]:
+    """A hash of the server's launch options without LAUNCH_KEY_SKIP (and the program before the
+    first option): the same launch arguments give the same value."""
+    if not argv:
+        return None
+    items = [str(a) for a in argv]
+    start = next((i for i, a in enumerate(items) if a.startswith("--")), len(items))
+    kept, skip = [], False
+    for item in items[start:]:
+        if skip:
+            skip = False
+            continue
+        name = item.split("=", 1)[0]
+        if name in LAUNCH_KEY_SKIP:
+            skip = "=" not in item
+            continue
+        kept.append(item)
+    return sha256_json(kept)[:16]
 
 
 def check(record: Any, where: str = "record") -> dict:

@@ -104,6 +104,9 @@ def _git(repo: Path, *args: str, input: Optional[bytes] = None, env: Optional[di
     ``own_session``: the process runs in a new session, so a Ctrl-C at the terminal cannot reach it.
     """
     full_env = dict(os.environ)
+    # git never walks up from the results repository into a checkout around it (a half-made .git
+    # would otherwise make every command below act on that parent repository).
+    full_env["GIT_CEILING_DIRECTORIES"] = str(Path(repo).absolute().parent)
     full_env.update(env or {})
     try:
         proc = subprocess.run([git_executable(), "-C", str(repo), *args], input=input, capture_output=True,
@@ -129,11 +132,36 @@ def check_path(path: os.PathLike | str) -> bool:
     if path.exists() and not path.is_dir():
         raise ResultsRepoError(f"results repository {str(path)!r} is a file, not a directory")
     if path.is_dir() and ((path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())):
+        check_own_repository(path)
         return True
     if path.is_dir() and any(path.iterdir()):
         raise ResultsRepoError(f"{str(path)!r} exists, is not empty and is not a git repository; "
                                f"pass an empty or new directory with --results-repo")
     return False
+
+
+def check_own_repository(path: Path) -> None:
+    """Raise unless ``path`` is a git repository of its own: its work tree's top (or a bare
+    repository itself), never a folder that git resolves to a checkout around it."""
+    outside = subprocess.run([git_executable(), "-C", str(path), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
+                             env={k: v for k, v in os.environ.items() if k != "GIT_CEILING_DIRECTORIES"})
+    proc = _git(path, "rev-parse", "--is-bare-repository", "--absolute-git-dir", check=False)
+    lines = _out(proc).splitlines()
+    parent = (f"; git resolves it to the checkout at {outside.stdout.strip()}"
+              if outside.returncode == 0 and Path(outside.stdout.strip()).resolve() != path.resolve() else "")
+    if proc.returncode != 0 or len(lines) != 2:
+        raise ResultsRepoError(f"{str(path)!r} has a .git that is not a usable repository of its own (a half-made "
+                               f"one?){parent}: refusing to write records there (remove its .git, or pass another "
+                               f"directory with --results-repo)")
+    if lines[0] == "true":
+        if Path(lines[1]).resolve() != path.resolve():
+            raise ResultsRepoError(f"{str(path)!r} is not a repository of its own{parent}")
+        return
+    top = _out(_git(path, "rev-parse", "--show-toplevel", check=False))
+    if not top or Path(top).resolve() != path.resolve():
+        raise ResultsRepoError(f"{str(path)!r} is a folder inside the checkout at {top or '?'}, not a repository of "
+                               f"its own: refusing to commit records there")
 
 
 def _probe_dir(directory: Path, what: str) -> None:
@@ -185,10 +213,22 @@ def ensure_repo(path: os.PathLike | str) -> Path:
     if check_path(path):
         return path
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.init-", dir=path.parent))
     except OSError as exc:
         raise ResultsRepoError(f"cannot create the results repository {str(path)!r}: {exc}") from None
-    _git(path, "init", "-q", "-b", "main")
+    try:
+        # Made complete beside it, then renamed into place: an interrupted init leaves no half .git.
+        _git(staging, "init", "-q", "-b", "main")
+        if path.is_dir():  # empty
+            os.rename(staging / ".git", path / ".git")
+        else:
+            os.rename(staging, path)
+    except OSError as exc:
+        raise ResultsRepoError(f"cannot create the results repository {str(path)!r}: {exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    check_own_repository(path)
     return path
 
 
@@ -326,7 +366,7 @@ def list_records(repo: os.PathLike | str) -> list[RecordEntry]:
         run_id = match.group(1)
         commit = _out(_git(repo, "log", "-1", "--format=%H", "HEAD", "--", name))
         entries.append(RecordEntry(run_id=run_id, tag=tags.get(commit), path=name))
-    entries.sort(key=lambda e: e.run_id.rsplit("-", 1)[-1] + e.run_id)
+    entries.sort(key=lambda e: (re.findall(r"\d{8}T\d{6}Z", e.run_id) or [""])[-1] + e.run_id)
     return entries
 
 
