@@ -75,25 +75,13 @@ def bench(
     """
     from dsv4kit.bench import run as bench_run
 
-    def say(message: str) -> None:
-        typer.echo(message, err=True)
-
     doing("checking the inputs before connecting")
-    request = bench_run.BenchRequest(
-        ctx=ctx, concurrency=concurrency, input_len=input_len, output_len=output_len, repeat=repeat,
-        num_prompts=num_prompts, warmup_requests=warmup_requests, seed=seed, host=host, inventory=inventory,
-        baseline=baseline, baseline_ctx=baseline_ctx, results_repo=results_repo_path, point_timeout=point_timeout,
-        server_timeout=server_timeout, metrics_interval=metrics_interval, restart=restart,
-        min_concurrency_ratio=min_concurrency_ratio,
-        ratio_given=invocation.get_parameter_source("min_concurrency_ratio").name != "DEFAULT",
-        max_cache_hit_pct=max_cache_hit_pct, retok_tolerance=retok_tolerance, ab=ab, restarts=restarts,
-        idle_timeout=idle_timeout, trust_new_host_key=trust_new_host_key, verbose=verbose,
-        profile_hook=_profile_hook(profile, max_class_share))
-    plan = bench_run.plan(request, warn=say)
+    request = _request(invocation, locals())
+    plan = bench_run.plan(request, warn=_say)
     # The same checks as provision and validate: inventory, key file, known_hosts (exit 2 or 3).
     check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)
     doing("running the sweep")
-    outcome = bench_run.execute(plan, progress=say, argv=sys.argv)
+    outcome = bench_run.execute(plan, progress=_say, argv=sys.argv)
     _print_outcome(plan, outcome, json_out)
     raise typer.Exit(outcome.exit_code)
 
@@ -110,6 +98,24 @@ def _profile_hook(steps: Optional[int], max_class_share: Optional[List[str]]):
     from dsv4kit.profile.run import bench_hook
 
     return bench_hook(steps, max_class_share or [])
+
+
+def _say(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _request(invocation: typer.Context, options: dict) -> bench_run.BenchRequest:
+    """The request from the command's parameters: the same names, but for the three derived here."""
+    import dataclasses
+
+    from dsv4kit.bench import run as bench_run
+
+    names = {f.name for f in dataclasses.fields(bench_run.BenchRequest)}
+    given = {k: v for k, v in options.items() if k in names}
+    return bench_run.BenchRequest(
+        **given, results_repo=options["results_repo_path"],
+        ratio_given=invocation.get_parameter_source("min_concurrency_ratio").name != "DEFAULT",
+        profile_hook=_profile_hook(options["profile"], options["max_class_share"]))
 
 
 def _print_outcome(plan: bench_run.BenchPlan, outcome: bench_run.BenchOutcome, json_out: bool) -> None:
