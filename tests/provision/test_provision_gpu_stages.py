@@ -139,7 +139,7 @@ def test_driver_and_cuda_install_for_real_over_a_conflicting_legacy_source(gpu_b
     ubuntu = next(line for line in policy.splitlines() if UBUNTU_VERSION in line)
     assert ubuntu.split()[-1] == "-1", policy  # the same names from another origin: never
     blacklist = box.run("apt-config", "dump", "Unattended-Upgrade::Package-Blacklist").stdout
-    assert '"^(lib)?nvidia-"' in blacklist
+    assert '"^(nvidia-(driver|headless|dkms|kernel|utils' in blacklist  # the driver's own packages only
 
     second = provision(box)
     assert second.returncode == 0, second.stdout[-6000:]
