@@ -6,13 +6,17 @@ apt_preferences, holds, GPG-signed flat repositories built from tiny .deb packag
 maintainer scripts that run (DKMS's build is a postinst that needs the headers of the running
 kernel). nvidia-smi, modprobe, modinfo, dkms, dmesg and mokutil are shell stand-ins on PATH that
 behave like the real ones: no module without a DKMS build, a module refused under Secure Boot unless
-Canonical signed it, nvidia-smi failing until the module is loaded.
+Canonical signed it, nvidia-smi failing until the module is loaded (and "Driver/library version
+mismatch" while another version's module is loaded), nouveau holding the GPUs until it is unloaded.
+systemctl stands in for nvidia-persistenced as Ubuntu ships it: a Type=forking unit whose daemon
+exits 1 while no NVIDIA module is loaded. /sys/module is a folder of the stand-in state.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import platform
 import subprocess
@@ -20,10 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KERNEL = platform.release()
+# A kernel update of the same flavour: the third number of the version one higher.
+NEWER_KERNEL = re.sub(r"^(\d+)\.(\d+)\.(\d+)", lambda m: f"{m[1]}.{m[2]}.{int(m[3]) + 1}", KERNEL)
+FLAVOUR_META = "generic-hwe-24.04"  # the box's linux-image metapackage: linux-image-generic-hwe-24.04
 BRANCH = "580"
 CUDA_VERSION = "580.95.05-0ubuntu1"
 NEWER_CUDA_VERSION = "580.105.08-0ubuntu1"  # what an unattended upgrade would pull
 UBUNTU_VERSION = "580.126.09-0ubuntu0.24.04.1"  # Ubuntu's build of the same names, a higher version
+UNBRANCHED = "595"  # NVIDIA's 590+ naming: no branch in the names
+UNBRANCHED_VERSION = "595.58.03-1"
 OPEN_MODULE = f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {CUDA_VERSION.split('-')[0]}  Release Build"
 DKMS_POSTINST = """#!/bin/sh
 # DKMS: build the module against the running kernel's headers (it prints an error and carries on without them).
@@ -109,6 +118,9 @@ class FakeGPUBox:
         if deb.depends:
             control.append(f"Depends: {deb.depends}")
         (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
+        conffiles = [path for path in deb.files if path.startswith("/etc/")]  # as debhelper marks them
+        if conffiles:
+            (tree / "DEBIAN/conffiles").write_text("".join(p + "\n" for p in conffiles))
         if deb.postinst:
             (tree / "DEBIAN/postinst").write_text(deb.postinst)
             (tree / "DEBIAN/postinst").chmod(0o755)
@@ -132,15 +144,18 @@ class FakeGPUBox:
             self.build_deb(deb, directory)
         self._reindex(directory, origin, label or origin)
 
-    def cuda_keyring(self) -> Deb:
-        """NVIDIA's cuda-keyring: a one-line source signed by /usr/share/keyrings/cuda-archive-keyring.gpg."""
+    def cuda_keyring(self, distro: str = "debian12", repo: Path | None = None) -> Deb:
+        """NVIDIA's cuda-keyring (1.1-1 for every distribution): a one-line source signed by the keyring."""
         return Deb("cuda-keyring", "1.1-1", files={
-            "/etc/apt/sources.list.d/cuda-debian12-x86_64.list":
-                f"deb [signed-by={self.keyring}] file://{self.cuda_repo}/ /\n",
+            f"/etc/apt/sources.list.d/cuda-{distro}-x86_64.list":
+                f"deb [signed-by={self.keyring}] file://{repo or self.cuda_repo}/ /\n",
             "/usr/share/keyrings/cuda-archive-keyring.gpg": self.key.read_bytes(),
         })
 
-    def publish_cuda(self, *, newer: bool = True) -> None:
+    def publish_cuda(self, *, newer: bool = True, unbranched: bool = False, container: str | None = None) -> None:
+        """NVIDIA's CUDA repository: branch 580 in Ubuntu's naming; ``unbranched``: branch 595 in NVIDIA's
+        590+ naming (no branch in the names, nvidia-driver-pinning-595); ``container``: the
+        nvidia-container-toolkit version it also carries."""
         v = CUDA_VERSION
         debs = [
             self.cuda_keyring(),
@@ -155,7 +170,32 @@ class FakeGPUBox:
         if newer:  # a point release of the branch and a newer branch: what unattended-upgrades would take
             debs += [Deb(f"nvidia-utils-{BRANCH}", NEWER_CUDA_VERSION), Deb("nvidia-utils-590", "590.48.01-0ubuntu1"),
                      Deb("nvidia-headless-590-open", "590.48.01-0ubuntu1")]
+        if unbranched:
+            u = UNBRANCHED_VERSION
+            debs += [
+                Deb(f"nvidia-driver-pinning-{UNBRANCHED}", u),
+                Deb("nvidia-driver-cuda", u, depends=f"nvidia-smi (= {u}), libcuda1 (= {u}), nvidia-persistenced (= {u})"),
+                Deb("nvidia-kernel-open-dkms", u, depends=f"nvidia-kernel-common (= {u})",
+                    postinst=DKMS_POSTINST.format(kernel=KERNEL, version=u.split("-")[0])),
+                Deb("nvidia-kernel-common", u), Deb("nvidia-smi", u), Deb("libcuda1", u), Deb("nvidia-persistenced", u),
+                # the next branch, in the same names: only the pin keeps it out
+                Deb("nvidia-driver-cuda", "600.10-1"), Deb("nvidia-smi", "600.10-1"),
+            ]
+        if container:
+            debs += [Deb("nvidia-container-toolkit", container, depends=f"nvidia-container-toolkit-base (= {container})"),
+                     Deb("nvidia-container-toolkit-base", container), Deb("libnvidia-container1", container),
+                     Deb("libnvidia-container-tools", container, depends=f"libnvidia-container1 (= {container})")]
         self.publish(self.cuda_repo, debs, origin="NVIDIA", label="NVIDIA CUDA")
+
+    def install_now(self, debs: list[Deb]) -> None:
+        """What the box already has: packages installed with dpkg before any provision."""
+        paths = [str(self.build_deb(deb, self.work / "preinstalled")) for deb in debs]
+        self.run("dpkg", "--root", str(self.root), "--admindir", str(self.root / "var/lib/dpkg"),
+                 "--force-script-chrootless", "--force-depends", "-i", *paths)
+
+    def kernel_debs(self, kernel: str) -> list[Deb]:
+        return [Deb(f"linux-image-{kernel}", "1.0-1"),
+                Deb(f"linux-headers-{kernel}", "1.0-1", files={f"/lib/modules/{kernel}/build/Makefile": "# kernel headers\n"})]
 
     def _reindex(self, directory: Path, origin: str, label: str) -> None:
         packages = subprocess.run(["dpkg-scanpackages", "-m", "."], cwd=directory, capture_output=True, text=True,
@@ -167,58 +207,148 @@ class FakeGPUBox:
         (directory / "InRelease").unlink(missing_ok=True)
         self._gpg("--clearsign", "-o", str(directory / "InRelease"), str(directory / "Release"))
 
-    def publish_ubuntu(self, *, headers: bool = True, signed_modules: bool = False) -> None:
-        """Ubuntu's archive: the running kernel's headers, and the same driver names at a higher version."""
+    def publish_ubuntu(self, *, headers: bool = True, signed_modules: bool = False, newest: str = KERNEL,
+                       old_kernels: tuple[str, ...] = (), unbranched: bool = False) -> None:
+        """Ubuntu's archive: kernels of the flavour up to ``newest`` with their flavour metapackages, the
+        same driver names at a higher version, and (``signed_modules``) Canonical's signed modules in
+        their real shape: linux-modules-nvidia-580-open-<kernel> needs exactly the nvidia-kernel-common-580
+        it was built against, so the packages of ``old_kernels`` need a version no longer published,
+        and the flavour metapackage linux-modules-nvidia-580-open-<flavour> names the newest kernel's."""
         v = UBUNTU_VERSION
-        debs = [Deb(f"nvidia-utils-{BRANCH}", v), Deb(f"nvidia-kernel-common-{BRANCH}", v),
+        debs = [Deb(f"nvidia-utils-{BRANCH}", v), Deb(f"nvidia-kernel-common-{BRANCH}", v, files={
+                    # Ubuntu's driver packages blacklist nouveau themselves
+                    "/usr/lib/modprobe.d/nvidia-graphics-drivers.conf": "blacklist nouveau\nblacklist lbm-nouveau\n"
+                                                                        "options nouveau modeset=0\nalias nouveau off\n"}),
                 Deb(f"nvidia-headless-no-dkms-{BRANCH}-open", v, depends=f"nvidia-kernel-common-{BRANCH} (= {v})")]
+        if unbranched:  # Ubuntu's own 595 build, names with the branch
+            debs += [Deb(f"nvidia-utils-{UNBRANCHED}", "595.71.05-0ubuntu0.24.04.1"),
+                     Deb(f"nvidia-headless-{UNBRANCHED}-open", "595.71.05-0ubuntu0.24.04.1")]
+        kernels = sorted({KERNEL, newest, *old_kernels})
+        for kernel in kernels:
+            debs += [deb for deb in self.kernel_debs(kernel) if headers or not deb.name.startswith("linux-headers")]
+        debs += [Deb(f"linux-image-{FLAVOUR_META}", newest, depends=f"linux-image-{newest}")]
         if headers:
-            debs.append(Deb(f"linux-headers-{KERNEL}", "1.0-1", files={
-                f"/lib/modules/{KERNEL}/build/Makefile": "# kernel headers\n"}))
+            debs.append(Deb(f"linux-headers-{FLAVOUR_META}", newest, depends=f"linux-headers-{newest}"))
         if signed_modules:
-            debs.append(Deb(f"linux-modules-nvidia-{BRANCH}-open-{KERNEL}", "1.0-1",
-                            depends=f"nvidia-kernel-common-{BRANCH} (= {v})",
-                            files={f"/lib/modules/{KERNEL}/kernel/nvidia-{BRANCH}-open/nvidia.ko": "signed\n"}))
+            for kernel in kernels:
+                common = "580.82.07-0ubuntu0.24.04.2" if kernel in old_kernels else v  # an old build, since superseded
+                debs += [Deb(f"linux-modules-nvidia-{BRANCH}-open-{kernel}", "1.0-1",
+                             depends=f"linux-image-{kernel}, linux-signatures-nvidia-{kernel} (= 1.0-1), "
+                                     f"nvidia-kernel-common-{BRANCH} (>= {common}), nvidia-kernel-common-{BRANCH} (<= {common}.1)",
+                             files={f"/lib/modules/{kernel}/kernel/nvidia-{BRANCH}-open/nvidia.ko": "signed\n"}),
+                         Deb(f"linux-signatures-nvidia-{kernel}", "1.0-1")]
+            debs.append(Deb(f"linux-modules-nvidia-{BRANCH}-open-{FLAVOUR_META}", newest,
+                            depends=f"linux-modules-nvidia-{BRANCH}-open-{newest} (= 1.0-1)"))
         self.publish(self.ubuntu_repo, debs, origin="Ubuntu")
         ubuntu_key = self.root / "usr/share/keyrings/ubuntu-archive-keyring.gpg"
         ubuntu_key.write_bytes(self.key.read_bytes())
         (self.root / "etc/apt/sources.list.d/ubuntu.sources").write_text(
             f"Types: deb\nURIs: file://{self.ubuntu_repo}/\nSuites: /\nSigned-By: {ubuntu_key}\n")
 
+    def boot_kernel(self, kernel: str = KERNEL) -> None:
+        """The running kernel and its flavour metapackage, installed as on any Ubuntu box."""
+        self.install_now([Deb(f"linux-image-{kernel}", "1.0-1"),
+                          Deb(f"linux-image-{FLAVOUR_META}", kernel, depends=f"linux-image-{kernel}")])
+
     # --- driver tools ---------------------------------------------------------------------------------
     @property
     def proc_version(self) -> Path:
         return self.state / "proc-driver-nvidia-version"
 
+    @property
+    def sys_module(self) -> Path:
+        return self.state / "sys-module"
+
     def secure_boot(self, on: bool) -> None:
         (self.state / "sb-state").write_text("SecureBoot enabled\n" if on else "SecureBoot disabled\n")
 
+    def load_nouveau(self, in_use: bool = False) -> None:
+        """nouveau bound to the GPUs (a fresh install); ``in_use``: a console on it, so it cannot be unloaded."""
+        (self.sys_module / "nouveau").mkdir(parents=True, exist_ok=True)
+        (self.sys_module / "nouveau/refcnt").write_text("1\n" if in_use else "0\n")
+
+    def load_driver(self, version: str) -> None:
+        """The box runs another driver: its (open) module is loaded."""
+        self.proc_version.write_text(f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build\n")
+
+    def systemctl_log(self) -> list[str]:
+        log = self.state / "systemctl.log"
+        return log.read_text().splitlines() if log.exists() else []
+
     def _write_tools(self) -> None:
-        modules = f"{self.root}/lib/modules/{KERNEL}"
         gpu_lines = "\n".join(f"GPU {i}: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-{i:08d})"
                               for i in range(self.gpus))
+        state, root, mods = self.state, self.root, self.state / "sys-module"
+        find_ko = (f'ko=$(ls {root}/lib/modules/$k/updates/dkms/nvidia.ko {root}/lib/modules/$k/kernel/nvidia-*/nvidia.ko '
+                   '2>/dev/null | head -n 1)\n')
+        # The installed nvidia-smi's driver version (nvidia-utils-580 or NVIDIA's nvidia-smi package).
+        installed_version = ('installed=$(dpkg-query -W -f \'${Version}\\n\' nvidia-utils-580 nvidia-smi 2>/dev/null '
+                             '| grep . | head -n 1 | cut -d- -f1)\n')
+        uvm_load = (f'mkdir -p {mods}/nvidia_uvm/parameters; echo 0 > {mods}/nvidia_uvm/refcnt\n'
+                    f'if cat {root}/etc/modprobe.d/*.conf 2>/dev/null | grep -q "^options nvidia_uvm.*uvm_disable_hmm=1"; '
+                    f'then echo Y; else echo N; fi > {mods}/nvidia_uvm/parameters/uvm_disable_hmm\n')
         tools = {
-            "mokutil": f'[ "$1" = --sb-state ] && cat {self.state}/sb-state 2>/dev/null || echo "SecureBoot disabled"\n',
-            "dmesg": f"cat {self.state}/dmesg 2>/dev/null\n",
-            "update-initramfs": "echo 'update-initramfs: Generating /boot/initrd.img'\n",
-            "modinfo": (f'ko=$(ls {modules}/updates/dkms/nvidia.ko {modules}/kernel/nvidia-*/nvidia.ko 2>/dev/null | head -n 1)\n'
+            "mokutil": f'[ "$1" = --sb-state ] && cat {state}/sb-state 2>/dev/null || echo "SecureBoot disabled"\n',
+            "dmesg": f"cat {state}/dmesg 2>/dev/null\n",
+            "update-initramfs": f'echo "update-initramfs $*" >> {state}/initramfs.log; echo "update-initramfs: Generating /boot/initrd.img"\n',
+            "modinfo": ('k=' + KERNEL + '; [ "$1" = -k ] && { k="$2"; shift 2; }\n' + find_ko +
                         'if [ -z "$ko" ]; then echo "modinfo: ERROR: Module nvidia not found." >&2; exit 1; fi\n'
+                        'if [ "$1" = -F ]; then echo "$ko"; exit 0; fi\n'
                         'echo "filename:       $ko"; echo "version:        580.95.05"\n'
                         'grep -q signed "$ko" && ! grep -q unsigned "$ko" && echo "signer:         Canonical Ltd. Kernel Module Signing"\n'
                         'exit 0\n'),
-            "dkms": (f'[ -e {modules}/updates/dkms/nvidia.ko ] && echo "nvidia/580.95.05, {KERNEL}, x86_64: installed"\n'
-                     f'[ -e {modules}/updates/dkms/nvidia.ko ] || echo "nvidia/580.95.05: added"\nexit 0\n'),
-            "modprobe": (f'ko=$(ls {modules}/updates/dkms/nvidia.ko {modules}/kernel/nvidia-*/nvidia.ko 2>/dev/null | head -n 1)\n'
-                         f'if [ -z "$ko" ]; then echo "modprobe: FATAL: Module nvidia not found in directory /lib/modules/{KERNEL}" >&2; exit 1; fi\n'
-                         f'if grep -q "SecureBoot enabled" {self.state}/sb-state 2>/dev/null && grep -q unsigned "$ko"; then\n'
-                         f'  echo "Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7" >> {self.state}/dmesg\n'
-                         '  echo "modprobe: ERROR: could not insert \'nvidia\': Key was rejected by service" >&2; exit 1\nfi\n'
-                         f'echo "{OPEN_MODULE}" > {self.proc_version}\n'),
+            "dkms": (f'[ -e {root}/lib/modules/{KERNEL}/updates/dkms/nvidia.ko ] && echo "nvidia/580.95.05, {KERNEL}, x86_64: installed"\n'
+                     f'[ -e {root}/lib/modules/{KERNEL}/updates/dkms/nvidia.ko ] || echo "nvidia/580.95.05: added"\nexit 0\n'),
+            "modprobe": (
+                'k=' + KERNEL + '\n'
+                'case "$*" in\n'
+                f'"-r nouveau") [ -d {mods}/nouveau ] || exit 0\n'
+                f'  if [ "$(cat {mods}/nouveau/refcnt)" != 0 ]; then echo "modprobe: FATAL: Module nouveau is in use." >&2; exit 1; fi\n'
+                f'  rm -rf {mods}/nouveau; exit 0 ;;\n'
+                f'"-r nvidia_uvm") [ -d {mods}/nvidia_uvm ] || exit 0\n'
+                f'  if [ "$(cat {mods}/nvidia_uvm/refcnt)" != 0 ]; then echo "modprobe: FATAL: Module nvidia_uvm is in use." >&2; exit 1; fi\n'
+                f'  rm -rf {mods}/nvidia_uvm; exit 0 ;;\n'
+                f'nvidia_uvm|nvidia-uvm) [ -e {self.proc_version} ] || exit 1; [ -d {mods}/nvidia_uvm ] && exit 0\n' + uvm_load +
+                '  exit 0 ;;\nesac\n' + find_ko +
+                f'if [ -z "$ko" ]; then echo "modprobe: FATAL: Module nvidia not found in directory /lib/modules/{KERNEL}" >&2; exit 1; fi\n'
+                f'if grep -q "SecureBoot enabled" {state}/sb-state 2>/dev/null && grep -q unsigned "$ko"; then\n'
+                f'  echo "Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7" >> {state}/dmesg\n'
+                '  echo "modprobe: ERROR: could not insert \'nvidia\': Key was rejected by service" >&2; exit 1\nfi\n'
+                f'if [ -d {mods}/nouveau ]; then\n'
+                f'  echo "NVRM: The NVIDIA probe routine was not called for {self.gpus} device(s)." >> {state}/dmesg\n'
+                f'  echo "NVRM: This can occur when another driver was loaded and obtained ownership of the NVIDIA device(s)." >> {state}/dmesg\n'
+                '  echo "modprobe: ERROR: could not insert \'nvidia\': No such device" >&2; exit 1\nfi\n'
+                + installed_version +
+                f'echo "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  ${{installed:-580.95.05}}  Release Build" > {self.proc_version}\n'
+                # udev loads nvidia-uvm as soon as the driver binds, with whatever options modprobe.d has then
+                + uvm_load),
             "nvidia-smi": (f'if [ ! -e {self.proc_version} ]; then\n'
                            '  echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver. '
                            'Make sure that the latest NVIDIA driver is installed and running."; exit 9\nfi\n'
-                           f'case "$*" in *persistence_mode*) for i in $(seq {self.gpus}); do echo Enabled; done ;;\n'
+                           + installed_version +
+                           f'if [ -n "$installed" ] && ! grep -q " $installed " {self.proc_version}; then\n'
+                           '  echo "Failed to initialize NVML: Driver/library version mismatch"; exit 18\nfi\n'
+                           f'case "$*" in *persistence_mode*) for i in $(seq {self.gpus}); do\n'
+                           f'  [ -e {state}/persistenced-running ] && echo Enabled || echo Disabled; done ;;\n'
                            f'*) cat <<GPUS\n{gpu_lines}\nGPUS\n;; esac\n'),
+            # Ubuntu's nvidia-persistenced.service: Type=forking; the daemon drops to its user, queries
+            # the devices and exits 1 when no NVIDIA module is loaded.
+            "systemctl": (f'echo "$*" >> {state}/systemctl.log\n'
+                          'unit=$(echo "$@" | tr " " "\\n" | grep -v "^-" | tail -n 1 | tr -d "\'")\n'
+                          f'running() {{ [ -e {state}/persistenced-running ]; }}\n'
+                          'case "$1" in\n'
+                          'show) echo "Id=$unit.service"; echo "LoadState=loaded"; echo "Type=forking"\n'
+                          '  if running; then echo ActiveState=active; echo SubState=running; else echo ActiveState=failed; echo SubState=failed; fi ;;\n'
+                          f'is-enabled) if [ -e {state}/persistenced-enabled ]; then echo enabled; else echo disabled; exit 1; fi ;;\n'
+                          f'enable) touch {state}/persistenced-enabled ;;\n'
+                          'daemon-reload|list-unit-files) ;;\n'
+                          'is-active) running && echo active || { echo failed; exit 3; } ;;\n'
+                          f'start|restart) if [ ! -e {self.proc_version} ]; then\n'
+                          '    echo "Job for nvidia-persistenced.service failed because the control process exited with error code." >&2\n'
+                          f'    echo "nvidia-persistenced: Failed to query NVIDIA devices. Please ensure that the NVIDIA device files (/dev/nvidia*) exist" >> {state}/dmesg\n'
+                          f'    rm -f {state}/persistenced-running; exit 1; fi\n'
+                          f'  touch {state}/persistenced-running ;;\n'
+                          'esac\nexit 0\n'),
         }
         for name, body in tools.items():
             path = self.bin / name

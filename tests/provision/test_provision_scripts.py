@@ -306,7 +306,9 @@ REBOOT_CASES = {
     # name: (install changed, /var/run/reboot-required.pkgs or None, nvidia-smi rc, its output,
     #        /proc/driver/nvidia/version or None, reasons)
     "nothing": (False, None, 0, "GPU 0: NVIDIA RTX PRO 6000", OPEN_MODULE, []),
-    "driver_installed_now": (True, None, 0, "", OPEN_MODULE, ["the driver install changed"]),
+    "driver_installed_now": (True, None, 0, "", OPEN_MODULE, ["the driver install changed under a loaded module"]),
+    # A first install: no module was loaded, the role's modprobe loaded it; no reboot.
+    "first_install_loaded_now": (True, None, 0, "GPU 0: NVIDIA RTX PRO 6000", None, []),
     "kernel_update_only": (False, "linux-image-6.8.0-60-generic\nlibc6\n", 0, "GPU 0: NVIDIA RTX PRO 6000", OPEN_MODULE, []),
     "driver_upgraded": (False, "linux-base\nnvidia-kernel-common-580\nlibnvidia-compute-580\nnvidia-kernel-common-580\n",
                         0, "GPU 0: NVIDIA RTX PRO 6000", OPEN_MODULE,
@@ -333,9 +335,11 @@ def _role_task(role: str, name: str) -> dict:
                 return found
         return None
 
-    task = walk(yaml.safe_load((ROLES / role / "tasks/main.yml").read_text()))
-    assert task is not None, f"{role}: no task {name!r}"
-    return task
+    for path in sorted((ROLES / role / "tasks").glob("*.yml")):  # main.yml imports the others
+        task = walk(yaml.safe_load(path.read_text()))
+        if task is not None:
+            return task
+    raise AssertionError(f"{role}: no task {name!r}")
 
 
 @pytest.fixture(scope="module")
@@ -362,6 +366,10 @@ def reboot_decisions(tmp_path_factory):
                      "nvidia_driver_loaded_module": ({"content": base64.b64encode((module + "\n").encode()).decode()}
                                                      if module is not None else {"failed": True, "msg": "file not found"}),
                      "dsv4_driver_branch": "580",
+                     "nvidia_driver_packages": defaults["nvidia_driver_packages_dkms_branched"],
+                     "nvidia_driver_module_present": {"stat": {"exists": module is not None}},
+                     "nvidia_driver_nouveau_left": {"stat": {"exists": False}},
+                     "nvidia_driver_signed_kernels": [],
                      "nvidia_driver_smi_before": smi, "nvidia_driver_smi": smi},
             "tasks": [decide, count, {"name": "Keep the result", "ansible.builtin.copy": {
                 "dest": str(tmp / f"{case}.json"),

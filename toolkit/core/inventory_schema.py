@@ -19,6 +19,7 @@ from __future__ import annotations
 FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     # --- versions (all pins) ---
     "dsv4_driver_branch": (str, "NVIDIA driver branch, open kernel modules (>= 580 for Blackwell)."),
+    "dsv4_driver_version": (str, "A point release of dsv4_driver_branch to pin (e.g. '580.95.05'); empty: the newest of the branch."),
     "dsv4_cuda_keyring_version": (str, "Version of NVIDIA's cuda-keyring package (e.g. '1.1-1'), installed unless its source is there."),
     "dsv4_cuda_version": (str, "CUDA toolkit version, e.g. '13.0' (apt package cuda-toolkit-13-0)."),
     "dsv4_python_version": (str, "Python version of the SGLang venv, e.g. '3.12'."),
