@@ -7,7 +7,8 @@
 #    system site-packages: torch==2.13.0 first (pip's CPU build where it has one), then the
 #    '.[test]' extra under a torch==2.13.0 constraint. Skipped when pyproject.toml and this script
 #    are unchanged since the last install.
-# 3. pytest, in that venv. "No tests collected" (pytest exit 5) is a failure.
+# 3. pytest, in that venv, on $DSV4KIT_TEST_WORKERS workers (default 2; 0: one process).
+#    "No tests collected" (pytest exit 5) is a failure.
 #
 # The tests cache the SGLang 0.5.23 wheel and what is built from it in $DSV4KIT_CACHE (default
 # ~/.cache/dsv4kit); see tests/sglang_wheel.py.
@@ -61,7 +62,14 @@ fi
 export PATH="$VENV/bin:$PATH"
 unset PYTHONPATH PYTHONHOME
 set +e
-"$VENV/bin/python" -m pytest -q "$@"
+# Two workers, each taking whole test files (module fixtures stay shared within a file);
+# DSV4KIT_TEST_WORKERS=0 runs in one process.
+workers="${DSV4KIT_TEST_WORKERS:-2}"
+if [ "$workers" = "0" ]; then
+  "$VENV/bin/python" -m pytest -q "$@"
+else
+  "$VENV/bin/python" -m pytest -q -n "$workers" --dist loadfile "$@"
+fi
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

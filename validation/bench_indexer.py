@@ -121,16 +121,9 @@ def time_under_graph(torch, fn: Callable[[], object], calls: int, reps: int,
     if device != "cuda":
         fn()
         return _elapsed_s(torch, device, fn) * 1e6
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    from dsv4kit.validation.graphs import capture
+
+    graph = capture(torch, fn, calls)
     graph.replay()
     torch.cuda.synchronize()
     samples = []

@@ -27,16 +27,9 @@ MAX_BYTES = 400_000
 
 
 def _graph(torch, fn, calls: int):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    from dsv4kit.validation.graphs import capture
+
+    graph = capture(torch, fn, calls)
     torch.cuda.synchronize()
     return graph
 
