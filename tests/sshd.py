@@ -36,6 +36,7 @@ class LoopbackSSHD:
     port: int = 0
     user: str = ""
     proc: subprocess.Popen | None = None
+    extra_config: tuple = ()  # more sshd_config lines (e.g. SetEnv for a simulated box's login PATH)
 
     @property
     def client_key(self) -> Path:
@@ -90,6 +91,7 @@ class LoopbackSSHD:
                     "MaxSessions 100",
                     "Subsystem sftp internal-sftp",
                     "AcceptEnv LANG LC_*",
+                    *self.extra_config,
                     "",
                 ]
             )

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # fake_sglang_server's own imports (after the stdlib)
 
 
 def main(argv: list[str]) -> int:
