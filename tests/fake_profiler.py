@@ -44,8 +44,10 @@ def _text(status: int, text: str):
 
 def fp8_paged_mqa_logits_torch_sm120(torch, batch: int, context_length: int):
     """What the torch fallback does: score every position of the configured context, every step."""
-    k = torch.ones(batch, context_length, 128)  # every position of the context, whatever the request's length
-    q = torch.ones(batch, 128, 64)
+    # Every position of the context, whatever the request's length; wide enough that its cost is
+    # set by the context length, not by the per-op overhead of a loaded 2-core machine.
+    k = torch.ones(batch, context_length, 128)
+    q = torch.ones(batch, 128, 512)
     scores = torch.bmm(k, q).clamp_min(0)
     return scores.sum(-1)
 

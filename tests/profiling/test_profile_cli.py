@@ -181,7 +181,7 @@ def test_compare_ctx_reports_the_context_tax_and_flags_the_class_that_grows(box)
     assert restarts == [512]
     tax = outcome["context_tax"]
     assert tax["large_ctx"] == 4096 and tax["small_ctx"] == 512 and tax["same_actual_lengths"]
-    assert "indexer" in tax["grows_with_configured_context"]
+    assert "indexer" in tax["grows_with_configured_context"], json.dumps(tax, default=str)[:3000]
     assert tax["growth"]["indexer"]["ratio"] > 1.5
     assert 0.5 < tax["retention"] < 1.5
     text = breakdown.format_comparison(tax)
