@@ -10,7 +10,7 @@ reads a server's trace. The written file keeps only the kernel, memcpy/memset, l
 events (a few hundred KB at most), plus a ``dsv4kit`` block with the command, the device and
 which implementations are in it. Run, on the GPU machine, from the checkout::
 
-    python -m dsv4kit.validation.profile_trace -o tests/profile/fixtures/h200_kernels.trace.json.gz
+    python -m dsv4kit.validation.profile_trace -o tests/profiling/fixtures/h200_kernels.trace.json.gz
 """
 
 from __future__ import annotations

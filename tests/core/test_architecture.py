@@ -300,3 +300,9 @@ def test_the_checker_sees_a_broken_import(tmp_path, monkeypatch):
     with pytest.raises(AssertionError) as info:
         test_every_dsv4kit_import_resolves_statically(bad)
     assert "no_such_module" in str(info.value) and "NOPE" in str(info.value) and "rollout.nothing" in str(info.value)
+
+
+def test_no_test_folder_shadows_the_standard_library():
+    """Scripts run from tests/ (the stand-in servers, the rollout scenarios) have it first on sys.path."""
+    shadowing = [p.name for p in (REPO / "tests").iterdir() if p.is_dir() and p.name in sys.stdlib_module_names]
+    assert not shadowing

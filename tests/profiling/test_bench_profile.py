@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.profile.test_profile_cli import bench_venv, box, dsv4kit, leftovers, settled, tokenizer_dir  # noqa: F401
+from tests.profiling.test_profile_cli import bench_venv, box, dsv4kit, leftovers, settled, tokenizer_dir  # noqa: F401
 
 pytestmark = pytest.mark.slow
 

@@ -93,7 +93,9 @@ def test_the_box_is_closed_by_default():
     sandbox = yaml.safe_load(defaults)["sglang_service_sandbox"]
     assert sandbox["NoNewPrivileges"] == "true" and sandbox["PrivateTmp"] == "true" and sandbox["ProtectSystem"]
     assert "PrivateDevices" not in sandbox  # CUDA needs /dev/nvidia*
-    assert "--api-key ${DSV4_ROUTER_API_KEY}" in router  # from a root-only file, never in the unit
+    # The key comes from a root-only environment file through the launcher, never in the unit or argv.
+    assert "dsv4-router-launch" in router and "--api-key" not in router
+    assert "DSV4_ROUTER_API_KEY" in (SERVICE / "files/router_launch.py").read_text()
 
 
 @pytest.mark.slow
