@@ -38,3 +38,57 @@ def _own_validation_reports(tmp_path_factory, monkeypatch):
     """Every test keeps validation reports in a directory of its own (the product's default is in
     the user's home): a test that means the default unsets $DSV4KIT_RESULTS_DIR itself."""
     monkeypatch.setenv("DSV4KIT_RESULTS_DIR", str(tmp_path_factory.mktemp("validation-reports")))
+
+
+# --------------------------------------------------------------- the bench tests' box (tests/bench_support.py)
+@pytest.fixture(scope="session")
+def bench_venv():
+    """The real ``sglang.benchmark.serving`` client's venv (built once, cached)."""
+    from tests.bench_support import client_venv
+
+    return client_venv()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(bench_venv, tmp_path_factory):
+    """The model directory of the bench box: the tiny tokenizer over the stand-in server's words."""
+    from tests.bench_support import make_tokenizer
+
+    return make_tokenizer(bench_venv / "bin" / "python", tmp_path_factory.mktemp("model") / "DeepSeek-V4-Flash-test")
+
+
+@pytest.fixture
+def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
+    """``make(**server_kw) -> (server, inventory)``: a stand-in server and a one-host inventory whose
+    box is this machine over the loopback sshd. ``separate_prefill``: a second server on its own
+    port (a PD layout); ``units``: the serving units the playbook writes, under a scratch prefix;
+    ``inventory_context_length`` / ``inventory_extra``: inventory values. Finished points spill to
+    ``tmp_path/spill`` (``$DSV4KIT_SPILL_DIR``)."""
+    from tests.bench_support import FakeServer, bench_inventory, write_units
+
+    servers = []
+    monkeypatch.setenv("DSV4KIT_SPILL_DIR", str(tmp_path / "spill"))
+
+    def make(separate_prefill: bool = False, units: bool = False, **server_kw):
+        context_length = server_kw.pop("inventory_context_length", None)
+        inventory_extra = server_kw.pop("inventory_extra", {})
+        server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
+        servers.append(server)
+        prefill_port = None
+        if separate_prefill:
+            prefill = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
+            servers.append(prefill)
+            prefill_port = prefill.port
+        prefix = None
+        if units:
+            prefix = tmp_path / "prefix"
+            write_units(prefix, bench_venv, server.port, prefill_port)
+        inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
+                                    model_path=tokenizer_dir, port=server.port, prefill_port=prefill_port,
+                                    context_length=context_length or server_kw.get("context_length", 4096),
+                                    prefix=prefix, **inventory_extra)
+        return server, inventory
+
+    yield make
+    for server in servers:
+        server.stop()

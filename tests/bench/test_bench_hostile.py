@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.bench.test_bench_sweep import bench_venv, box, dsv4kit, tokenizer_dir  # noqa: F401 (fixtures)
+from tests.bench.test_bench_sweep import dsv4kit
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,8 @@ def delivered(server, point) -> float:
     return sum(1 for t in times if lo < t <= hi) / (hi - lo)
 
 
-def test_an_honest_server_is_valid_and_the_headline_is_what_it_delivered(box, tmp_path):
-    server, inventory = box(context_length=4096,
+def test_an_honest_server_is_valid_and_the_headline_is_what_it_delivered(bench_box, tmp_path):
+    server, inventory = bench_box(context_length=4096,
                             inventory_extra={"dsv4_bench_slo_ttft_ms": 5000, "dsv4_bench_slo_tpot_ms": 1.0})
     proc, record = sweep((server, inventory), tmp_path)
     point = record["points"][0]
@@ -58,11 +58,11 @@ def test_an_honest_server_is_valid_and_the_headline_is_what_it_delivered(box, tm
     assert point["gpu_telemetry"]["available"] is False and "nvidia-smi" in point["gpu_telemetry"]["reason"]
 
 
-def test_a_decode_cap_below_c_makes_the_point_invalid_and_the_headline_true(box, tmp_path):
+def test_a_decode_cap_below_c_makes_the_point_invalid_and_the_headline_true(bench_box, tmp_path):
     # The server says max_running_requests 256 but decodes 2 at a time (KV capacity does this);
     # the rest queue. Every request still sees ~10 ms per token, so C x 1000 / TPOT is ~4x too high,
     # and the client's achieved concurrency (sum of latencies / duration) counts the queued ones.
-    server, inventory = box(context_length=4096, decode_cap=2)
+    server, inventory = bench_box(context_length=4096, decode_cap=2)
     proc, record = sweep((server, inventory), tmp_path)
     point = record["points"][0]
     assert proc.returncode == 1
@@ -76,9 +76,9 @@ def test_a_decode_cap_below_c_makes_the_point_invalid_and_the_headline_true(box,
     assert record["summary"]["per_concurrency"]["8"]["decode_tok_s"]["n"] == 0
 
 
-def test_serialised_prefill_makes_the_point_invalid(box, tmp_path):
+def test_serialised_prefill_makes_the_point_invalid(bench_box, tmp_path):
     # One prompt at a time, 100 ms each: about 3 of 8 requests decode at once.
-    server, inventory = box(context_length=4096, prefill_ms=100, serial_prefill=True)
+    server, inventory = bench_box(context_length=4096, prefill_ms=100, serial_prefill=True)
     proc, record = sweep((server, inventory), tmp_path)
     point = record["points"][0]
     assert proc.returncode == 1 and "running_batch" in point["validity"]["failed"], point["validity"]
@@ -86,11 +86,11 @@ def test_serialised_prefill_makes_the_point_invalid(box, tmp_path):
     assert point["derived"]["tpot_formula_tok_s"] > 1.5 * point["window"]["window_tok_s"]
 
 
-def test_omitted_fields_and_a_small_kv_pool_fail_their_gates(box, tmp_path):
+def test_omitted_fields_and_a_small_kv_pool_fail_their_gates(bench_box, tmp_path):
     # The server reuses 12 of 16 prompt tokens but does not say so (the client writes 0), leaves
     # out prompt_tokens (the client keeps the planned length) and startup_time, and its KV pool
     # holds fewer than C x (ISL + OSL) tokens.
-    server, inventory = box(context_length=4096, cached_tokens=12, omit="cached_tokens,prompt_tokens,startup_time",
+    server, inventory = bench_box(context_length=4096, cached_tokens=12, omit="cached_tokens,prompt_tokens,startup_time",
                             max_total_num_tokens=300)
     proc, record = sweep((server, inventory), tmp_path)
     point = record["points"][0]
@@ -103,14 +103,14 @@ def test_omitted_fields_and_a_small_kv_pool_fail_their_gates(box, tmp_path):
     assert not gates["kv_capacity"]["passed"] and "384" in gates["kv_capacity"]["detail"]
 
 
-def test_ab_interleaves_the_arms_with_a_restart_before_each_and_records_both_with_a_verdict(box, tmp_path):
+def test_ab_interleaves_the_arms_with_a_restart_before_each_and_records_both_with_a_verdict(bench_box, tmp_path):
     # A flag whose arm B slows every decode step from 10 to 20 ms: B must come out regressed in
     # throughput and TPOT, from one record holding both arms.
     from dsv4kit.bench.sweep import SweepConfig, parse_ab, run_sweep
     from dsv4kit.core.inventory import load_inventory
     from dsv4kit.core.ssh import open_session
 
-    server, inventory = box(context_length=4096)
+    server, inventory = bench_box(context_length=4096)
     host = load_inventory(inventory).host()
     ab = parse_ab("SGLANG_SM120_TRITON_INDEXER=0,1")
     applied = []

@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from tests.bench.test_bench_sweep import (REPO_ROOT, SMALL, bench_venv, box, clients_running, dsv4kit,  # noqa: F401
-                                          tokenizer_dir)
+from tests.bench.test_bench_sweep import REPO_ROOT, SMALL, clients_running, dsv4kit
 from tests.bench_support import ForeignLoad
 
 pytestmark = pytest.mark.slow
@@ -44,14 +43,14 @@ def in_process_sweep(inventory, progress=None, **cfg_kw):
     return result.record, lines
 
 
-def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(box, tokenizer_dir):
+def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(bench_box, tokenizer_dir):
     # One stand-in, three repetitions of C=8, reshaped before each: (1) honest, with priority
     # series and one copy per TP rank; (2) priority scheduling, decoding 4 of 8 (summing every
     # series said 8); (3) all schedulers on TP4, decoding 2 of 8 (summing the ranks said 8).
     marker = tokenizer_dir / ".dsv4kit-weights.json"
     marker.write_text(json.dumps({"repo": "deepseek-ai/DeepSeek-V4-Flash", "revision": "a" * 40, "verified_at": 1,
                                   "files": {"model.safetensors": {"size": 10, "sha256": "b" * 64, "mtime_ns": 5}}}))
-    server, inventory = box(context_length=4096, enable_priority_scheduling=True,
+    server, inventory = bench_box(context_length=4096, enable_priority_scheduling=True,
                             enable_metrics_for_all_schedulers=True)
     shapes = {1: {"priority_scheduling": True, "all_schedulers": True, "tp_size": 4, "decode_cap": 0},
               2: {"priority_scheduling": True, "all_schedulers": False, "decode_cap": 4},
@@ -85,11 +84,11 @@ def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(box
     assert record["sweep"]["gates"]["running_tolerance"] == 0.1
 
 
-def test_the_bench_owns_the_server_while_it_measures(box):
+def test_the_bench_owns_the_server_while_it_measures(bench_box):
     # rep 1: a second client is busy before the point: the point waits, then fails naming it.
     # rep 2 (after a --restarts restart): the second client starts right after the bench's flush,
     # through the 1 s pause and the measured run: the running batch goes above C and the point fails.
-    server, inventory = box(context_length=4096)
+    server, inventory = bench_box(context_length=4096)
     before = ForeignLoad(server, 4, tokens=4000).start()  # 40 s: busy until stopped
     during = []
     restarts = []
@@ -133,8 +132,8 @@ def _busy(server) -> bool:
     return any(line.startswith("sglang:num_running_reqs") and not line.endswith(" 0.0") for line in text.splitlines())
 
 
-def test_a_sigkilled_bench_leaves_nothing_running_on_the_box(box, tmp_path):
-    server, inventory = box(context_length=4096, token_delay_ms=200)
+def test_a_sigkilled_bench_leaves_nothing_running_on_the_box(bench_box, tmp_path):
+    server, inventory = bench_box(context_length=4096, token_delay_ms=200)
     proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "2",
                              "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(tmp_path / "r")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
@@ -161,11 +160,11 @@ def test_a_sigkilled_bench_leaves_nothing_running_on_the_box(box, tmp_path):
     assert server.stats()["generate_count"] == sent  # and nobody sends any more
 
 
-def test_a_spill_that_cannot_be_written_stops_the_sweep_and_records_publish_recovers_it(box, tmp_path):
+def test_a_spill_that_cannot_be_written_stops_the_sweep_and_records_publish_recovers_it(bench_box, tmp_path):
     # After the first point the spill's details folder turns into a file (as a full disk refuses a
     # write) and the results path too: the sweep stops at once with exit 5, the first point stays
     # on disk, nothing half-made is left; `records publish` publishes it once the disk is back.
-    server, inventory = box(context_length=4096)
+    server, inventory = bench_box(context_length=4096)
     repo = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,2,4",
                              "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],

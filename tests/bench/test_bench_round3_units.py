@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_support import FakeServer, bench_inventory, client_venv, make_tokenizer, write_units
 from tests.fake_sglang_server import FAKE_ADMIN_KEY, FAKE_API_KEY
 
 pytestmark = pytest.mark.slow
@@ -29,48 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # these short points have a steady-state window with samples in it.
 SMALL = ["--input-len", "16", "--output-len", "32", "--num-prompts", "8", "--warmup-requests", "2",
          "--metrics-interval", "0.02"]
-
-
-@pytest.fixture(scope="session")
-def bench_venv():
-    return client_venv()
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dir(bench_venv, tmp_path_factory):
-    return make_tokenizer(bench_venv / "bin" / "python", tmp_path_factory.mktemp("model") / "DeepSeek-V4-Flash-test")
-
-
-@pytest.fixture
-def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
-    """A stand-in server and an inventory whose host is this machine; yields (server, inventory).
-    Finished points spill to ``tmp_path/spill`` (``$DSV4KIT_SPILL_DIR``)."""
-    servers = []
-    monkeypatch.setenv("DSV4KIT_SPILL_DIR", str(tmp_path / "spill"))
-
-    def make(separate_prefill: bool = False, units: bool = False, **server_kw):
-        context_length = server_kw.pop("inventory_context_length", None)
-        inventory_extra = server_kw.pop("inventory_extra", {})
-        server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
-        servers.append(server)
-        prefill_port = None
-        if separate_prefill:  # a PD layout: the prefill server answers /server_info on its own port
-            prefill = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
-            servers.append(prefill)
-            prefill_port = prefill.port
-        prefix = None
-        if units:  # the serving units the playbook would have written, under a scratch prefix
-            prefix = tmp_path / "prefix"
-            write_units(prefix, bench_venv, server.port, prefill_port)
-        inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
-                                    model_path=tokenizer_dir, port=server.port, prefill_port=prefill_port,
-                                    context_length=context_length or server_kw.get("context_length", 4096),
-                                    prefix=prefix, **inventory_extra)
-        return server, inventory
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def dsv4kit(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -119,8 +76,8 @@ def scratch_dirs(inventory: Path) -> list[str]:
     return sorted(p.name for p in (inventory.parent / "state" / "scratch").glob("bench-*"))
 
 
-def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
-    server, inventory = box(context_length=4096, separate_prefill=True, units=True)
+def test_full_sweep_is_recorded_as_one_commit_and_tag(bench_box, tmp_path):
+    server, inventory = bench_box(context_length=4096, separate_prefill=True, units=True)
     repo = tmp_path / "results"
     proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1,4", "--repeat", "2", *SMALL,
                    "-i", str(inventory), "--results-repo", str(repo), "--json")
@@ -203,11 +160,11 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(box, tmp_path):
     assert shown.returncode == 0 and "decode tok/s" in shown.stdout
 
 
-def test_an_error_chunk_makes_the_point_invalid(box, tmp_path):
+def test_an_error_chunk_makes_the_point_invalid(bench_box, tmp_path):
     # Every 5th /generate is rejected the way SGLang rejects an over-long prompt on a stream:
     # HTTP 200 + data: {"error": ...}. The client itself counts those requests as completed.
     # It also reports cached prompt tokens: a cache that was not cold.
-    server, inventory = box(context_length=4096, error_every=5, cached_tokens=4)
+    server, inventory = bench_box(context_length=4096, error_every=5, cached_tokens=4)
     repo = tmp_path / "results"
     proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "4", "--repeat", "1", *SMALL,
                    "-i", str(inventory), "--results-repo", str(repo), "--json")
@@ -222,8 +179,8 @@ def test_an_error_chunk_makes_the_point_invalid(box, tmp_path):
     assert record["summary"]["per_concurrency"]["4"]["decode_tok_s"]["n"] == 0  # not counted as valid
 
 
-def test_an_interrupted_sweep_records_nothing(box, tmp_path):
-    server, inventory = box(context_length=4096, token_delay_ms=40)
+def test_an_interrupted_sweep_records_nothing(bench_box, tmp_path):
+    server, inventory = bench_box(context_length=4096, token_delay_ms=40)
     repo = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,4",
                              "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],
@@ -251,8 +208,8 @@ def test_an_interrupted_sweep_records_nothing(box, tmp_path):
     assert clients_running(inventory) == []  # the remote client's process group was killed
 
 
-def test_a_point_timeout_aborts_the_sweep_and_records_nothing(box, tmp_path):
-    server, inventory = box(context_length=4096, token_delay_ms=2000)
+def test_a_point_timeout_aborts_the_sweep_and_records_nothing(bench_box, tmp_path):
+    server, inventory = bench_box(context_length=4096, token_delay_ms=2000)
     repo = tmp_path / "results"
     proc = dsv4kit("bench", "--ctx", "4096", "--concurrency", "1", "--repeat", "1", *SMALL, "--point-timeout", "20",
                    "-i", str(inventory), "--results-repo", str(repo))
@@ -262,12 +219,12 @@ def test_a_point_timeout_aborts_the_sweep_and_records_nothing(box, tmp_path):
     assert scratch_dirs(inventory) == []
 
 
-def test_a_context_length_mismatch_restarts_the_servers(box, tmp_path, loopback_ssh):
+def test_a_context_length_mismatch_restarts_the_servers(bench_box, tmp_path, loopback_ssh):
     from dsv4kit.bench.sweep import SweepConfig, run_sweep
     from dsv4kit.core.inventory import load_inventory
     from dsv4kit.core.ssh import open_session
 
-    server, inventory = box(context_length=2048, inventory_context_length=2048)
+    server, inventory = bench_box(context_length=2048, inventory_context_length=2048)
     host = load_inventory(inventory).host()
     restarts = []
 
@@ -322,11 +279,11 @@ def test_bad_input_fails_before_connecting(tmp_path, loopback_ssh):
     repo_is_untouched(tmp_path / "r")
 
 
-def test_a_record_of_the_same_settings_is_a_comparable_baseline(box, tmp_path):
+def test_a_record_of_the_same_settings_is_a_comparable_baseline(bench_box, tmp_path):
     # The early comparability check (before connecting) must agree with the record a real sweep
     # writes: the second sweep runs, and the comparison after it has a verdict (the units tell
     # which kernel flags the servers ran with).
-    server, inventory = box(context_length=4096, units=True)
+    server, inventory = bench_box(context_length=4096, units=True)
     repo = tmp_path / "results"
     args = ["bench", "--ctx", "4096", "--concurrency", "2", "--repeat", "1", *SMALL, "-i", str(inventory),
             "--results-repo", str(repo), "--json"]
@@ -340,10 +297,10 @@ def test_a_record_of_the_same_settings_is_a_comparable_baseline(box, tmp_path):
     assert out["comparison"]["outcome"] == "inconclusive" and "INCONCLUSIVE" not in second.stdout  # --json
 
 
-def test_a_failed_point_leaves_an_incomplete_record_with_the_completed_points(box, tmp_path):
+def test_a_failed_point_leaves_an_incomplete_record_with_the_completed_points(bench_box, tmp_path):
     # After the first point the server's /flush_cache starts answering 400 (it cannot go idle):
     # the client aborts the second point. The first point is not lost.
-    server, inventory = box(context_length=4096)
+    server, inventory = bench_box(context_length=4096)
     repo = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,2",
                              "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],

@@ -75,6 +75,29 @@ def test_a_bad_value_in_group_vars_is_reported_against_group_vars(tmp_path):
     assert "hosts.yml" not in message
 
 
+def test_role_variables_in_a_group_vars_yaml_file_are_the_users_own(tmp_path):
+    """Role settings (tests/journey's preflight and weights knobs) set where a user sets them."""
+    path = inventory_dir(tmp_path, "hosts.yml", yaml.safe_dump(
+        {"all": {"children": {"dsv4_boxes": {"hosts": {"box1": None}}}}}))
+    (tmp_path / "group_vars/dsv4_boxes.yml").write_text(
+        "preflight_supported_os: ['Ubuntu 24.04']\nmodel_weights_enabled: false\n")
+    host = load_inventory(path).host()
+    assert host["preflight_supported_os"] == ["Ubuntu 24.04"] and host["model_weights_enabled"] is False
+    assert host.origin("model_weights_enabled") == f"{tmp_path / 'group_vars/dsv4_boxes.yml'}:2"
+
+
+@pytest.mark.parametrize("value, got", [("true", "bool True"), ("null", "NoneType None")])
+def test_a_bool_or_null_value_is_reported_where_it_is_written(tmp_path, value, got):
+    """Ansible tags no origin on a YAML bool or null: the file and line are found by name."""
+    path = inventory_dir(tmp_path, "hosts.yml", yaml.safe_dump(
+        {"all": {"children": {"dsv4_boxes": {"hosts": {"box1": None}}}}}))
+    (tmp_path / "group_vars/dsv4_boxes.yml").write_text(f"# the box group\ndsv4_gpu_count: {value}\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert str(info.value).startswith(f"{tmp_path / 'group_vars/dsv4_boxes.yml'}:2: host 'box1': field "
+                                      f"'dsv4_gpu_count' must be int, got {got}"), info.value
+
+
 def test_an_undefined_jinja_name_is_reported_against_its_file(tmp_path):
     path = inventory_dir(tmp_path, "hosts.ini", "[dsv4_boxes]\nbox1\n")
     (tmp_path / "host_vars").mkdir()

@@ -4,6 +4,8 @@ The argv is parsed with ``sglang.srt.server_args.prepare_server_args`` from the 
 (its site directory is on ``PYTHONPATH``): what SGLang rejects exits 2 with SGLang's own message,
 before anything listens. What it accepts is served by tests/fake_sglang_server.py on the parsed
 host and port, and ``/server_info`` reports the parsed values (mode, CUDA-graph batch, API key).
+A ``--disaggregation-mode prefill`` server answers ``/generate`` as a PD prefill worker does: the
+prompt only (one token, never streamed), whatever the request asked; the decode worker streams.
 """
 
 from __future__ import annotations
@@ -26,12 +28,38 @@ def main(argv: list[str]) -> int:
               "mem_fraction_static": args.mem_fraction_static}
     plain = fake.State.server_info
     fake.State.server_info = lambda self: {**plain(self), **parsed}
+    if args.disaggregation_mode == "prefill":
+        _prefill_only(fake)
     if args.api_key:
         _require_key(fake, args.api_key)
     return fake.main(["--port", str(args.port), "--model-path", args.model_path,
                       "--context-length", str(args.context_length),
                       "--max-running-requests", str(args.max_running_requests or 256),
-                      "--token-delay-ms", "1", "--max-lifetime", "1800"])
+                      # A KV pool that holds the quickstart's sweep (64 x 128K tokens), as the doc's
+                      # box is expected to; the kv_capacity gate reads it from /server_info.
+                      "--max-total-num-tokens", str(MAX_TOTAL_NUM_TOKENS),
+                      "--token-delay-ms", "1", "--max-lifetime", "3600"])
+
+
+MAX_TOTAL_NUM_TOKENS = 64 * 131072 + 65536
+
+
+def _prefill_only(fake) -> None:
+    """A PD prefill worker: it prefills, hands the KV to decode and answers with one token."""
+    make = fake.make_handler
+
+    def make_handler(state):
+        handler = make(state)
+        generate = handler._generate
+
+        def prefill(self, body):
+            params = dict(body.get("sampling_params") or {}, max_new_tokens=1)
+            return generate(self, {**body, "sampling_params": params, "stream": False})
+
+        handler._generate = prefill
+        return handler
+
+    fake.make_handler = make_handler
 
 
 def _require_key(fake, key: str) -> None:

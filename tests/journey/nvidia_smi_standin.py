@@ -1,8 +1,9 @@
 """``nvidia-smi`` on the quickstart box: eight RTX PRO 6000 Blackwell GPUs on driver 580.95.05.
 
 It answers what dsv4kit and the role ask of it: ``-L`` (validate's preflight), ``--query-gpu=`` with
-any fields tests/fake_nvidia_smi.py knows plus ``driver_version`` (rollout plan's probe, the bench's
-sampler), ``-i IDS`` (the units' preflight: an id the box lacks is "No devices were found", exit 6).
+any fields tests/fake_nvidia_smi.py knows (rollout plan's probe, the bench's probe and sampler),
+``topo -m`` (a PCIe box: two NUMA nodes of four GPUs), ``-i IDS`` (the units' preflight: an id the
+box lacks is "No devices were found", exit 6).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def main(argv: list[str]) -> int:
         for i in range(COUNT):
             print(f"GPU {i}: {GPU} (UUID: GPU-{i:08d}-0000-0000-0000-000000000000)")
         return 0
+    if argv[:2] == ["topo", "-m"]:
+        print(topology())
+        return 0
     ids = list(range(COUNT))
     if "-i" in argv:
         wanted = argv[argv.index("-i") + 1].split(",")
@@ -51,6 +55,17 @@ def main(argv: list[str]) -> int:
     for i in ids:
         print(", ".join(values[f](i, 0) for f in fields))
     return 0
+
+
+def topology() -> str:
+    """``nvidia-smi topo -m`` of a PCIe box without NVLink: NODE within a socket, SYS across."""
+    names = [f"GPU{i}" for i in range(COUNT)]
+    lines = ["\t" + "\t".join(names) + "\tCPU Affinity\tNUMA Affinity"]
+    for i in range(COUNT):
+        links = ["X" if i == j else ("NODE" if i // 4 == j // 4 else "SYS") for j in range(COUNT)]
+        cpus = "0-47" if i < 4 else "48-95"
+        lines.append(f"GPU{i}\t" + "\t".join(links) + f"\t{cpus}\t{i // 4}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ over a real sshd, with stand-ins only where a CPU machine has no GPU and no syst
   launcher (sglang-router's own parser, then a stand-in router) and the validation harness
   (tests/journey/gpu_standin.py: the one GPU stand-in) on this machine. Everything else the role
   installs into that venv (its pinned packages, the dsv4kit wheel, the kernel flags) is real.
+  ``sglang.benchmark.serving`` there is SGLang's own client; only torchvision, which a CPU torch
+  cannot load, is a stand-in (tests/standins.py), as in the bench tests' client venv.
+* The weights on the box (``dsv4_model_path``): a ``config.json`` and the bench tests' tiny
+  tokenizer over the words the stand-in servers generate (tests/bench_support.py).
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from tests.bench_support import make_tokenizer
 from tests.fake_gpu_box import Deb, FakeGPUBox
 from tests.journey import systemctl_standin
-from tests.sglang_wheel import sglang_site
+from tests.sglang_wheel import CLIENT_STANDINS, sglang_site
 from tests.sshd import LoopbackSSHD
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +50,9 @@ class QuickstartBox:
         self.units = self.prefix / "etc/systemd/system"
         for d in (self.home, self.prefix, self.tools, self.model):
             d.mkdir(parents=True, exist_ok=True)
+        make_tokenizer(Path(sys.executable), self.model)
+        (self.model / "config.json").write_text(
+            '{"architectures": ["DeepseekV4ForCausalLM"], "model_type": "dsv4kit-test", "vocab_size": 201}\n')
         # apt/dpkg in the prefix with NVIDIA's and the distribution's archives (tests/fake_gpu_box.py)
         self.gpu = FakeGPUBox(root / "gpu", self.prefix)
         self.gpu.secure_boot(False)
@@ -114,7 +122,9 @@ def finish_venv(venv: Path, tools: Path) -> None:
         (farm / entry.name).symlink_to(entry)
     hook = (f"import os, sys; os.environ.get('DSV4_JOURNEY_FAKE_CUDA') and (sys.path.append({str(REPO)!r}), "
             "__import__('tests.journey.gpu_standin').journey.gpu_standin.fake_cuda())")
-    (site / "zz_dsv4kit_quickstart_box.pth").write_text(f"{sglang_site()}\n{farm}\n{hook}\n")
+    (farm / "dsv4kit_test_standins.py").write_text((REPO / "tests/standins.py").read_text())
+    standins = f"import dsv4kit_test_standins; dsv4kit_test_standins.install({CLIENT_STANDINS!r})"
+    (site / "zz_dsv4kit_quickstart_box.pth").write_text(f"{sglang_site()}\n{farm}\n{hook}\n{standins}\n")
     real = shlex.quote(str(venv / "bin" / version))
     python = venv / "bin/python"
     python.unlink()

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.profiling.test_profile_cli import bench_venv, box, dsv4kit, leftovers, settled, tokenizer_dir  # noqa: F401
+from tests.profiling.test_profile_cli import dsv4kit, leftovers, settled
 
 pytestmark = pytest.mark.slow
 
@@ -18,8 +18,8 @@ POINT = ["--concurrency", "2", "--repeat", "1", "--num-prompts", "2", "--warmup-
          "--input-len", "16", "--output-len", "600", "--metrics-interval", "0.02"]
 
 
-def test_bench_profile_is_recorded_shown_gated_and_compared(box, tmp_path):
-    server, inventory = box(context_length=4096)
+def test_bench_profile_is_recorded_shown_gated_and_compared(bench_box, tmp_path):
+    server, inventory = bench_box(context_length=4096)
     repo = tmp_path / "results"
     proc = dsv4kit("bench", "--ctx", "4096", *POINT, "--profile", "3", "--max-class-share", "indexer=1%",
                    "-i", str(inventory), "--results-repo", str(repo), "--json")

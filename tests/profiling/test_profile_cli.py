@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_support import FakeServer, bench_inventory, client_venv, make_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -24,33 +23,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # profile needs even on a loaded machine (the load is stopped once the traces are written).
 LOAD = ["-c", "2", "--input-len", "16", "--output-len", "1000", "--num-steps", "3", "--steady-timeout", "120",
         "--timeout", "120"]
-
-
-@pytest.fixture(scope="session")
-def bench_venv():
-    return client_venv()
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dir(bench_venv, tmp_path_factory):
-    return make_tokenizer(bench_venv / "bin" / "python", tmp_path_factory.mktemp("model") / "DeepSeek-V4-Flash-test")
-
-
-@pytest.fixture
-def box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir):
-    servers = []
-
-    def make(**server_kw):
-        server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
-        servers.append(server)
-        inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
-                                    model_path=tokenizer_dir, port=server.port,
-                                    context_length=server_kw.get("context_length", 4096))
-        return server, inventory
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def dsv4kit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -87,8 +59,8 @@ def leftovers(inventory: Path) -> list[str]:
     return found
 
 
-def test_profile_breaks_the_decode_time_down_and_gates_a_class_share(box, tmp_path):
-    server, inventory = box(context_length=4096)
+def test_profile_breaks_the_decode_time_down_and_gates_a_class_share(bench_box, tmp_path):
+    server, inventory = bench_box(context_length=4096)
     png = tmp_path / "breakdown.png"
     proc = dsv4kit("profile", "--ctx", "4096", *LOAD, "-i", str(inventory), "--json", "-o", str(png),
                    "--max-class-share", "indexer=1%")
@@ -126,16 +98,16 @@ def test_bad_num_steps_is_refused_before_connecting(tmp_path, loopback_ssh):
     assert proc.returncode == 2 and "give CLASS=PERCENT%" in proc.stderr
 
 
-def test_a_server_without_the_profiler_is_a_clear_error(box):
-    server, inventory = box(context_length=4096, no_profiler=True)
+def test_a_server_without_the_profiler_is_a_clear_error(bench_box):
+    server, inventory = bench_box(context_length=4096, no_profiler=True)
     proc = dsv4kit("profile", "--ctx", "4096", *LOAD, "-i", str(inventory))
     assert proc.returncode == 5, proc.stderr[-3000:]
     assert "has no /start_profile (HTTP 404)" in proc.stderr and "Traceback" not in proc.stderr
     assert leftovers(inventory) == []
 
 
-def test_a_trace_too_large_is_refused_and_removed(box, tmp_path):
-    server, inventory = box(context_length=4096)
+def test_a_trace_too_large_is_refused_and_removed(bench_box, tmp_path):
+    server, inventory = bench_box(context_length=4096)
     proc = dsv4kit("profile", "--ctx", "4096", *LOAD, "--max-trace-mb", "0.002", "-i", str(inventory))
     assert proc.returncode == 6, proc.stderr[-3000:]
     assert "above the limit of 0.002 MB (--max-trace-mb)" in proc.stderr
@@ -144,8 +116,8 @@ def test_a_trace_too_large_is_refused_and_removed(box, tmp_path):
     assert leftovers(inventory) == []
 
 
-def test_ctrl_c_mid_profile_stops_the_server_profiling(box):
-    server, inventory = box(context_length=4096)
+def test_ctrl_c_mid_profile_stops_the_server_profiling(bench_box):
+    server, inventory = bench_box(context_length=4096)
     proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "profile", "--ctx", "4096", "-c", "2",
                              "--input-len", "16", "--output-len", "900", "--num-steps", "200", "-i", str(inventory)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
@@ -162,12 +134,12 @@ def test_ctrl_c_mid_profile_stops_the_server_profiling(box):
     assert leftovers(inventory) == []
 
 
-def test_compare_ctx_reports_the_context_tax_and_flags_the_class_that_grows(box):
+def test_compare_ctx_reports_the_context_tax_and_flags_the_class_that_grows(bench_box):
     """4096 against 512 with the same request lengths: the stand-in's torch indexer scores the
     whole configured context every step, so it grows and is flagged; throughput is retained."""
     from dsv4kit.profile import breakdown, run
 
-    server, inventory = box(context_length=4096)
+    server, inventory = bench_box(context_length=4096)
     restarts = []
 
     def restart(inventory_path, host, context_length, progress, timeout):

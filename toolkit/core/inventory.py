@@ -167,11 +167,12 @@ def _read(path: Path, loader, notes: list, secrets: list) -> Inventory:
         names = [n for n in context if n not in C.INTERNAL_STATIC_VARS and n not in ("hostvars", "omit")]
         templar = Templar(loader=loader, variables=context)
         values, origins = {}, {}
+        groups = sorted((g for g in entry.get_groups()), key=lambda g: (g.depth, order.get(g.name, 0)))
         for raw_name in names:
             name = _plain(raw_name)
-            origins[name] = _origin(context[raw_name]) or str(path)
+            origins[name] = (_origin(context[raw_name]) or _written_at(path, name, entry.name, groups)
+                             or str(path))
             values[name] = _value(templar, context[raw_name], name, entry.name, origins[name], bool(secrets))
-        groups = sorted((g for g in entry.get_groups()), key=lambda g: (g.depth, order.get(g.name, 0)))
         host = Host(name=_plain(entry.name), groups=[_plain(g.name) for g in groups], vars=values, source=path,
                     origins=origins)
         _check_vars(host)
@@ -277,6 +278,31 @@ def _origin(value: Any) -> Optional[str]:
     if origin is None:
         return None
     return f"{origin.path}:{origin.line_num}" if origin.path and origin.line_num else (origin.path or origin.description)
+
+
+def _written_at(path: Path, name: str, host: str, groups: list) -> Optional[str]:
+    """``file:line`` of ``name`` for a value Ansible cannot tag with its origin (a YAML bool or
+    null): the first vars file that sets it, in Ansible's order (host_vars, then the groups from
+    the deepest to ``all``), else the inventory source itself."""
+    base = path if path.is_dir() else path.parent
+    stems = [base / "host_vars" / host] + [base / "group_vars" / g.name for g in reversed(groups)]
+    files: list[Path] = []
+    for stem in stems:
+        if stem.is_dir():
+            files += sorted(f for f in stem.rglob("*") if f.is_file())
+        files += [stem.with_name(stem.name + ext) for ext in ("", ".yml", ".yaml", ".json")
+                  if stem.with_name(stem.name + ext).is_file()]
+    files += [path] if path.is_file() else []
+    key = re.compile(rf"""^\s*["']?{re.escape(name)}["']?\s*[:=]""")
+    for candidate in files:
+        try:
+            lines = candidate.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for number, line in enumerate(lines, 1):
+            if key.match(line):
+                return f"{candidate}:{number}"
+    return None
 
 
 # --------------------------------------------------------------------------- Vault
