@@ -31,6 +31,7 @@ parser; the router after sglang-router's): each decode token takes 1 ms, so the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -45,6 +46,7 @@ import yaml
 from tests.docs.test_quickstart import QUICKSTART
 from tests.journey.quickstart_box import QuickstartBox
 from tests.provision_inventory import TINY_PACKAGES, TEST_SUPPORTED_OS
+from tests.verdict_standins import GPU
 
 pytestmark = pytest.mark.slow
 
@@ -173,5 +175,17 @@ def check_section_7(box: QuickstartBox, outputs: dict, run_ids: list[str]) -> No
     assert run_ids[0] in shown and "kernel flags the servers ran with" in shown, shown[-3000:]
     # the box's probe read the GPUs the way the real nvidia-smi answers (every field it asks for)
     assert "GPUs NVIDIA RTX PRO 6000 Blackwell Server Edition x8" in shown and "unavailable" not in shown, shown
+    # The records carry what the earlier steps left: the flags of the units' env file, the pinned
+    # revision, the GPUs, and each server's own argv.
+    flags = dict(line.split("=", 1) for line in (box.prefix / "etc/dsv4kit/kernel-flags.env").read_text().splitlines()
+                 if line and not line.startswith("#"))
+    pins = yaml.safe_load((box.home / "dsv4/inventory/group_vars/all.yml").read_text())
+    for path in sorted(repo.glob("records/*/record.json")):
+        record = json.loads(path.read_text())
+        assert record["software"]["kernel_flags"] == flags, (path, record["software"])
+        assert record["model"]["revision"] == pins["dsv4_model_revision"], record["model"]
+        assert (record["gpus"]["model"], record["gpus"]["count"]) == (GPU, 8), record["gpus"]
+        decode, prefill = record["server"]["launch_args"], record["server"]["prefill"]["launch_args"]
+        assert "decode" in decode and "prefill" in prefill and "--api-key" not in decode + prefill, (decode, prefill)
     compared = next(v for k, v in outputs.items() if k.startswith("dsv4kit records compare"))[0]
     assert "not comparable" not in compared, compared[-3000:]
