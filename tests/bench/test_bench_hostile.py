@@ -82,6 +82,8 @@ def test_serialised_prefill_makes_the_point_invalid(bench_box, tmp_path):
     proc, record = sweep((server, inventory), tmp_path)
     point = record["points"][0]
     assert proc.returncode == 1 and "running_batch" in point["validity"]["failed"], point["validity"]
+    # the gate says why and what would fill the batch (the prefill ramp outlasts a decode)
+    assert "--output-len of about" in point["validity"]["gates"]["running_batch"]["detail"], point["validity"]
     assert point["window"]["window_tok_s"] == pytest.approx(delivered(server, point), rel=0.10)
     assert point["derived"]["tpot_formula_tok_s"] > 1.5 * point["window"]["window_tok_s"]
 

@@ -298,6 +298,21 @@ def test_the_window_measures_what_was_delivered_not_c_over_tpot():
     assert window["running"] is None and "no /metrics evidence" in window["evidence"]
 
 
+def test_a_prefill_ramp_longer_than_a_decode_is_named_with_the_output_len_that_would_fill():
+    from dsv4kit.bench.window import analyze
+
+    # C=4, long prompts on one prefill server: each prompt takes 0.5 s to prefill, one after the
+    # other; a request then decodes 10 tokens at 20 ms (0.18 s). The first finishes at 0.68 s,
+    # before the fourth's first token at 2.0 s: four never decode together, whatever the server.
+    ttfts, itls = [0.5, 1.0, 1.5, 2.0] + [2.0] * 4, [[0.02] * 9] * 8
+    evidence = analyze({"ttfts": ttfts, "itls": itls, "output_lens": [10] * 8}, 4, None, 1)["decode_evidence"]
+    assert "never had all 4" in evidence and "1.50 s after the first" in evidence, evidence
+    assert "an --output-len of about 105 or more" in evidence, evidence  # 10 x 1.25 x 1.5 / 0.18
+    # an honest C=4 point has its stretch of four decoding together, and no such evidence
+    honest = analyze({"ttfts": [0.01] * 8, "itls": [[0.01] * 9] * 8}, 4, None, 1)
+    assert honest["decode_tok_s"] and "decode_evidence" not in honest
+
+
 def test_window_samples_are_placed_on_the_box_clock():
     from dsv4kit.bench.window import analyze
 

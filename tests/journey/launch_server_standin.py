@@ -5,7 +5,9 @@ The argv is parsed with ``sglang.srt.server_args.prepare_server_args`` from the 
 before anything listens. What it accepts is served by tests/fake_sglang_server.py on the parsed
 host and port, and ``/server_info`` reports the parsed values (mode, CUDA-graph batch, API key).
 A ``--disaggregation-mode prefill`` server answers ``/generate`` as a PD prefill worker does: the
-prompt only (one token, never streamed), whatever the request asked; the decode worker streams.
+prompt only (one token, never streamed), whatever the request asked, one prompt at a time and
+:data:`PREFILL_MS` each (a prefill server is busy with one long prompt's chunks at a time); the
+decode worker streams.
 """
 
 from __future__ import annotations
@@ -43,11 +45,18 @@ def main(argv: list[str]) -> int:
 
 
 MAX_TOTAL_NUM_TOKENS = 64 * 131072 + 65536
+#: One prompt's prefill on the stand-in prefill worker. Serial: the quickstart's C=64 point waits
+#: 64 of these before its last request decodes (the bench's running_batch gate sees that ramp).
+PREFILL_MS = 20
 
 
 def _prefill_only(fake) -> None:
     """A PD prefill worker: it prefills, hands the KV to decode and answers with one token."""
+    import threading
+    import time
+
     make = fake.make_handler
+    busy = threading.Lock()
 
     def make_handler(state):
         handler = make(state)
@@ -55,6 +64,8 @@ def _prefill_only(fake) -> None:
 
         def prefill(self, body):
             params = dict(body.get("sampling_params") or {}, max_new_tokens=1)
+            with busy:
+                time.sleep(PREFILL_MS / 1000.0)
             return generate(self, {**body, "sampling_params": params, "stream": False})
 
         handler._generate = prefill

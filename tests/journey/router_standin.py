@@ -7,8 +7,10 @@ as the real one does. Then, instead of the Rust router, a stand-in that answers 
 0.3.2 in PD mode:
 * ``/health`` 200 even with no worker; ``/readiness`` 200 only while every prefill and decode
   worker answers ``/health``; ``/generate`` 503 "No available workers" otherwise;
-* ``/generate`` goes to a prefill and a decode worker at once, with the bootstrap fields the
-  router adds; the decode worker's stream comes back to the client as it arrives;
+* ``/generate`` goes to a prefill and a decode worker, with the bootstrap fields the router adds;
+  the decode worker's stream comes back to the client as it arrives. The real router sends both at
+  once and the decode server waits for the KV; here decode is sent when prefill has answered,
+  which the client sees the same way (its first token comes after the prefill);
 * ``/flush_cache`` goes to every worker; ``/v1/models`` and ``/model_info`` to a worker;
   ``/server_info`` is ``{"prefill": [...], "decode": [...]}``, one entry per worker;
 * the router's key is required on everything but ``/health`` and sent on to the workers.
@@ -21,7 +23,6 @@ import itertools
 import json
 import runpy
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -138,17 +139,15 @@ def serve(args) -> None:
 
         def _generate(self, raw: bytes) -> None:
             prefill_url, body = workers.pd_bodies(raw)
-            prefill: dict = {}
-            thread = threading.Thread(target=lambda: prefill.update(
-                answer=workers.call(prefill_url, "POST", "/generate", body, timeout=3600)), daemon=True)
-            thread.start()
+            code, answer = workers.call(prefill_url, "POST", "/generate", body, timeout=3600)
+            if code != 200:
+                return self._send(code, answer)
             decode = urlparse(workers.decode[0])
             conn = http.client.HTTPConnection(decode.hostname, decode.port, timeout=3600)
             try:
                 conn.request("POST", "/generate", body, workers.headers())
                 response = conn.getresponse()
                 if "event-stream" not in (response.getheader("Content-Type") or ""):
-                    thread.join()
                     return self._send(response.status, response.read(),
                                       response.getheader("Content-Type") or "application/json")
                 self.send_response(response.status)
@@ -162,7 +161,6 @@ def serve(args) -> None:
                 self.wfile.flush()
             finally:
                 conn.close()
-                thread.join()
 
     class Server(ThreadingHTTPServer):
         request_queue_size = 2048  # as tests/fake_sglang_server.py: C connections open at once

@@ -195,7 +195,8 @@ def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateCon
              f"(min {running['min']:g}, max {running['max']:g}, {w.get('samples')} samples over "
              f"{w.get('duration_s')} s) for C={c} (at least {config.min_concurrency_ratio:g} x C, at most "
              f"{ceiling})" + ("" if high else f": {running['max'] - c:g} request(s) beyond the bench's own C: "
-                                              f"another client's load on the server"))
+                                              f"another client's load on the server")
+             + (f"; {w['decode_evidence']}" if w.get("decode_evidence") and not low else ""))
     limit = expected.max_running_requests
     gate("max_running", limit is not None and c <= limit,
          "the decode server's /server_info has no max_running_requests" if limit is None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import statistics
 from typing import Optional, Sequence
 
@@ -91,6 +92,30 @@ def full_decode_intervals(requests: list[dict], concurrency: int) -> list[tuple[
     return out
 
 
+def prefill_ramp(requests: list[dict], concurrency: int) -> Optional[str]:
+    """Why C requests never decoded together, when the first of the first wave finished before the
+    last of them got its first token: C prompts' prefill (or a wait for a decode slot) took longer
+    than one request's decode. Names the ``--output-len`` that would outlast that ramp. None when
+    that is not what happened."""
+    wave = [r for r in requests[:concurrency] if r["first"] is not None]
+    if concurrency < 2 or len(wave) < concurrency:
+        return None
+    last_first = max(r["first"] for r in wave)
+    done = min(wave, key=lambda r: r["finish"])
+    decode_s, ramp_s, tokens = done["finish"] - done["first"], last_first - done["first"], sum(done["counts"])
+    if done["finish"] > last_first or decode_s <= 0 or tokens < 2:
+        return None
+    # Decode time grows about linearly with the output length; 25% margin for the next wave's prefills.
+    need = math.ceil(tokens * 1.25 * ramp_s / decode_s)
+    return (f"the client never had all {concurrency} requests decoding at once: the last of the first "
+            f"{concurrency} got its first token {ramp_s:.2f} s after the first did, and the first had decoded "
+            f"its {tokens} tokens in {decode_s:.2f} s and finished before that. If the prompts' prefill is "
+            f"what takes that long (long prompts, one prefill server), an --output-len of about {need} or "
+            f"more, or a lower --concurrency, lets {concurrency} decode together; if the server holds fewer "
+            f"than {concurrency} decoding at once (max_running_requests, the KV pool), the running batch "
+            f"shows it")
+
+
 def steady_window(requests: list[dict], concurrency: int) -> Optional[tuple[float, float]]:
     """``(a, b)`` of the module doc, relative to the start of the measured run; None if empty."""
     if not requests:
@@ -143,7 +168,8 @@ def analyze(line: dict, concurrency: int, evidence: Optional[dict], decode_port:
                decode_intervals=len(intervals), decode_tok_s=decode_tokens / decoding if decoding > 0 else None,
                decoding_fraction=round(decoding / (b - a), 4))
     if decoding <= 0:
-        out["decode_evidence"] = f"the client never had all {concurrency} requests decoding at once"
+        out["decode_evidence"] = (prefill_ramp(requests, concurrency)
+                                  or f"the client never had all {concurrency} requests decoding at once")
     if not evidence:
         out["evidence"] = "no /metrics evidence was collected for this point"
         return out
