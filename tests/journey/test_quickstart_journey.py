@@ -25,7 +25,7 @@ Inventory variables that stand in for what a CPU machine is not (the user writes
 * model_weights_enabled: false (the weights are on the box already: a config.json and a tokenizer).
 
 The servers behind the units are stand-ins (tests/journey/launch_server_standin.py after SGLang's own
-parser; the router after sglang-router's): each decode token takes 1 ms, so the doc's 128K sweep
+parser; the router after sglang-router's): each decode token takes 2 ms, so the doc's 128K sweep
 (3 repetitions of C = 1, 16, 64; about 770 prompts of 130,048 tokens) runs in minutes.
 """
 
