@@ -38,6 +38,8 @@ def main(argv: list[str]) -> int:
     return fake.main(["--port", str(args.port), "--model-path", args.model_path,
                       "--context-length", str(args.context_length),
                       "--max-running-requests", str(args.max_running_requests or 256),
+                      # and holds to it: requests beyond it queue, as SGLang's scheduler makes them
+                      "--decode-cap", str(args.max_running_requests or 256),
                       # A KV pool that holds the quickstart's sweep (64 x 128K tokens), as the doc's
                       # box is expected to; the kv_capacity gate reads it from /server_info.
                       "--max-total-num-tokens", str(MAX_TOTAL_NUM_TOKENS),

@@ -282,8 +282,10 @@ def _origin(value: Any) -> Optional[str]:
 
 def _written_at(path: Path, name: str, host: str, groups: list) -> Optional[str]:
     """``file:line`` of ``name`` for a value Ansible cannot tag with its origin (a YAML bool or
-    null): the first vars file that sets it, in Ansible's order (host_vars, then the groups from
-    the deepest to ``all``), else the inventory source itself."""
+    null): the first vars file that sets it (host_vars, then the groups from the deepest to
+    ``all``), else the inventory source itself. A value also set inline in the inventory file,
+    which would win over group_vars, is named at the group_vars line: a place it is set, maybe
+    not the winning one."""
     base = path if path.is_dir() else path.parent
     stems = [base / "host_vars" / host] + [base / "group_vars" / g.name for g in reversed(groups)]
     files: list[Path] = []
