@@ -38,7 +38,10 @@ def test_bench_profile_is_recorded_shown_gated_and_compared(bench_box, tmp_path)
     assert "indexer" in shown.stdout and "not in the class table" in shown.stdout
     gated = dsv4kit("records", "show", out["run_id"], "--results-repo", str(repo), "--max-class-share", "indexer=1%")
     assert gated.returncode == 1 and "gate failed" in gated.stderr
-    loose = dsv4kit("records", "show", out["run_id"], "--results-repo", str(repo), "--max-class-share", "indexer=99%")
+    # A limit just above the recorded share passes (the stand-in's indexer is nearly all of its step).
+    loose_pct = min(100.0, round(100 * profile["classes"]["indexer"]["share"] + 0.1, 2))
+    loose = dsv4kit("records", "show", out["run_id"], "--results-repo", str(repo), "--max-class-share",
+                    f"indexer={loose_pct}%")
     assert loose.returncode == 0
 
     # The same box at a smaller context (the stand-in "restarted"): --baseline-ctx shows the retention.

@@ -135,24 +135,26 @@ def test_ctrl_c_mid_profile_stops_the_server_profiling(bench_box):
 
 
 def test_compare_ctx_reports_the_context_tax_and_flags_the_class_that_grows(bench_box):
-    """4096 against 512 with the same request lengths: the stand-in's torch indexer scores the
-    whole configured context every step, so it grows and is flagged; throughput is retained."""
+    """8192 against 512 with the same request lengths: the stand-in's torch indexer scores the
+    whole configured context every step, so it grows (16x in work) and is flagged; throughput is
+    retained. The wide ratio and six steps keep the flag above a loaded machine's scheduling noise:
+    at 4096 against 512 one preempted step of three once inflated the small side past the large."""
     from dsv4kit.profile import breakdown, run
 
-    server, inventory = bench_box(context_length=4096)
+    server, inventory = bench_box(context_length=8192)
     restarts = []
 
     def restart(inventory_path, host, context_length, progress, timeout):
         restarts.append(context_length)
         server.post("/_test/config", {"context_length": context_length})
 
-    request = run.ProfileRequest(ctx=4096, compare_ctx=512, concurrency=2, num_steps=3, input_len=16,
+    request = run.ProfileRequest(ctx=8192, compare_ctx=512, concurrency=2, num_steps=6, input_len=16,
                                  output_len=450, inventory=inventory, steady_timeout=120, timeout=120)
     lines: list[str] = []
     outcome = run.execute(run.plan(request), lines.append, restart=restart)
     assert restarts == [512]
     tax = outcome["context_tax"]
-    assert tax["large_ctx"] == 4096 and tax["small_ctx"] == 512 and tax["same_actual_lengths"]
+    assert tax["large_ctx"] == 8192 and tax["small_ctx"] == 512 and tax["same_actual_lengths"]
     assert "indexer" in tax["grows_with_configured_context"], json.dumps(tax, default=str)[:3000]
     assert tax["growth"]["indexer"]["ratio"] > 1.5
     assert 0.5 < tax["retention"] < 1.5
