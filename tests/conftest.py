@@ -1,6 +1,13 @@
 import os
+import signal
 
 import pytest
+
+# A suite started in the background of a non-interactive shell (`cmd &`, as some CI runners start
+# it) inherits SIGINT ignored, and an ignored signal stays ignored across exec: the Ctrl-C tests'
+# children would never see their SIGINT. A handler (not an ignore) is reset to the default by exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # No GPU in the test process: kernels that run in it (the validation table of tests/rollout/test_kernel_plan.py)
 # run on Triton's interpreter, which Triton reads when it and a kernel module are first imported, so
