@@ -26,24 +26,53 @@ SGLANG_VERSION = "0.5.23"
 VOCAB_SIZE = 200
 
 
+#: The stand-in tokenizer's pre-tokenizer: words with their leading space, single digits,
+#: newlines, punctuation; decoding fuses the tokens back (the text round-trips exactly).
+PRETOKENIZE = r" ?[A-Za-z_][A-Za-z0-9_]*| ?[0-9]|\n| ?[^\sA-Za-z0-9]| +"
+
 _TOKENIZER_SCRIPT = """
-import sys
-from tokenizers import Tokenizer, models, pre_tokenizers
+import json, sys
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 size = int(sys.argv[2])
 vocab = {f"w{i}": i for i in range(size)}
 vocab["[UNK]"] = size
+pre = pre_tokenizers.Split(Regex(sys.argv[4]), behavior="isolated")
+for text in json.load(open(sys.argv[3])):
+    for piece, _ in pre.pre_tokenize_str(text):
+        vocab.setdefault(piece, len(vocab))
 tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(sys.argv[1])
+tok.pre_tokenizer = pre
+tok.decoder = decoders.Fuse()
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
+                        clean_up_tokenization_spaces=False).save_pretrained(sys.argv[1])
 """
 
 
+def tokenizer_corpus() -> list[str]:
+    """Every text the stand-in model must read and write: the bench's words, the eval's prompts
+    (dsv4kit.quality.prompts) and the generated task items (tests/quality_support.py)."""
+    from dsv4kit.quality import prompts
+    from tests.quality_support import TASK_WORDS
+
+    texts = [" ".join(f"w{i}" for i in range(VOCAB_SIZE)), *prompts.FILLER, *prompts.NEEDLE_LABELS,
+             prompts.needle_sentence("amber gate", "0123456789"), prompts.needle_question("amber gate"),
+             "Question: What is 0 plus 1?\nAnswer: 0 plus 1 is 1. #### 1\n\n unknown.",
+             " ".join(prompts.NEEDLE_LABELS), TASK_WORDS, "The river bends twice before",
+             "0 1 2 3 4 5 6 7 8 9 0123456789 .,:;?!#-'\"()$%&*+/<=>@[]^_{|}~",
+             " . , : ; ? ! # - ' \" ( ) $ % & * + / < = > @ [ ] ^ _ { | } ~"]
+    return texts + [" " + t for t in texts]
+
+
 def make_tokenizer(python: Path, directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
-    """A tiny local tokenizer directory (no hub access), written by the venv's transformers."""
+    """A tiny local tokenizer directory (no hub access), written by the venv's transformers: the
+    bench's words ``w0 .. w{V-1}`` at ids 0..V-1, then every piece of ``tokenizer_corpus``."""
     directory.mkdir(parents=True, exist_ok=True)
-    subprocess.run([str(python), "-c", _TOKENIZER_SCRIPT, str(directory), str(vocab_size)], check=True,
-                   timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    corpus = directory.parent / f".{directory.name}-corpus.json"
+    corpus.write_text(json.dumps(tokenizer_corpus()))
+    subprocess.run([str(python), "-c", _TOKENIZER_SCRIPT, str(directory), str(vocab_size), str(corpus), PRETOKENIZE],
+                   check=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    corpus.unlink()
     # config.json too, in case a loader looks for it (docs/sglang-contract.md §8.3).
     (directory / "config.json").write_text(json.dumps({"model_type": "dsv4kit-test", "vocab_size": vocab_size + 1}))
     return directory

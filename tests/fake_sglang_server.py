@@ -31,6 +31,10 @@ Fault injection (the traps the bench gates must catch):
   ``startup_time`` as a restart would and bumps ``startup_time`` when the context
   length changes (a restart stand-in).
 
+A non-streaming ``/generate`` (what ``dsv4kit eval`` sends) is answered by a small deterministic
+model that reads its prompt, with SGLang 0.5.23's logprob fields (tests/fake_model.py); its faults
+are set with ``POST /_test/config {"model": {...}}``.
+
 ``GET /metrics`` tells the truth about its own batch, in SGLang 0.5.23's Prometheus format and
 labels (``--enable-metrics``): ``sglang:num_running_reqs`` (decoding now), ``num_queue_reqs``
 (waiting for a slot or for prefill), ``gen_throughput`` (tokens emitted in the last second),
@@ -92,6 +96,9 @@ class State:
         self.known_priorities: set = set()
         self.generated_by_priority: dict = {}
         self.prompt_by_priority: dict = {}
+        from fake_model import StandInModel
+
+        self.model = StandInModel(args.model_path)
 
     def metrics(self) -> str:
         """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here), in
@@ -269,6 +276,8 @@ def make_handler(state: State):
                     if "decode_cap" in body:  # for requests that arrive from now on
                         state.decode_cap = body["decode_cap"]
                         state.slots = threading.BoundedSemaphore(body["decode_cap"]) if body["decode_cap"] else None
+                    if "model" in body:  # the stand-in model's faults (tests/fake_model.py)
+                        state.model.faults = dict(body["model"] or {})
                     if body.get("restart"):  # what a unit restart does to /server_info
                         state.startup_time = time.time()
                     if "context_length" in body and body["context_length"] != state.context_length:
@@ -305,6 +314,12 @@ def make_handler(state: State):
                 delay = state.token_delay_ms / 1000.0
                 context_length = state.context_length
             too_long = prompt_tokens + max_new > context_length
+            if not body.get("stream") and state.model.available():
+                if too_long:
+                    return self._json(400, {"error": {"message": f"Input length ({prompt_tokens} tokens) plus "
+                                                      f"max_new_tokens ({max_new}) exceeds the context length "
+                                                      f"({context_length}).", "type": "BadRequestError", "code": 400}})
+                return self._json(200, state.model.generate(body, index))
             if not body.get("stream"):
                 words = [f"w{(index + i) % state.vocab_size}" for i in range(max_new)]
                 self._json(200, {"text": " ".join(words),

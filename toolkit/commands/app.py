@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from dsv4kit import __version__
-from dsv4kit.commands import bench, profile, provision, records, rollout, validate
+from dsv4kit.commands import bench, eval as eval_, profile, provision, records, rollout, validate
 
 app = typer.Typer(
     name="dsv4kit",
@@ -42,7 +42,7 @@ def _root(
         None, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """dsv4kit: provision, validate, bench, profile, records, rollout."""
+    """dsv4kit: provision, validate, eval, bench, profile, records, rollout."""
 
 
 # Extra arguments reach validate, which explains them (`--json PATH` was once the report file).
@@ -50,6 +50,7 @@ app.command("validate", no_args_is_help=True, context_settings={"allow_extra_arg
 app.command("provision")(provision.provision)
 app.command("bench")(bench.bench)
 app.command("profile")(profile.profile)
+app.command("eval")(eval_.eval_cmd)
 app.add_typer(records.app, name="records")
 app.add_typer(rollout.app, name="rollout")
 for _group in (records.app, rollout.app):  # their help too: click's layout, never cut

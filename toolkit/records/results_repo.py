@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from dsv4kit.core.paths import cannot_write
-from dsv4kit.records.record import RecordError, check
+from dsv4kit.records import eval_record
+from dsv4kit.records.record import RecordError, check as check_bench
+
+
+def check(record, where: str = "record") -> dict:
+    """A bench or an eval record, checked by its own schema (RecordError otherwise)."""
+    return eval_record.check(record, where) if eval_record.is_eval(record) else check_bench(record, where)
 
 TAG_PREFIX = "bench/"
 RECORDS_DIR = "records"
@@ -354,7 +360,8 @@ def list_records(repo: os.PathLike | str) -> list[RecordEntry]:
         return []
     names = _out(_git(repo, "ls-tree", "-r", "--name-only", "HEAD", "--", f"{RECORDS_DIR}/")).splitlines()
     tags = {}
-    refs = _out(_git(repo, "for-each-ref", "--format=%(refname:strip=2) %(*objectname)", f"refs/tags/{TAG_PREFIX}"))
+    refs = _out(_git(repo, "for-each-ref", "--format=%(refname:strip=2) %(*objectname)", f"refs/tags/{TAG_PREFIX}",
+                     f"refs/tags/{eval_record.TAG_PREFIX}"))
     for line in refs.splitlines():
         name, _, commit = line.partition(" ")
         tags[commit] = name

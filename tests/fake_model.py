@@ -1,0 +1,162 @@
+"""A small deterministic "model" for the stand-in SGLang server (tests only): it reads its prompt.
+
+It answers non-streaming ``/generate`` as SGLang 0.5.23 does, with the logprob fields of
+``srt/managers/tokenizer_manager.py`` (``add_logprob_to_meta_info``): ``input_token_logprobs`` and
+``output_token_logprobs`` as ``[logprob, token_id, null]`` triples (the first input position's
+logprob is null: ``[None] + ...`` in ``logprob_result_processor.py``), ``input_top_logprobs`` /
+``output_top_logprobs`` per position when ``top_logprobs_num > 0``, and NaN written as null
+(SGLang's responses go through orjson, which writes NaN as null). Its tokenizer is the model
+directory's ``tokenizer.json`` (tests/bench_support.make_tokenizer).
+
+What it knows, from the prompt text alone:
+* a pass-key question (``What is the pass key of the <label>?``) is answered with the key the
+  prompt states for that label, if it can see it;
+* a few-shot question ``What is A plus|minus|times B?`` is answered ``A op B is R. #### R``;
+* anything else continues with tokens chosen by a hash of the last three ids.
+Every position's distribution is a pure function of the prefix, so decoding and re-prefilling the
+same tokens give the same logprobs (plus a 1e-4 jitter on decode, as two kernels would).
+
+Faults (``POST /_test/config {"model": {...}}``), each what a broken kernel path does:
+* ``blind_after_tokens: N``: tokens at or beyond N of the prompt are unseen (the question at the
+  end stays seen), so needles deeper than N are lost;
+* ``kl_drift: D``: decode logprobs of the greedy token are D lower than prefill's (greedy text unchanged);
+* ``flip_questions: [substring, ...]``: those task questions get a wrong answer;
+* ``nan_once: true``: the next decode with logprobs has NaN (null) logprobs;
+* ``no_logprobs: true``: logprob requests are answered without the logprob fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from pathlib import Path
+
+TOP_LOGPROBS = (-0.35, -1.6, -2.4, -3.1, -3.7)
+ANSWER_LOGPROB = -0.02
+OTHER_LOGPROB = -9.0
+_OPS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b}
+
+
+class StandInModel:
+    def __init__(self, model_path: str):
+        self.model_path = model_path
+        self.faults: dict = {}
+        self.lock = threading.Lock()
+        self._tok = None
+
+    # ---------------------------------------------------------------- the tokenizer
+    @property
+    def tok(self):
+        if self._tok is None:
+            from tokenizers import Tokenizer
+
+            self._tok = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
+            vocab = self._tok.get_vocab()
+            self.words = sorted(i for t, i in vocab.items() if re.fullmatch(r" [a-z]+", t))
+        return self._tok
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def available(self) -> bool:
+        """A model directory with a tokenizer (bench tests' directories have one; others may not)."""
+        return (Path(self.model_path) / "tokenizer.json").is_file()
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    # ---------------------------------------------------------------- the distribution
+    def candidates(self, prefix) -> list[int]:
+        digest = hashlib.sha256(json.dumps(list(prefix[-3:])).encode()).digest()
+        words = self.words
+        out: list[int] = []
+        for i in range(len(digest)):
+            token = words[int.from_bytes(digest[i:i + 2], "big") % len(words)]
+            if token not in out:
+                out.append(token)
+            if len(out) == len(TOP_LOGPROBS):
+                break
+        return out
+
+    def top(self, prefix, forced=None) -> list[tuple[float, int]]:
+        """The top-5 ``(logprob, id)`` after ``prefix``; ``forced`` (an answer token) ranks first."""
+        cands = self.candidates(prefix)
+        if forced is None:
+            return list(zip(TOP_LOGPROBS, cands))
+        rest = [c for c in cands if c != forced][:len(TOP_LOGPROBS) - 1]
+        return [(ANSWER_LOGPROB, forced)] + list(zip(TOP_LOGPROBS[1:], rest))
+
+    def logprob(self, prefix, token) -> float:
+        return dict((t, lp) for lp, t in self.top(prefix)).get(token, OTHER_LOGPROB)
+
+    # ---------------------------------------------------------------- reading the prompt
+    def answer(self, ids) -> str | None:
+        faults = self.faults
+        visible = ids
+        blind = faults.get("blind_after_tokens")
+        if blind:
+            visible = list(ids[:blind]) + list(ids[-48:])
+        text = self.decode(visible)
+        tail = self.decode(ids[-48:])
+        needle = re.search(r"What is the pass key of the ([a-z ]+)\?", tail)
+        if needle:
+            label = needle.group(1)
+            found = re.findall(rf"pass key of the {re.escape(label)} is (\d+)\.", text)
+            return f" {found[0]}." if found else " unknown."
+        question = re.findall(r"Question: (What is (\d+) (plus|minus|times) (\d+)\?)\nAnswer:$", text)
+        if question:
+            q, a, op, b = question[-1]
+            result = _OPS[op](int(a), int(b))
+            if any(s in q for s in faults.get("flip_questions") or []):
+                result += 1
+            return f" {a} {op} {b} is {result}. #### {result}"
+        return None
+
+    # ---------------------------------------------------------------- /generate
+    def generate(self, body: dict, index: int) -> dict:
+        with self.lock:
+            faults = dict(self.faults)
+            nan = bool(faults.get("nan_once")) and bool(body.get("return_logprob"))
+            if nan:
+                self.faults["nan_once"] = False
+        ids = list(body["input_ids"]) if "input_ids" in body else self.encode(str(body.get("text", "")))
+        params = body.get("sampling_params") or {}
+        max_new = int(params.get("max_new_tokens", 128))
+        text_answer = self.answer(ids) if max_new else None
+        forced = self.encode(text_answer) if text_answer else None
+        out, tops = [], []
+        for j in range(max_new if forced is None else min(max_new, len(forced))):
+            prefix = (ids + out)[-3:]
+            top = self.top(prefix, forced[j] if forced else None)
+            out.append(top[0][1])
+            tops.append(top)
+        meta = {"id": f"req-{index}", "prompt_tokens": len(ids), "completion_tokens": len(out),
+                "cached_tokens": 0, "weight_version": "default",
+                "finish_reason": {"type": "stop", "matched": None} if forced is not None and len(out) == len(forced)
+                else {"type": "length", "length": max_new}}
+        if body.get("return_logprob") and not faults.get("no_logprobs"):
+            self._logprobs(meta, ids, out, tops, body, faults, nan)
+        return {"text": self.decode(out), "output_ids": out, "meta_info": meta}
+
+    def _logprobs(self, meta: dict, ids, out, tops, body: dict, faults: dict, nan: bool) -> None:
+        top_n = int(body.get("top_logprobs_num") or 0)
+        start = body.get("logprob_start_len", -1)
+        start = -1 if start is None else int(start)
+        drift = float(faults.get("kl_drift") or 0.0)
+        jitter = [1e-4 * ((t % 3) - 1) for t in out]
+        output = []
+        for j, token in enumerate(out):
+            value = tops[j][0][0] - drift + jitter[j]
+            output.append([None if nan else value, token, None])
+        meta["output_token_logprobs"] = output
+        meta["output_token_logprobs_length"] = len(output)
+        if start >= 0:
+            meta["input_token_logprobs"] = [[None, ids[start], None]] + [
+                [self.logprob(ids[max(0, p - 3):p], ids[p]), ids[p], None] for p in range(start + 1, len(ids))]
+        if top_n > 0:
+            meta["output_top_logprobs"] = [[[None if nan else lp, t, None] for lp, t in top[:top_n]] for top in tops]
+            if start >= 0:
+                meta["input_top_logprobs"] = [None] + [[[lp, t, None] for lp, t in self.top(ids[max(0, p - 3):p])[:top_n]]
+                                                      for p in range(start + 1, len(ids))]

@@ -1,0 +1,399 @@
+"""What ``dsv4kit eval`` does, as plain functions: check, connect, run each arm, judge, record.
+
+``plan`` makes every check that needs no box (context against the inventory, the tasks file line
+by line, ``--ab``, the results repository, the restart's playbook) and raises ``Abort`` naming the
+problem. ``execute`` connects, probes the served model (logprob fields, model, context: before any
+long work), runs each arm on the box through ``box_eval.py`` (a restart through the playbook
+before each arm with ``--ab``), judges the answers (``checks.judge``) and publishes one eval
+record. The command (``dsv4kit.commands.eval``) only parses and prints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
+
+from dsv4kit.core import exitcodes, host_limits
+from dsv4kit.core.exitcodes import Abort
+from dsv4kit.quality import prompts
+from dsv4kit.quality.checks import Thresholds, judge, outcome_exit_code
+
+Say = Callable[[str], None]
+
+#: The GSM8K test set as SGLang 0.5.23's few_shot_gsm8k downloads it (1,319 lines), and its sha256.
+GSM8K = {"name": "gsm8k", "lines": 1319,
+         "url": "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/test.jsonl",
+         "sha256": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"}
+SMALL_TIMEOUT_S = 120.0
+
+
+@dataclass
+class EvalRequest:
+    """The eval as the user asked for it, in the CLI's own terms (None: the documented default)."""
+
+    ctx: Optional[int] = None
+    quick: bool = False
+    tasks: str = "gsm8k"
+    questions: Optional[int] = None
+    seed: int = 42
+    ab: Optional[str] = None
+    host: Optional[str] = None
+    inventory: Optional[Path] = None
+    results_repo: Optional[Path] = None
+    server_timeout: float = 1800.0
+    arm_timeout: float = 3600.0
+    trust_new_host_key: bool = False
+
+
+@dataclass
+class EvalPlan:
+    request: EvalRequest
+    target: object
+    inventory_path: Path
+    repo: Path
+    tasks: Optional[dict]  # {"name", "sha256", "lines", "local": Path | None, "url": str | None}
+    ab_spec: Optional[object] = None
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass
+class EvalOutcome:
+    record: dict
+    published: object
+    exit_code: int
+
+
+# ------------------------------------------------------------------------------ before connecting
+def needle_contexts(ctx: int, quick: bool) -> list[int]:
+    """The haystack lengths: fractions of ``ctx`` up to ``ctx`` itself, multiples of 1024."""
+    fractions = (8, 1) if quick else (16, 4, 2, 1)
+    return sorted({max(1024, (ctx // f) // 1024 * 1024) if f > 1 else ctx for f in fractions})
+
+
+def spec_for(ctx: int, quick: bool, seed: int, tasks_path: Optional[str], questions: Optional[int]) -> dict:
+    """What ``box_eval.py run`` asks (docs/quality.md: the default and the ``--quick`` sets)."""
+    spec = {
+        "logprob": {"samples": 8 if quick else 32, "prompt_tokens": 256 if quick else 512,
+                    "max_new_tokens": 64 if quick else 256, "top_k": 5, "seed": seed},
+        "needles": {"contexts": needle_contexts(ctx, quick), "depths": [0.1, 0.5, 0.9] if quick else
+                    [0.05, 0.25, 0.5, 0.75, 0.95], "variants": 1 if quick else 2, "max_new_tokens": 16,
+                    "seed": seed},
+    }
+    if tasks_path is not None:
+        spec["tasks"] = {"path": tasks_path, "shots": 5, "questions": questions or (50 if quick else 200),
+                         "max_new_tokens": 256 if quick else 512}
+    return spec
+
+
+def _tasks_source(value: str) -> Optional[dict]:
+    if value == "none":
+        return None
+    if value == "gsm8k":
+        return {"name": "gsm8k", "sha256": GSM8K["sha256"], "lines": GSM8K["lines"], "url": GSM8K["url"],
+                "local": None}
+    path = Path(value).expanduser()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise Abort(exitcodes.USAGE, f"--tasks {value!r}: cannot read it ({exc.strerror or exc}); give a "
+                                     f"GSM8K-format JSONL file, 'gsm8k' (downloaded on the box) or 'none'") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Abort(exitcodes.USAGE, f"--tasks {value!r}: not UTF-8 text (byte {exc.start})") from None
+    items, problems = prompts.parse_tasks(text, str(path))
+    if problems:
+        raise Abort(exitcodes.USAGE, "--tasks: " + "; ".join(problems))
+    if len(items) < 6:
+        raise Abort(exitcodes.USAGE, f"--tasks {value!r}: {len(items)} item(s); 5 go to the few-shot examples, "
+                                     f"so at least 6 are needed")
+    return {"name": path.name, "sha256": hashlib.sha256(data).hexdigest(), "lines": len(items), "url": None,
+            "local": path}
+
+
+def plan(req: EvalRequest, warn: Say) -> EvalPlan:
+    """Every check that needs no box, in the order the user meets them; Abort naming the first problem."""
+    from dsv4kit.bench import sweep
+    from dsv4kit.bench.run import _check_repo
+    from dsv4kit.core.inventory import InventoryError, default_inventory_path, load_inventory
+    from dsv4kit.records import results_repo
+
+    if req.ctx is not None and req.ctx < 2048:
+        raise Abort(exitcodes.USAGE, f"--ctx {req.ctx}: the needle check needs at least 2048 tokens of context")
+    if req.questions is not None and req.questions < 1:
+        raise Abort(exitcodes.USAGE, f"--questions {req.questions}: give at least 1")
+    tasks = _tasks_source(req.tasks)
+    ab_spec = sweep.parse_ab(req.ab) if req.ab is not None else None
+    repo = req.results_repo or results_repo.default_path()
+    _check_repo(repo)
+    inventory_path = req.inventory or default_inventory_path()
+    try:
+        target = load_inventory(inventory_path).host(req.host)
+        sweep.check_host(target)
+        if req.ctx is not None:
+            host_limits.check_context(target, req.ctx)
+    except InventoryError as exc:
+        raise Abort(exitcodes.USAGE, str(exc)) from None
+    if ab_spec is not None:
+        from dsv4kit.provision import playbook
+
+        try:  # every arm restarts the serving units through the playbook
+            playbook.check_tags(playbook.check_tools(), tags=sweep.arm_extra_vars(
+                target, int(target.get("dsv4_context_length") or 0), ab_spec, "A")[0])
+        except playbook.ProvisionError as exc:
+            raise Abort(exc.exit_code, f"--ab restarts the serving units for every arm: {exc}") from None
+    if tasks is None:
+        warn("warning: --tasks none: the task-accuracy check is skipped, so this record cannot turn an "
+             "'auto' kernel flag on")
+    return EvalPlan(request=req, target=target, inventory_path=inventory_path, repo=repo, tasks=tasks,
+                    ab_spec=ab_spec)
+
+
+# ------------------------------------------------------------------------------ on the box
+class BoxEval:
+    """``box_eval.py`` on the box, beside the bench's helper (``dsv4kit.bench.sweep.Remote``)."""
+
+    def __init__(self, remote, url: str, env: Optional[dict], progress: Say):
+        self.remote, self.url, self.env, self.progress = remote, url, env, progress
+        here = Path(__file__).resolve().parent
+        for name in ("box_eval.py", "prompts.py"):
+            remote.session.put(here / name, f"{remote.workdir}/{name}")
+        self.script = f"{remote.workdir}/box_eval.py"
+
+    def _json(self, args: list[str], timeout: float, stream=None) -> dict:
+        result = self.remote.session.run(shlex.join([self.remote.python, self.script, *args]), timeout=timeout,
+                                         env=self.env, check=False, stream=stream)
+        lines = [line for line in result.stdout.splitlines() if line.strip().startswith("{")]
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, ValueError):
+            raise Abort(exitcodes.TOOL_FAILED, f"box_eval.py {args[0]} gave no answer (exit {result.exit_code}): "
+                                               f"{(result.stderr or result.stdout).strip()[-800:]}") from None
+
+    def probe(self) -> dict:
+        answer = self._json(["probe", "--url", self.url], SMALL_TIMEOUT_S)
+        if not answer.get("ok"):
+            raise Abort(exitcodes.ENVIRONMENT, f"the router at {self.url} did not answer as SGLang does: "
+                                               f"{answer.get('error')}; is the serving stack up? (`dsv4kit provision`)")
+        if not answer.get("logprobs"):
+            raise Abort(exitcodes.ENVIRONMENT, f"the server at {self.url} returns no usable logprobs, which every "
+                                               f"check needs: {'; '.join(answer.get('problems') or [])}")
+        return answer
+
+    def fetch_tasks(self, tasks: dict) -> str:
+        path = f"{self.remote.workdir}/tasks.jsonl"
+        if tasks["local"] is not None:
+            self.remote.session.put(tasks["local"], path)
+            return path
+        answer = self._json(["fetch", "--url", tasks["url"], "--sha256", tasks["sha256"], "--out", path],
+                            SMALL_TIMEOUT_S + 60)
+        if not answer.get("ok"):
+            hint = (" (the box is offline: download the file where you can, check its sha256, and give "
+                    "--tasks PATH)" if answer.get("offline") else "")
+            raise Abort(exitcodes.ENVIRONMENT, f"--tasks gsm8k: {answer.get('error')}{hint}")
+        return path
+
+    def run(self, spec: dict, label: str, timeout: float) -> dict:
+        spec_file, out_file = f"{self.remote.workdir}/{label}.spec.json", f"{self.remote.workdir}/{label}.json"
+        with tempfile.TemporaryDirectory(prefix="dsv4kit-eval-") as tmp:
+            local = Path(tmp) / "spec.json"
+            local.write_text(json.dumps(spec))
+            self.remote.session.put(local, spec_file)
+            eta = Eta(label, self.progress)
+            answer = self._json(["run", "--spec", spec_file, "--out", out_file], timeout, stream=eta.line)
+            if not answer.get("ok"):
+                raise Abort(exitcodes.TOOL_FAILED, f"{label}: the box could not finish the checks: {answer.get('error')}")
+            result_file = Path(tmp) / "result.json"
+            self.remote.session.get(out_file, result_file)
+            return json.loads(result_file.read_text())
+
+
+class Eta:
+    """Progress lines from the box (``progress CHECK DONE TOTAL``) with a rate and an ETA per check."""
+
+    def __init__(self, label: str, say: Say):
+        self.label, self.say, self.started, self.last = label, say, {}, 0.0
+
+    def line(self, text: str) -> None:
+        parts = text.split()
+        if len(parts) != 4 or parts[0] != "progress":
+            return
+        check, done, total = parts[1], int(parts[2]), int(parts[3])
+        now = time.monotonic()
+        start = self.started.setdefault(check, now)
+        if done not in (0, total) and now - self.last < 5.0:
+            return
+        self.last = now
+        eta = f", ETA {((now - start) / done) * (total - done):.0f} s" if 0 < done < total else ""
+        self.say(f"  {self.label}: {check} {done}/{total}{eta}")
+
+
+def _paths(report: dict) -> str:
+    """Which path served decode in this arm, from the plugin's own status on the box."""
+    ours = [t.get("key") for t in report.get("targets") or [] if t.get("replaced") and t.get("on_route", True)]
+    decode = f"decode on dsv4kit {', '.join(ours)}" if ours else "decode on SGLang's stock kernels"
+    return f"{decode}; re-prefill on SGLang's prefill path (docs/quality.md)"
+
+
+def _arm_setting(ab, arm: Optional[str]) -> Optional[str]:
+    return f"{ab.key}={ab.values[arm]}" if ab is not None and arm is not None else None
+
+
+def execute(p: EvalPlan, progress: Say, argv: list[str]) -> EvalOutcome:
+    """Connect, probe, run every arm, judge, publish. Abort with the exit code of what stopped it."""
+    from dsv4kit.core.ssh import RemoteError, open_session
+
+    try:
+        with open_session(p.target, trust_new_host_key=p.request.trust_new_host_key, say=progress) as session:
+            record, details = _run_arms(p, session, progress, argv)
+    except KeyboardInterrupt:
+        raise Abort(exitcodes.INTERRUPTED, "interrupted: nothing was recorded") from None
+    except RemoteError as exc:
+        raise Abort(exc.exit_code, f"{exc} (nothing was recorded)") from None
+    return _publish(p, record, details, progress)
+
+
+def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dict, dict]:
+    import os
+
+    from dsv4kit.bench import sweep
+    from dsv4kit.records.provenance import sections, toolkit_info
+    from dsv4kit.records.record import decode_info
+    from dsv4kit.rollout.remote import remote_report
+
+    host, req = p.target, p.request
+    created, started = datetime.now(timezone.utc), time.time()
+    router_port = int(host.get("dsv4_router_port") or host["dsv4_decode_port"])
+    decode_port = int(host["dsv4_decode_port"])
+    serving_ports = sorted({int(x) for x in (router_port, host.get("dsv4_prefill_port"), decode_port) if x})
+    env = {"OPENAI_API_KEY": os.environ["DSV4KIT_API_KEY"]} if os.environ.get("DSV4KIT_API_KEY") else None
+    remote = sweep.Remote(session, host, progress)
+    try:
+        remote.setup()
+        box = BoxEval(remote, f"http://127.0.0.1:{router_port}", env, progress)
+        probe = box.probe()
+        served = probe.get("context_length")
+        ctx = req.ctx or served
+        if not isinstance(served, int) or ctx > served:
+            raise Abort(exitcodes.USAGE, f"--ctx {ctx} is above the context length the server serves ({served}): the "
+                                         f"needles would not fit; give --ctx {served} or less, or serve a longer context")
+        _check_model(host, probe)
+        tasks_path = box.fetch_tasks(p.tasks) if p.tasks is not None else None
+        spec = spec_for(ctx, req.quick, req.seed, tasks_path, req.questions)
+        spec.update(url=box.url, model_path=str(host["dsv4_model_path"]), parallel=min(64, int(
+            host.get("dsv4_max_running_requests") or 64)))
+        arms, details, provenance = {}, {}, {}
+        names = list(p.ab_spec.arms) if p.ab_spec is not None else ["A"]
+        for arm in names:
+            if p.ab_spec is not None:
+                progress(f"arm {arm}: restarting the serving units with {_arm_setting(p.ab_spec, arm)}...")
+                sweep.default_apply_arm(p.inventory_path, host, served, p.ab_spec, arm, progress, req.server_timeout)
+                remote.wait_health(serving_ports, req.server_timeout, env)
+            info = remote.server_info(decode_port, env)
+            provenance[arm] = sections(host=host, probe=remote.probe(), server_info=info, context_length=served,
+                                       restarted=p.ab_spec is not None)
+            plugin = remote_report(host, timeout=SMALL_TIMEOUT_S)
+            progress(f"arm {arm}: {_paths(plugin)}; checks at context {ctx}...")
+            details[arm] = box.run(spec, f"arm-{arm}", req.arm_timeout)
+            arms[arm] = {"setting": _arm_setting(p.ab_spec, arm), "paths": _paths(plugin),
+                         "plugin": {k: plugin.get(k) for k in ("flags", "targets", "indexer_route", "problems")},
+                         "software": {k: provenance[arm]["software"].get(k) for k in
+                                      ("kernel_flags", "kernel_flags_reason", "kernel_flags_configured")},
+                         "provenance_sha256": hashlib.sha256(json.dumps(provenance[arm], sort_keys=True,
+                                                                        default=str).encode()).hexdigest(),
+                         "timings_s": details[arm].get("timings_s"), "details_file": f"details/arm-{arm}.json.gz"}
+        outcome, checks = judge(details, p.thresholds)
+        record = _build(p, argv, created, started, ctx, spec, provenance["A"], arms, checks, outcome,
+                        decode_info(info), toolkit_info(argv))
+        return record, details
+    finally:
+        remote.cleanup()
+
+
+def _check_model(host, probe: dict) -> None:
+    """The served model must be the inventory's (``dsv4_model_path``): else every answer is another model's."""
+    want = str(host.get("dsv4_model_path") or "").rstrip("/")
+    served = {str(v).rstrip("/") for v in (probe.get("model_path"), probe.get("served_model_name")) if v}
+    if want and served and want not in served:
+        raise Abort(exitcodes.ENVIRONMENT, f"the server serves {sorted(served)}, not the inventory's model {want}: "
+                                           f"an eval of it says nothing about this deployment")
+
+
+def _build(p: EvalPlan, argv, created, started, ctx: int, spec: dict, provenance: dict, arms: dict, checks: list,
+           outcome: str, decode: dict, toolkit: dict) -> dict:
+    from dsv4kit.bench.sweep import run_names, safe_name, utc_stamp
+    from dsv4kit.core.scrub import scrub
+    from dsv4kit.records import eval_record
+    from dsv4kit.records.record import sha256_json
+    from dsv4kit.validation.verdict_run import kernels_digest
+
+    stamp = utc_stamp(created)
+    host_name = p.target.name
+    run_id = run_names(host_name, ctx, stamp)[0].replace("-ctx", "-eval-ctx", 1)
+    without = p.ab_spec.key if p.ab_spec is not None and p.ab_spec.kind == "server_flag" else None
+    served = eval_record.served_config(p.target, without_arg=without)
+    tasks = None if p.tasks is None else {k: v for k, v in p.tasks.items() if k != "local"}
+    record = {
+        "schema_version": eval_record.SCHEMA_VERSION, "kind": eval_record.KIND, "run_id": run_id,
+        "tag": f"{eval_record.TAG_PREFIX}{safe_name(host_name)}/{ctx}/{stamp}",
+        "created_at_utc": created.isoformat(timespec="seconds"),
+        "finished_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "duration_wall_s": round(time.time() - started, 3), "toolkit": toolkit,
+        **{k: provenance.get(k) for k in ("host", "gpus", "software", "model", "server")},
+        "eval": {"context_length": ctx, "served_context_length": decode.get("context_length"),
+                 "quick": p.request.quick, "seed": p.request.seed,
+                 "spec": {k: {kk: vv for kk, vv in v.items() if kk != "path"} for k, v in spec.items()
+                          if isinstance(v, dict)},
+                 "tasks_source": tasks, "thresholds": p.thresholds.to_dict()},
+        "ab": p.ab_spec.to_dict() if p.ab_spec is not None else None,
+        "arms": arms, "checks": checks, "outcome": outcome,
+        "evidence": {"kernels_sha256": kernels_digest(), "served_config": served,
+                     "served_config_sha256": sha256_json(served),
+                     "gpu_model": (provenance.get("gpus") or {}).get("model"),
+                     "driver": (provenance.get("gpus") or {}).get("driver"),
+                     "checks_run": [c["check"] for c in checks]},
+        "notes": [] if p.tasks is not None else ["--tasks none: no task accuracy was measured"],
+    }
+    record["comparability_key"] = eval_record.comparability_key(record)
+    return scrub(record)
+
+
+def _publish(p: EvalPlan, record: dict, details: dict, progress: Say) -> EvalOutcome:
+    import gzip
+
+    from dsv4kit.quality.heatmap import heatmaps
+    from dsv4kit.records import results_repo
+    from dsv4kit.records.record import dumps, strict_json
+
+    base = f"records/{record['run_id']}"
+    files = {f"{base}/record.json": dumps(record).encode()}
+    for arm, result in details.items():
+        files[f"{base}/details/arm-{arm}.json.gz"] = gzip.compress(json.dumps(strict_json(result)).encode(), mtime=0)
+    pngs, note = heatmaps(record)
+    if note:
+        record["notes"].append(note)
+        files[f"{base}/record.json"] = dumps(record).encode()
+    files.update({f"{base}/{name}": data for name, data in pngs.items()})
+    try:
+        published = results_repo.publish(p.repo, run_id=record["run_id"], tag=record["tag"], files=files,
+                                         message=f"eval {record['run_id']}\n\noutcome {record['outcome']}")
+    except results_repo.ResultsRepoError as exc:
+        raise Abort(exitcodes.TOOL_FAILED, f"the eval finished ({record['outcome']}) but could not be recorded: "
+                                           f"{exc}") from None
+    return EvalOutcome(record=record, published=published, exit_code=outcome_exit_code(record["outcome"]))
+
+
+def summary(p: EvalPlan, outcome: EvalOutcome) -> dict:
+    """The ``--json`` summary of a published eval."""
+    record = outcome.record
+    return {"run_id": record["run_id"], "tag": record["tag"], "commit": outcome.published.commit,
+            "results_repo": str(p.repo), "outcome": record["outcome"], "checks": record["checks"],
+            "ab": record["ab"], "arms": {a: {k: v for k, v in b.items() if k != "plugin"} for a, b in record["arms"].items()},
+            "exit_code": outcome.exit_code}

@@ -1,0 +1,70 @@
+"""The statistics of the eval: KL from logprobs, top-k agreement, Wilson intervals, exact McNemar.
+
+Pure functions over plain lists; ``None`` or a non-finite logprob is a NaN the server produced.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def approx_kl(reprefill: Sequence, decode: Sequence) -> Optional[float]:
+    """SGLang 0.5.23's per-sequence estimate: ``mean(exp(r) - 1 - r)``, ``r = prefill - decode``
+    logprob of each generated token. None when a value is missing or not finite."""
+    if not decode or len(reprefill) != len(decode):
+        return None
+    if not all(finite(v) for v in (*reprefill, *decode)):
+        return None
+    terms = [math.expm1(p - d) - (p - d) for p, d in zip(reprefill, decode)]
+    return sum(terms) / len(terms)
+
+
+def wilson(successes: int, n: int, z: float = 1.959963984540054) -> Optional[tuple[float, float]]:
+    """The Wilson score interval (95% by default) of a proportion; None for n = 0."""
+    if n <= 0:
+        return None
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: the binomial test of ``b`` against ``b + c`` discordant
+    pairs at 1/2 (``b``: right in A, wrong in B; ``c``: the reverse). 1.0 without discordance."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    k = min(b, c)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def topk_agreement(ids_a: Sequence[int], top_a: Sequence, ids_b: Sequence[int], top_b: Sequence) -> dict:
+    """Two greedy outputs of one prompt compared position by position, as vLLM's kernel tests do:
+    up to and including the first position where the tokens differ, each side's token must be in
+    the other side's top-k (``top_*``: per position a list of ``[logprob, token_id]``).
+
+    Returns ``first_divergence`` (index, or None when identical), ``compared`` positions,
+    ``agree`` (top-1 equal among them) and ``contained`` (both tokens in the other's top-k at
+    every compared position)."""
+    n = min(len(ids_a), len(ids_b))
+    first = next((i for i in range(n) if ids_a[i] != ids_b[i]), None)
+    upto = n if first is None else first + 1
+    agree = sum(1 for i in range(upto) if ids_a[i] == ids_b[i])
+    contained = True
+    for i in range(upto):
+        in_b = ids_a[i] in {e[1] for e in (top_b[i] if i < len(top_b) else []) or []}
+        in_a = ids_b[i] in {e[1] for e in (top_a[i] if i < len(top_a) else []) or []}
+        if not (in_a and in_b):
+            contained = False
+            break
+    if first is None and len(ids_a) != len(ids_b):
+        first = n
+    return {"first_divergence": first, "compared": upto, "agree": agree, "contained": contained}
