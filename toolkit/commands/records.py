@@ -69,8 +69,11 @@ def _load_side(repo: Path, ident: str) -> dict:
     base, sep, arm = ident.rpartition("@")
     if not sep or not base:
         return _load(repo, ident)
+    record = _load(repo, base)
+    if record.get("kind") == "dsv4kit-eval":  # its arms are judged from their answers (quality.compare)
+        return dict(record, _arm=arm)
     try:
-        return select_arm(_load(repo, base), arm)
+        return select_arm(record, arm)
     except ValueError as exc:
         _fail(exitcodes.USAGE, str(exc))
 
@@ -91,6 +94,11 @@ def list_records(
         rows = []
         for entry in entries:
             record = read_entry(repo, entry)
+            if record.get("kind") == "dsv4kit-eval":
+                from dsv4kit.records.eval_record import list_row
+
+                rows.append(list_row(entry, record))
+                continue
             key = record["comparability_key"]
             rows.append({"run_id": entry.run_id, "tag": entry.tag, "context_length": key["context_length"],
                          "input_len": key["input_len"], "output_len": key["output_len"],
@@ -105,6 +113,10 @@ def list_records(
         typer.echo(f"no records in {repo}")
         return
     for row in rows:
+        if row.get("kind") == "eval":
+            typer.echo(f"{row['run_id']:<44} ctx {row['context_length']:<7} eval{' --ab ' + row['ab'] if row['ab'] else ''}"
+                       f"  {str(row['outcome']).upper()}  {row['tag'] or '(untagged)'}")
+            continue
         typer.echo(f"{row['run_id']:<44} ctx {row['context_length']:<7} {row['input_len']}/{row['output_len']:<6} "
                    f"C={','.join(map(str, row['concurrency'])):<10} x{row['repeat']} "
                    f"{'valid' if row['validity_passed'] else 'INVALID points'}  {row['tag'] or '(untagged)'}")
@@ -126,6 +138,11 @@ def show(
     if json_out:
         typer.echo(json.dumps(record, indent=2))
         return
+    if record.get("kind") == "dsv4kit-eval":
+        from dsv4kit.records.eval_record import format_record
+
+        typer.echo(format_record(record))
+        raise typer.Exit(0)
     sw, tk, gp, server = record["software"], record["toolkit"], record["gpus"], record["server"]
     ds = record["client"]["dataset"]
     typer.echo(f"{record['run_id']}  (tag {record['tag']}, schema {record['schema_version']})")
@@ -201,6 +218,12 @@ def compare_cmd(
 
     repo = _repo(results_repo)
     old, new = _load_side(repo, old_id), _load_side(repo, new_id)
+    if "dsv4kit-eval" in (old.get("kind"), new.get("kind")):
+        from dsv4kit.quality.compare import compare_records
+
+        code, text, data = compare_records(repo, old, new, ignore=ignore)
+        typer.echo(json.dumps(data, indent=2) if json_out else text)
+        raise typer.Exit(code)
     try:
         result = compare(old, new, ignore=ignore)
     except ValueError as exc:

@@ -219,7 +219,7 @@ class Eta:
     """Progress lines from the box (``progress CHECK DONE TOTAL``) with a rate and an ETA per check."""
 
     def __init__(self, label: str, say: Say):
-        self.label, self.say, self.started, self.last = label, say, {}, 0.0
+        self.label, self.say, self.started, self.last, self.rated = label, say, {}, 0.0, set()
 
     def line(self, text: str) -> None:
         parts = text.split()
@@ -228,8 +228,10 @@ class Eta:
         check, done, total = parts[1], int(parts[2]), int(parts[3])
         now = time.monotonic()
         start = self.started.setdefault(check, now)
-        if done not in (0, total) and now - self.last < 5.0:
+        if done not in (0, total) and now - self.last < 5.0 and check in self.rated:
             return
+        if done:
+            self.rated.add(check)  # the first line with a rate, then one every 5 s
         self.last = now
         eta = f", ETA {((now - start) / done) * (total - done):.0f} s" if 0 < done < total else ""
         self.say(f"  {self.label}: {check} {done}/{total}{eta}")
@@ -237,9 +239,19 @@ class Eta:
 
 def _paths(report: dict) -> str:
     """Which path served decode in this arm, from the plugin's own status on the box."""
+    if report.get("error"):
+        return f"which kernels served decode is unknown: {report['error']}"
     ours = [t.get("key") for t in report.get("targets") or [] if t.get("replaced") and t.get("on_route", True)]
     decode = f"decode on dsv4kit {', '.join(ours)}" if ours else "decode on SGLang's stock kernels"
     return f"{decode}; re-prefill on SGLang's prefill path (docs/quality.md)"
+
+
+def _plugin_status(host, remote_report) -> dict:
+    """The plugin's own status on the box (``rollout status --host``); what stopped it, if it could not run."""
+    try:
+        return remote_report(host, timeout=SMALL_TIMEOUT_S)
+    except Abort as exc:
+        return {"error": str(exc), "targets": []}
 
 
 def _arm_setting(ab, arm: Optional[str]) -> Optional[str]:
@@ -299,11 +311,11 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
             info = remote.server_info(decode_port, env)
             provenance[arm] = sections(host=host, probe=remote.probe(), server_info=info, context_length=served,
                                        restarted=p.ab_spec is not None)
-            plugin = remote_report(host, timeout=SMALL_TIMEOUT_S)
+            plugin = _plugin_status(host, remote_report)
             progress(f"arm {arm}: {_paths(plugin)}; checks at context {ctx}...")
             details[arm] = box.run(spec, f"arm-{arm}", req.arm_timeout)
             arms[arm] = {"setting": _arm_setting(p.ab_spec, arm), "paths": _paths(plugin),
-                         "plugin": {k: plugin.get(k) for k in ("flags", "targets", "indexer_route", "problems")},
+                         "plugin": {k: plugin.get(k) for k in ("flags", "targets", "indexer_route", "problems", "error")},
                          "software": {k: provenance[arm]["software"].get(k) for k in
                                       ("kernel_flags", "kernel_flags_reason", "kernel_flags_configured")},
                          "provenance_sha256": hashlib.sha256(json.dumps(provenance[arm], sort_keys=True,

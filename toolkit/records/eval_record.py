@@ -1,4 +1,4 @@
-"""The eval record: one JSON document per ``dsv4kit eval`` run (kind ``dsv4kit.eval``), built and
+"""The eval record: one JSON document per ``dsv4kit eval`` run (kind ``dsv4kit-eval``), built and
 checked here, next to the bench record it shares provenance and repository with.
 
 Layout (docs/quality.md has the field-by-field description)::
@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from dsv4kit.records.record import RecordError, launch_key, sha256_json
 
-KIND = "dsv4kit.eval"
+KIND = "dsv4kit-eval"
 SCHEMA_VERSION = 1
 TAG_PREFIX = "eval/"
 
