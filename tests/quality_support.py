@@ -23,3 +23,39 @@ def make_tasks(path: Path, n: int = 30, seed: int = 7) -> Path:
         lines.append(json.dumps({"question": f"What is {a} {op} {b}?", "answer": f"{a} {op} {b} is {result}. #### {result}"}))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pass", ctx: int | None = None,
+                   checks=("logprob_kl", "arm_agreement", "needles", "tasks"), when: str = "20261201T130000Z-aaaaaa",
+                   **evidence) -> dict:
+    """An eval record of ``--ab FLAG=0,1`` on ``host`` (an inventory Host) with the product's own
+    evidence fields (served configuration, kernels digest), as ``dsv4kit eval`` writes it."""
+    from dsv4kit.records import eval_record
+    from dsv4kit.records.record import sha256_json
+    from dsv4kit.validation.verdict_run import kernels_digest
+
+    served = eval_record.served_config(host)
+    record = {
+        "schema_version": eval_record.SCHEMA_VERSION, "kind": eval_record.KIND,
+        "run_id": f"{host.name}-eval-ctx{ctx or host.get('dsv4_context_length')}-{when}",
+        "tag": f"eval/{host.name}/{ctx or host.get('dsv4_context_length')}/{when}", "created_at_utc": when,
+        "host": {"name": host.name}, "gpus": {"model": gpu, "driver": driver},
+        "eval": {"context_length": ctx or host.get("dsv4_context_length"), "thresholds": {}},
+        "ab": {"key": flag, "kind": "env", "values": {"A": "0", "B": "1"}},
+        "arms": {"A": {}, "B": {}}, "outcome": outcome,
+        "checks": [{"check": c, "outcome": outcome if i == 0 else "pass", "why": f"{c} {outcome}"}
+                   for i, c in enumerate(checks)],
+        "evidence": {"kernels_sha256": kernels_digest(), "served_config": served,
+                     "served_config_sha256": sha256_json(served), "gpu_model": gpu, "driver": driver, **evidence},
+        "comparability_key": {}, "notes": [],
+    }
+    return record
+
+
+def keep_quality(repo: Path, record: dict) -> None:
+    from dsv4kit.records import results_repo
+    from dsv4kit.records.record import dumps
+
+    results_repo.publish(repo, run_id=record["run_id"], tag=record["tag"],
+                         files={f"records/{record['run_id']}/record.json": dumps(record).encode()},
+                         message=f"eval {record['run_id']}")

@@ -48,7 +48,7 @@ def box_python(venv: Path) -> None:
     (venv / "bin/python").chmod(0o755)
 
 
-def test_a_remote_interpreter_run_keeps_a_skipped_verdict_that_plan_refuses(tmp_path, loopback_ssh):
+def test_a_remote_interpreter_run_keeps_a_skipped_verdict_that_plan_skips(tmp_path, loopback_ssh):
     box_python(tmp_path / "inv/venv")
     inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_kernel_flags=AUTO)
     results = tmp_path / "results"
@@ -62,7 +62,7 @@ def test_a_remote_interpreter_run_keeps_a_skipped_verdict_that_plan_refuses(tmp_
     assert report["verdict"]["status"] == "skipped"
     assert report["verdict"]["shapes"] == {"context_length": 8192, "concurrency": [1, 16, 64]}  # the host's
     code, out, err = cli("rollout", "plan", "-i", str(inventory), "--results-dir", str(results))
-    assert code == exitcodes.USAGE and f"report {kept} refused: its kernel verdict is skipped" in err
+    assert code == exitcodes.OK and f"skipping report {kept.name}: it ran on Triton's CPU interpreter" in err
 
 
 def test_plan_reads_the_hosts_gpu_over_ssh_and_names_what_is_missing(tmp_path, loopback_ssh, monkeypatch):
@@ -96,6 +96,14 @@ def test_provision_takes_auto_flags_from_the_latest_report_and_status_shows_it(b
     keep(results, validated_report(tmp_path, monkeypatch, driver="575.57.08"), host="loop", when="20261130T000000Z")
     latest = keep(results, validated_report(tmp_path, monkeypatch), host="loop", when="20261201T000000Z")
     monkeypatch.setattr(kernel_plan, "probe_host", lambda host: HOST_FACTS)  # this box has no GPU to read
+    # The answers too: a passing `eval --ab ATTENTION=0,1` of this box (docs/quality.md).
+    from dsv4kit.core.inventory import load_inventory
+    from tests.quality_support import keep_quality, quality_record
+
+    monkeypatch.setenv("DSV4KIT_RESULTS_REPO", str(tmp_path / "results-repo"))
+    host = load_inventory(inventory).host("loop")
+    keep_quality(tmp_path / "results-repo", quality_record(host, ATTENTION, gpu=HOST_FACTS.gpus[7],
+                                                           driver=HOST_FACTS.driver))
     code, out, err = cli("provision", "-i", str(inventory), "--tags", "kernel_rollout", "--results-dir",
                          str(results), "--json")
     assert code == exitcodes.OK, (out + err)[-6000:]
@@ -105,7 +113,8 @@ def test_provision_takes_auto_flags_from_the_latest_report_and_status_shows_it(b
     assert f"{INDEXER}=0" in flags and f"{ATTENTION}=1" in flags and "auto" not in flags
     decision = json.loads((etc / "kernel-decision.json").read_text())
     assert decision["report"]["name"] == latest.name
-    assert decision["flags"][ATTENTION]["source"] == "report" and decision["flags"][ATTENTION]["numbers"]
+    assert decision["flags"][ATTENTION]["source"] == "report + quality record" and decision["flags"][ATTENTION]["numbers"]
+    assert "quality record loop-eval-ctx" in decision["flags"][ATTENTION]["why"]
 
     env = {INDEXER: "0", ATTENTION: "1"}  # the server's environment, from the flags file
     # The venv of these pins (dsv4_venv_dir links to it once sglang_service switched; not run here).

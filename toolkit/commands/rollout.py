@@ -124,19 +124,21 @@ def plan(
     inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records (the quality evidence). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """The kernel flags provisioning would set on the host, and the report and numbers behind each.
+    """The kernel flags provisioning would set on the host, and the evidence behind each.
 
-    'auto' flags (dsv4_kernel_flags) follow the kernel verdict of --from-report, else of the host's
-    latest report in --results-dir; with --from-report every kernel flag follows it. A report is
-    refused (exit 2) when it comes from another GPU model, driver or SGLang version than the host
-    has (read over SSH), its validation failed, or its verdict is missing or incomplete.
-    Exit codes: 0 planned, 2 bad input or a refused report, 3 host unreachable, 5 the host's GPU
-    or driver cannot be read.
+    An 'auto' flag (dsv4_kernel_flags) is on only with both: the kernel verdict of the host's
+    newest full validation report (or --from-report) recommends it, and a passing `dsv4kit eval
+    --ab FLAG=0,1` record in --results-repo holds for the host as it is (docs/quality.md). Evidence
+    that does not hold keeps the flag stock and says why. Exit codes: 0 planned, 2 bad input (a
+    file that is not a validation report), 3 host unreachable, 5 the host's GPU or driver cannot
+    be read.
     """
-    from dsv4kit.rollout import plan as kernel_plan
     from dsv4kit.core.inventory import InventoryError, load_inventory
+    from dsv4kit.records.quality_evidence import finder
+    from dsv4kit.rollout import plan as kernel_plan
 
     try:
         target = load_inventory(inventory).host(host)
@@ -147,7 +149,7 @@ def plan(
                 **(target.get("dsv4_kernel_flags") or {}),
                 **{flag: kernel_plan.AUTO for flag in kernel_plan._flags()}}}
         result = kernel_plan.plan_host(target, results_dir=results_dir, from_report=from_report,
-                                       say=lambda line: typer.echo(line, err=True))
+                                       say=lambda line: typer.echo(line, err=True), quality=finder(results_repo))
     except (InventoryError, kernel_plan.PlanError) as exc:
         code = getattr(exc, "exit_code", exitcodes.USAGE)
         if json_out:  # the summary a script reads says it too

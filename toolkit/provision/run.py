@@ -23,6 +23,7 @@ def provision(path: Path, *, limit: Optional[Sequence[str]], tags: Optional[Sequ
     from dsv4kit.core.inventory import InventoryError, load_inventory
     from dsv4kit.provision.playbook import ProvisionError, check_limit, check_tags, check_tools, run_playbook
     from dsv4kit.provision.secrets import PlaybookSecrets
+    from dsv4kit.records.quality_evidence import finder
     from dsv4kit.rollout.plan import PlanError, resolve_for_provision
 
     try:
@@ -32,9 +33,9 @@ def provision(path: Path, *, limit: Optional[Sequence[str]], tags: Optional[Sequ
         check_tags(check_tools(), tags=tags, skip_tags=skip_tags)
         # The same checks as validate and bench: inventory, key files, known_hosts (exit 2 or 3).
         check_hosts(path, limit=limit or [], trust_new_host_key=None)
-        doing("resolving 'auto' kernel flags from the hosts' validation reports")
+        doing("resolving 'auto' kernel flags from the hosts' validation reports and quality records")
         extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, tags=tags,
-                                           skip_tags=skip_tags, say=say)
+                                           skip_tags=skip_tags, say=say, quality=finder())
         doing("running ansible-playbook", "ansible-playbook was stopped; the box may be partly provisioned "
                                           "(every stage is idempotent: run provision again)")
         secrets = PlaybookSecrets.ask(ask_become_pass=ask_become_pass, ask_vault_pass=ask_vault_pass,

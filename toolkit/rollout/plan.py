@@ -1,19 +1,21 @@
-"""Kernel flags that follow the evidence: resolve ``auto`` from the host's latest validation report.
+"""Kernel flags that follow the evidence: resolve ``auto`` from validation reports and quality records.
 
 ``dsv4_kernel_flags`` values are ``"1"``/``"0"`` (SGLang's boolean spellings) or ``"auto"``. An
-``auto`` flag takes the recommendation of the kernel verdict in a ``dsv4kit validate`` report
-(``validation/verdict.py``): on only where our kernel was correct and faster than SGLang's stock
-default at the host's decode shapes.
+``auto`` flag is on only when both pieces of evidence hold for the host as it is now:
 
-Which report: ``--from-report PATH``, else the host's latest in the validation results directory
-(``dsv4kit validate --host H`` keeps ``<results-dir>/<host>-gpu<N>-<UTC stamp>.json``; the latest is
-the newest stamp). A host with no report at all gets ``"0"`` for its ``auto`` flags (stock SGLang
-until there is evidence). A report is refused (``PlanError``, exit 2) when it is not a validation
-report, its validation failed, its verdict is missing, skipped or incomplete, it lacks a target an
-``auto`` flag needs, or it was measured on another GPU model, driver or SGLang version than the
-host has: the host's GPU and driver are read over SSH (``probe_host``), its SGLang version must be
-both the one installed there and the inventory's pin, and the kernels it measured must be the ones
-this checkout ships (a digest of their sources).
+* the numbers: the kernel verdict of a full ``dsv4kit validate`` report (``validation/verdict.py``)
+  recommends it: ours correct at every shape and faster than SGLang's stock default;
+* the answers: a passing ``dsv4kit eval --ab FLAG=0,1`` record (``quality=``, a lookup from
+  ``dsv4kit.records.quality_evidence``; docs/quality.md).
+
+Which report: ``--from-report PATH``, else the host's newest *full* report in the validation
+results directory (``<results-dir>/<host>-gpu<N>-<UTC stamp>.json``). A partial report (made with
+``--interpret``, ``--cases`` or without the verdict) is kept but skipped, with a note. Evidence that
+does not hold is not an error: the flag stays stock (``"0"``) and its decision says why (a failed
+kernel, a report or record from another GPU model, driver, SGLang or kernels, a changed serving
+configuration, no quality record). Only input that is not evidence at all is refused (exit 2: a
+file that is not a validation report, an unknown flag name); host facts that cannot be read are
+exit 3 or 5.
 """
 
 from __future__ import annotations
@@ -71,9 +73,12 @@ def latest_report(results_dir: Path, host_name: str) -> Optional[Path]:
 
 def load_report(path: Path) -> dict:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
         raise PlanError(exitcodes.USAGE, f"report {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(exitcodes.USAGE, f"report {str(path)!r} is not UTF-8 text (byte {exc.start}): not a "
+                                         f"dsv4kit validation report") from None
     try:
         report = json.loads(text)
     except ValueError as exc:
@@ -81,6 +86,37 @@ def load_report(path: Path) -> dict:
     if not isinstance(report, dict) or report.get("kind") != "dsv4kit-validation":
         raise PlanError(exitcodes.USAGE, f"report {str(path)!r} is not a dsv4kit validation report")
     return report
+
+
+def partial(report: dict) -> Optional[str]:
+    """Why a report is not a full verdict (None: it is): only a full verdict is evidence."""
+    remote = report.get("remote") or {}
+    if remote.get("interpret") or (report.get("environment") or {}).get("interpret"):
+        return "it ran on Triton's CPU interpreter (--interpret)"
+    if remote.get("cases"):
+        return f"it ran only --cases {remote.get('cases')!r}"
+    verdict = report.get("verdict")
+    if not isinstance(verdict, dict):
+        return "it has no kernel verdict (made without the verdict step)"
+    if verdict.get("status") != "complete":
+        return f"its kernel verdict is {verdict.get('status') or 'unreadable'}" + (
+            f": {verdict.get('reason')}" if verdict.get("reason") else "")
+    return None
+
+
+def choose_report(results_dir: Path, host_name: str, say) -> tuple[Optional[Path], list[str]]:
+    """The host's newest full report, and a note for each newer one skipped (partial, unreadable)."""
+    skipped = []
+    for path in reversed(host_reports(results_dir, host_name)):
+        try:
+            reason = partial(load_report(path))
+        except PlanError as exc:
+            reason = str(exc)
+        if reason is None:
+            return path, skipped
+        skipped.append(f"{path.name}: {reason}")
+        say(f"{host_name}: skipping report {path.name}: {reason} (only a full verdict is evidence)")
+    return None, skipped
 
 
 # --------------------------------------------------------------------------- host facts
@@ -159,7 +195,8 @@ def content_problems(report: dict, needed_targets: list[str]) -> list[str]:
     return problems
 
 
-def identity_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin: Optional[str]) -> list[str]:
+def identity_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin: Optional[str],
+                      serving: frozenset = frozenset()) -> list[str]:
     """Where the report's GPU model, driver or SGLang version differ from the host's (empty: none)."""
     problems = []
     ident = (report.get("verdict") or {}).get("identity") or {}
@@ -168,6 +205,10 @@ def identity_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin
         next(iter(facts.gpus.values())) if facts.gpus else None)
     if ident.get("gpu") != host_gpu:
         problems.append(f"it was measured on GPU {ident.get('gpu')!r}, {host_name} has {host_gpu!r}")
+    serving = serving or frozenset(facts.gpus)  # no GPU sets in the inventory: the servers may use any
+    others = sorted({name for i, name in facts.gpus.items() if i in serving and name != ident.get("gpu")})
+    if others and ident.get("gpu") == host_gpu:
+        problems.append(f"it was measured on {ident.get('gpu')!r}, but {host_name}'s servers also run on {others}")
     if ident.get("driver") != facts.driver:
         problems.append(f"it was measured on driver {ident.get('driver')!r}, {host_name} has {facts.driver!r}")
     if ident.get("sglang") != facts.sglang:
@@ -197,16 +238,19 @@ def auto_flags(flags: dict) -> list[str]:
 
 
 def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional[Path] = None,
-              probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None) -> dict:
+              probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None,
+              quality: Optional[Callable] = None) -> dict:
     """The kernel flags for ``host`` (an inventory Host), each with where its value came from.
 
-    Returns {"host", "flags": {FLAG: value}, "decisions": {FLAG: {...}}, "report": {...} or None}.
-    Raises PlanError when a report is refused or the host's facts cannot be read.
+    Returns {"host", "flags": {FLAG: value}, "decisions": {FLAG: {...}}, "report": {...} or None,
+    "skipped_reports": [...]}. ``quality(host, flag, facts)`` is the quality-evidence lookup
+    (``dsv4kit.records.quality_evidence.finder``); without it no ``auto`` flag turns on. Raises
+    PlanError for input that is not evidence (exit 2) or host facts that cannot be read (3, 5).
     """
     results_dir = results_dir_or_default(results_dir)
     configured = dict(host.get("dsv4_kernel_flags") or {})
     autos = auto_flags(configured)
-    plan = {"host": host.name, "flags": {}, "decisions": {}, "report": None}
+    plan = {"host": host.name, "flags": {}, "decisions": {}, "report": None, "skipped_reports": []}
     for name, value in configured.items():
         if name not in autos:
             plan["flags"][name] = str(value)
@@ -218,44 +262,78 @@ def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional
     if unknown:
         raise PlanError(exitcodes.USAGE, f"{host.name}: 'auto' is only known for the kernel flags "
                                          f"{', '.join(sorted(_flags()))}, not {', '.join(unknown)}")
-    path = Path(from_report) if from_report is not None else latest_report(results_dir, host.name)
-    if path is None:
-        for name in autos:
-            plan["flags"][name] = "0"
-            plan["decisions"][name] = {
-                "value": "0", "source": "no report",
-                "why": f"no validation report for {host.name} in {results_dir}: stock SGLang until "
-                       f"`dsv4kit validate --host {host.name}` has measured the kernels"}
-        say(f"{host.name}: no validation report in {results_dir}; auto kernel flags stay stock (0)")
-        return plan
-    report = load_report(path)
+    if from_report is not None:
+        path, report = Path(from_report), load_report(Path(from_report))
+        reason = partial(report)
+        if reason:
+            return _stock(plan, autos, "report skipped", f"report {path} is partial: {reason}; only a full verdict is "
+                                                         f"evidence (run `dsv4kit validate --host {host.name}`)")
+    else:
+        path, plan["skipped_reports"] = choose_report(results_dir, host.name, say)
+        if path is None:
+            why = (f"no full validation report for {host.name} in {results_dir}" +
+                   (f" (skipped: {'; '.join(plan['skipped_reports'])})" if plan["skipped_reports"] else "") +
+                   f": stock SGLang until `dsv4kit validate --host {host.name}` has measured the kernels")
+            say(f"{host.name}: no full validation report in {results_dir}; auto kernel flags stay stock (0)")
+            return _stock(plan, autos, "no report", why)
+        report = load_report(path)
     problems = content_problems(report, [_target_of(f) for f in autos])
+    facts = None
     if not problems:  # only a usable report is worth an SSH connection
         facts = (probe or probe_host)(host)
-        problems = identity_problems(report, host.name, facts, host.get("dsv4_sglang_version"))
+        serving = frozenset(host.get("dsv4_prefill_gpus") or []) | frozenset(host.get("dsv4_decode_gpus") or [])
+        problems = identity_problems(report, host.name, facts, host.get("dsv4_sglang_version"), serving)
+    plan["report"] = _report_summary(path, report)
     if problems:
-        raise PlanError(exitcodes.USAGE, f"{host.name}: report {path} refused: " + "; ".join(problems)
-                        + f". Run `dsv4kit validate --host {host.name}` on the host as it is now, "
-                          "or set the kernel flags to '0'/'1' in dsv4_kernel_flags")
-    verdict = report["verdict"]
+        why = (f"report {path} is not evidence for {host.name} as it is now: " + "; ".join(problems)
+               + f". Stock until `dsv4kit validate --host {host.name}` measures the host as it is")
+        say(f"{host.name}: {why}")
+        return _stock(plan, autos, "report not evidence", why)
     remote = report.get("remote") or {}
-    plan["report"] = {"path": str(path), "name": Path(path).name,
-                      "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
-                      "measured_on": remote.get("host"), "gpu_index": remote.get("gpu"),
-                      "started_utc": remote.get("started_utc"), "identity": verdict.get("identity"),
-                      "shapes": verdict.get("shapes")}
     if remote.get("host") not in (None, host.name):
         say(f"{host.name}: report {Path(path).name} was measured on {remote.get('host')} (same GPU, driver, SGLang)")
     for name in autos:
-        body = verdict["targets"][_target_of(name)]
-        plan["flags"][name] = body["flag_value"]
-        plan["decisions"][name] = {
-            "value": body["flag_value"], "source": "report", "report": Path(path).name,
-            "recommend": body["recommend"], "why": "; ".join(body.get("reasons", [])),
-            "stock_default": body.get("stock_default"),
-            "numbers": [{k: c.get(k) for k in ("shape", "ours_us", "stock_us", "ratio", "outcome", "ours_correct")}
-                        for c in body.get("comparisons", [])]}
+        plan["flags"][name], plan["decisions"][name] = _decide(host, name, report, path, facts, quality)
     return plan
+
+
+def _stock(plan: dict, autos: list[str], source: str, why: str) -> dict:
+    for name in autos:
+        plan["flags"][name] = "0"
+        plan["decisions"][name] = {"value": "0", "source": source, "why": why}
+    return plan
+
+
+def _report_summary(path: Path, report: dict) -> dict:
+    remote, verdict = report.get("remote") or {}, report.get("verdict") or {}
+    return {"path": str(path), "name": Path(path).name, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+            "measured_on": remote.get("host"), "gpu_index": remote.get("gpu"), "started_utc": remote.get("started_utc"),
+            "identity": verdict.get("identity"), "shapes": verdict.get("shapes")}
+
+
+def _decide(host, name: str, report: dict, path: Path, facts, quality) -> tuple[str, dict]:
+    """One auto flag: on only with the numbers (a correct, faster kernel) and the answers (quality)."""
+    body = report["verdict"]["targets"][_target_of(name)]
+    comparisons = body.get("comparisons", [])
+    decision = {"source": "report", "report": Path(path).name, "recommend": body.get("recommend"),
+                "stock_default": body.get("stock_default"),
+                "numbers": [{k: c.get(k) for k in ("shape", "ours_us", "stock_us", "ratio", "outcome", "ours_correct")}
+                            for c in comparisons]}
+    wrong = [c.get("shape") for c in comparisons if c.get("ours_correct") is not True]
+    if body.get("recommend") != "on" or not comparisons or wrong:
+        reasons = list(body.get("reasons") or [])
+        if wrong:
+            reasons.append(f"dsv4kit's kernel is not shown correct at {', '.join(map(str, wrong))}")
+        return "0", {**decision, "value": "0", "why": "; ".join(reasons) or "the verdict recommends it off"}
+    if quality is None:
+        return "0", {**decision, "value": "0", "why": "the numbers recommend it, but no quality evidence was looked up"}
+    found = quality(host, name, facts)
+    decision["quality_record"] = found.get("record")
+    if not found.get("ok"):
+        return "0", {**decision, "value": "0", "source": "quality record missing",
+                     "why": f"the numbers recommend it ({'; '.join(body.get('reasons', []))}), but {found['why']}"}
+    return "1", {**decision, "value": "1", "source": "report + quality record",
+                 "why": f"{'; '.join(body.get('reasons', []))}; {found['why']}"}
 
 
 def _flags() -> list[str]:
@@ -289,7 +367,8 @@ def extra_vars(plans: list[dict]) -> dict:
 
 
 def plan_inventory(inventory_path, *, limit=None, results_dir: Optional[Path] = None,
-                   probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None) -> list[dict]:
+                   probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None,
+                   quality: Optional[Callable] = None) -> list[dict]:
     """A plan for every host (of ``limit``'s plain names, when given) whose kernel flags hold ``auto``."""
     from dsv4kit.core.inventory import load_inventory
 
@@ -303,7 +382,7 @@ def plan_inventory(inventory_path, *, limit=None, results_dir: Optional[Path] = 
         if names and not ({host.name, *host.groups} & set(names)):
             continue
         if auto_flags(host.get("dsv4_kernel_flags") or {}):
-            plans.append(plan_host(host, results_dir=results_dir, probe=probe, say=say))
+            plans.append(plan_host(host, results_dir=results_dir, probe=probe, say=say, quality=quality))
     return plans
 
 
@@ -330,7 +409,8 @@ _KNOWN_NON_ROLLOUT = {"preflight", "nvidia_driver", "cuda_toolkit", "host_tuning
 
 def resolve_for_provision(inventory_path, *, limit=None, results_dir: Optional[Path] = None,
                           tags=None, skip_tags=None, probe: Optional[Callable] = None,
-                          say: Callable[[str], None] = lambda s: None) -> Optional[dict]:
+                          say: Callable[[str], None] = lambda s: None,
+                          quality: Optional[Callable] = None) -> Optional[dict]:
     """``dsv4kit provision``'s step before Ansible: the extra-vars for the hosts' ``auto`` flags, or None.
 
     Nothing is resolved (no report read, no SSH) when the tags leave kernel_rollout out: a driver
@@ -339,7 +419,7 @@ def resolve_for_provision(inventory_path, *, limit=None, results_dir: Optional[P
     if not stage_runs(tags, skip_tags):
         return None
     plans = plan_inventory(inventory_path, limit=limit, results_dir=results_dir,
-                           probe=probe, say=say)
+                           probe=probe, say=say, quality=quality)
     for plan in plans:
         for line in render(plan):
             say(line)

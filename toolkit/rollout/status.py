@@ -399,7 +399,7 @@ def _decision_lines(decision: dict, flag: str) -> list:
     if not entry:
         return []
     source = entry.get("source")
-    if source == "report":
+    if entry.get("report"):  # the numbers (and, for "1", a quality record: its why says which)
         report = decision.get("report") or {}
         ident = report.get("identity") or {}
         lines = [f"  decided by report {entry.get('report')} ({report.get('measured_on')} GPU "

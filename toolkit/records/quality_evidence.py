@@ -1,0 +1,100 @@
+"""Quality evidence for ``auto`` kernel flags: a passing ``dsv4kit eval --ab FLAG=0,1`` record.
+
+``finder(repo)`` returns the lookup ``dsv4kit.rollout.plan.plan_host`` takes (``quality=``):
+``lookup(host, flag, facts) -> {"ok", "why", "record"}``. The newest eval record of the host whose
+A/B key is the flag (arms ``0`` and ``1``) decides. It counts only when it passed every check it
+had to run (decode against re-prefill, arm agreement, needles up to the served context, tasks),
+and was measured on the host's serving GPU model and driver, with the kernels this checkout ships
+and the inventory's serving configuration as it is now. Otherwise ``why`` names what is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+from dsv4kit.records import eval_record, results_repo
+from dsv4kit.records.record import RecordError, sha256_json
+
+REQUIRED_CHECKS = ("logprob_kl", "arm_agreement", "needles", "tasks")
+
+
+def serving_gpu_models(host, facts) -> set:
+    """The GPU models of the GPUs the servers use (prefill and decode sets; all when unset)."""
+    gpus = facts.gpus or {}
+    indices = set(host.get("dsv4_prefill_gpus") or []) | set(host.get("dsv4_decode_gpus") or [])
+    return {gpus[i] for i in indices if i in gpus} or set(gpus.values())
+
+
+def _records_for(repo: Path, host_name: str, flag: str) -> list[dict]:
+    found = []
+    for entry in results_repo.list_records(repo):
+        if "-eval-" not in entry.run_id:
+            continue
+        try:
+            record = results_repo.read_entry(repo, entry)
+        except RecordError:
+            continue
+        ab = record.get("ab") or {}
+        if ((record.get("host") or {}).get("name") == host_name and ab.get("key") == flag
+                and set((ab.get("values") or {}).values()) == {"0", "1"}):
+            found.append(record)
+    return found
+
+
+def problems(record: dict, host, facts, kernels_sha256: Optional[str]) -> list[str]:
+    """Why ``record`` is not quality evidence for ``host`` as it is now (empty: it is)."""
+    out = []
+    if record.get("outcome") != "pass":
+        failed = [f"{c['check']} {c['outcome']}: {c['why']}" for c in record.get("checks") or [] if c["outcome"] != "pass"]
+        out.append(f"it did not pass ({'; '.join(failed) or record.get('outcome')})")
+    ran = {c["check"] for c in record.get("checks") or []}
+    missing = [c for c in REQUIRED_CHECKS if c not in ran]
+    if missing:
+        out.append(f"it ran no {', '.join(missing)} check (eval --tasks none?)")
+    served_ctx = host.get("dsv4_context_length")
+    ctx = (record.get("eval") or {}).get("context_length")
+    if served_ctx and (ctx or 0) < int(served_ctx):
+        out.append(f"its needles reached {ctx} tokens, not the served {served_ctx}")
+    evidence = record.get("evidence") or {}
+    models = serving_gpu_models(host, facts)
+    if models and models != {evidence.get("gpu_model")}:
+        out.append(f"it was measured on GPU {evidence.get('gpu_model')!r}, {host.name} serves on {sorted(models)}")
+    if facts.driver and evidence.get("driver") != facts.driver:
+        out.append(f"it was measured on driver {evidence.get('driver')!r}, {host.name} has {facts.driver!r}")
+    if evidence.get("kernels_sha256") != kernels_sha256:
+        out.append(f"it measured other dsv4kit kernels ({str(evidence.get('kernels_sha256'))[:12]}) than this "
+                   f"checkout ships ({str(kernels_sha256)[:12]})")
+    if evidence.get("served_config_sha256") != sha256_json(eval_record.served_config(host)):
+        now = eval_record.served_config(host)
+        then = evidence.get("served_config") or {}
+        changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+        out.append(f"the serving configuration changed since ({', '.join(changed) or 'its fingerprint'})")
+    return out
+
+
+def finder(repo: Optional[Path] = None) -> Callable:
+    """The lookup for ``plan_host(quality=...)`` over the results repository ``repo`` (default:
+    ``results/bench`` or ``$DSV4KIT_RESULTS_REPO``, where ``dsv4kit eval`` records)."""
+    from dsv4kit.validation.verdict_run import kernels_digest
+
+    repo = Path(repo) if repo is not None else results_repo.default_path()
+
+    def lookup(host, flag: str, facts) -> dict:
+        advice = f"run `dsv4kit eval --ab {flag}=0,1 --host {host.name}` (docs/quality.md)"
+        try:
+            records = _records_for(repo, host.name, flag) if repo.exists() else []
+        except results_repo.ResultsRepoError as exc:
+            return {"ok": False, "record": None, "why": f"the results repository {repo} cannot be read ({exc}); {advice}"}
+        if not records:
+            return {"ok": False, "record": None,
+                    "why": f"no quality record: no `eval --ab {flag}=0,1` of {host.name} in {repo}; {advice}"}
+        newest = records[-1]
+        found = problems(newest, host, facts, kernels_digest())
+        if found:
+            return {"ok": False, "record": newest["run_id"],
+                    "why": f"quality record {newest['run_id']} does not hold: {'; '.join(found)}; {advice}"}
+        return {"ok": True, "record": newest["run_id"],
+                "why": f"quality record {newest['run_id']} passed ({', '.join(REQUIRED_CHECKS)})"}
+
+    return lookup
