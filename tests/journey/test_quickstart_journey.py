@@ -1,13 +1,16 @@
 """docs/quickstart.md, executed: the ``dsv4kit`` lines of its sections 5 to 7, in the doc's order and
 as the doc spells them, run by bash in a scratch $HOME against one simulated box
-(tests/journey/quickstart_box.py): provision --check, provision, validate --gpu 7, provision again
-(the 'auto' kernel flags now resolve from the report validate kept), rollout status --host box1,
+(tests/journey/quickstart_box.py): provision --check, provision, validate --gpu 7, eval --ab for each
+kernel flag (the quality gate, arms restarted through the playbook, at the served 128K context),
+provision again (the 'auto' kernel flags now resolve from the report validate kept and the quality
+records eval published), rollout status --host box1,
 bench --ctx 131072 (SGLang's own client on the box, through the router, at the doc's defaults),
 records list, records show, and records compare after the later sweep the doc asks for.
 
 The only edits are the ones the doc asks of the user: the inventory copy in ~/dsv4/inventory and
 section 2's ``export DSV4KIT_INVENTORY`` (below), and the run ids section 7 says to take from
-``records list``. Nothing is handed from one step to the next: each step reads what the earlier
+``records list``; the GSM8K file the doc downloads with curl is stood in by a generated task set in
+GSM8K's format (tests/quality_support.py) at the doc's path. Nothing is handed from one step to the next: each step reads what the earlier
 ones left on the box or in ~ (units, env files, venv, the report, the results repository).
 
 Inventory variables that stand in for what a CPU machine is not (the user writes the inventory):
@@ -46,6 +49,7 @@ import yaml
 from tests.docs.test_quickstart import QUICKSTART
 from tests.journey.quickstart_box import QuickstartBox
 from tests.provision_inventory import TINY_PACKAGES, TEST_SUPPORTED_OS
+from tests.quality_support import make_tasks
 from tests.verdict_standins import GPU
 
 pytestmark = pytest.mark.slow
@@ -122,11 +126,12 @@ def test_the_quickstart_runs_as_written_on_one_box(box):
         "LANG": "C.UTF-8", "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
     }
     results = box.home / ".local/share/dsv4kit/validation"  # the doc's reports directory
+    make_tasks(box.home / "dsv4/gsm8k-test.jsonl", n=40)  # the doc's curl download, stood in
     outputs: dict[str, list[str]] = {}
     run_ids: list[str] = []
 
     def step(line: str, expect=(0,)) -> str:
-        done = run_line(box, line, env, timeout=2400 if line.startswith("dsv4kit bench") else 900)
+        done = run_line(box, line, env, timeout=2400 if line.startswith(("dsv4kit bench", "dsv4kit eval")) else 900)
         assert done.returncode in expect, f"{line}: exit {done.returncode}"
         outputs.setdefault(line, []).append(done.stdout + done.stderr)
         if line.startswith("dsv4kit records list"):
@@ -144,7 +149,8 @@ def test_the_quickstart_runs_as_written_on_one_box(box):
         line = re.sub(r"\bRUN_ID\b", lambda _: run_ids[-1], line)  # "a run id from the list"
         step(line, expect=COMPARE_VERDICTS if line.startswith("dsv4kit records compare") else (0,))
     provision = "dsv4kit provision --inventory ~/dsv4/inventory/hosts.yml --skip-tags flash_attn"
-    first, again = outputs[provision]
+    (first,) = outputs[provision]
+    (again,) = outputs[provision + " --results-repo ~/dsv4/results"]
     assert "no validation report for box1" in first and "INDEXER=0" in first, first[-3000:]
     (report,) = results.glob("box1-gpu7-*.json")  # what `validate --gpu 7` kept, where the doc says
     assert f"from report {report}" in again, again[-3000:]
@@ -153,7 +159,36 @@ def test_the_quickstart_runs_as_written_on_one_box(box):
     status = outputs["dsv4kit rollout status --host box1"][0]
     assert f"Flags read from the serving units' environment on box1: {box.units}/dsv4-prefill.service" in status, status
     assert report.name in status, status
+    check_quality(box, outputs, again)
     check_section_7(box, outputs, run_ids)
+
+
+def check_quality(box: QuickstartBox, outputs: dict, again: str) -> None:
+    """The eval lines: each an A/B through the playbook at the served context, passing, recorded
+    with its heatmaps; the next provision reads them as the quality evidence of 'auto'."""
+    repo = box.home / "dsv4/results"
+    evals = {k: v[0] for k, v in outputs.items() if k.startswith("dsv4kit eval")}
+    assert len(evals) == 2, list(outputs)
+    for line, text in evals.items():
+        assert "outcome: PASS" in text and "ansible:" in text, text[-3000:]
+    tags = subprocess.run(["git", "-C", str(repo), "tag", "--list", "eval/*"], capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert len(tags) == 2 and all(t.startswith("eval/box1/131072/") for t in tags), tags
+    for path in sorted(repo.glob("records/box1-eval-*/record.json")):
+        record = json.loads(path.read_text())
+        assert record["eval"]["context_length"] == 131072 and record["outcome"] == "pass", record["checks"]
+        needles = next(c for c in record["checks"] if c["check"] == "needles")["per_arm"]["B"]
+        assert "131072" in needles["cells"] and needles["found"] == needles["total"], needles
+        assert {p.name for p in path.parent.glob("needles-*.png")} == {"needles-A.png", "needles-B.png"}
+        key = record["ab"]["key"]  # each arm ran with its own setting, read back from the units
+        assert [record["arms"][a]["software"]["kernel_flags"][key] for a in "AB"] == ["0", "1"], record["arms"]
+    # 'auto' now reads both kinds of evidence: a flag the numbers recommend names its quality record.
+    decision = json.loads((box.prefix / "etc/dsv4kit/kernel-decision.json").read_text())
+    for flag, entry in decision["flags"].items():
+        if entry["value"] == "1":
+            assert "quality record box1-eval-ctx131072-" in entry["why"], entry
+        elif entry.get("recommend") == "on":
+            raise AssertionError(f"{flag}: the numbers and a passing quality record, yet stock: {entry}")
 
 
 RUN_ID = re.compile(r"\bbox1-ctx131072-\d{8}T\d{6}Z-[0-9a-f]{6}\b")
@@ -180,7 +215,7 @@ def check_section_7(box: QuickstartBox, outputs: dict, run_ids: list[str]) -> No
     flags = dict(line.split("=", 1) for line in (box.prefix / "etc/dsv4kit/kernel-flags.env").read_text().splitlines()
                  if line and not line.startswith("#"))
     pins = yaml.safe_load((box.home / "dsv4/inventory/group_vars/all.yml").read_text())
-    for path in sorted(repo.glob("records/*/record.json")):
+    for path in sorted(repo.glob("records/box1-ctx*/record.json")):  # the bench records
         record = json.loads(path.read_text())
         assert record["software"]["kernel_flags"] == flags, (path, record["software"])
         assert record["model"]["revision"] == pins["dsv4_model_revision"], record["model"]

@@ -75,6 +75,15 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
     shown = dsv4kit("records", "show", record["run_id"], "--results-repo", str(repo))
     assert shown.returncode == 0, shown.stderr
     assert "needles" in shown.stdout and "outcome: PASS" in shown.stdout and "A/B: SGLANG_SM120_TRITON_INDEXER" in shown.stdout
+    # A later run whose arm B lost its long-context sight, compared with this one, arm by arm.
+    later, _ = _eval(server, inventory, repo, tasks, fault={"blind_after_tokens": 3000})
+    compared = dsv4kit("records", "compare", f"{record['run_id']}@B", f"{later.record['run_id']}@B",
+                       "--results-repo", str(repo))
+    assert compared.returncode == 1 and "needles" in compared.stdout and "FAIL" in compared.stdout, compared.stdout
+    same = dsv4kit("records", "compare", f"{record['run_id']}@A", f"{later.record['run_id']}@A", "--results-repo", str(repo))
+    assert same.returncode == 0 and "outcome: PASS" in same.stdout, same.stdout + same.stderr
+    unnamed = dsv4kit("records", "compare", record["run_id"], later.record["run_id"], "--results-repo", str(repo))
+    assert unnamed.returncode == 2 and "name one arm" in unnamed.stdout + unnamed.stderr
 
 
 @pytest.mark.parametrize("fault, failing, holding", [

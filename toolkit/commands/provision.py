@@ -29,6 +29,7 @@ def provision(
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports: 'auto' kernel flags follow the host's latest (docs/rollout.md). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records: an 'auto' flag also needs a passing eval --ab record of it there (docs/quality.md). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
     ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Ask for the sudo password on the box (as ansible-playbook -K)."),
     ask_vault_pass: bool = typer.Option(False, "--ask-vault-pass", help="Ask for the Ansible Vault password of vaulted inventory values."),
     vault_id: Optional[List[str]] = typer.Option(None, "--vault-id", help="An Ansible Vault identity, as ansible-playbook takes it (label@FILE, label@prompt; repeatable)."),
@@ -46,7 +47,7 @@ def provision(
 
     path = inventory if inventory is not None else default_inventory_path()
     summary = run_provision(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
-                            results_dir=results_dir, ask_become_pass=ask_become_pass,
+                            results_dir=results_dir, results_repo=results_repo, ask_become_pass=ask_become_pass,
                             ask_vault_pass=ask_vault_pass, vault_id=vault_id,
                             say=(lambda line: typer.echo(line, err=True)) if json_out else typer.echo)
     table = format_summary(summary)

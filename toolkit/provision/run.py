@@ -18,7 +18,7 @@ from dsv4kit.core.exitcodes import Abort
 def provision(path: Path, *, limit: Optional[Sequence[str]], tags: Optional[Sequence[str]],
               skip_tags: Optional[Sequence[str]], check: bool, diff: bool, results_dir: Optional[Path],
               ask_become_pass: bool, ask_vault_pass: bool, vault_id: Optional[Sequence[str]],
-              say: Callable[[str], None]):
+              say: Callable[[str], None], results_repo: Optional[Path] = None):
     """Run playbooks/site.yml on the inventory at ``path``; the play's ``Summary``."""
     from dsv4kit.core.inventory import InventoryError, load_inventory
     from dsv4kit.provision.playbook import ProvisionError, check_limit, check_tags, check_tools, run_playbook
@@ -35,7 +35,7 @@ def provision(path: Path, *, limit: Optional[Sequence[str]], tags: Optional[Sequ
         check_hosts(path, limit=limit or [], trust_new_host_key=None)
         doing("resolving 'auto' kernel flags from the hosts' validation reports and quality records")
         extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, tags=tags,
-                                           skip_tags=skip_tags, say=say, quality=finder())
+                                           skip_tags=skip_tags, say=say, quality=finder(results_repo))
         doing("running ansible-playbook", "ansible-playbook was stopped; the box may be partly provisioned "
                                           "(every stage is idempotent: run provision again)")
         secrets = PlaybookSecrets.ask(ask_become_pass=ask_become_pass, ask_vault_pass=ask_vault_pass,

@@ -28,12 +28,12 @@ TAG_PREFIX = "eval/"
 
 #: Inventory variables that decide what the servers serve (and so whether quality evidence still
 #: holds). Kernel flags are not among them: the A/B key is the flag under test.
-SERVED_VARS = ("dsv4_sglang_version", "dsv4_torch_version", "dsv4_triton_version", "dsv4_model_repo",
+SERVED_VARS = ("dsv4_sglang_version", "dsv4_torch_version", "dsv4_triton_version", "dsv4_model", "dsv4_model_repo",
                "dsv4_model_revision", "dsv4_context_length", "dsv4_prefill_gpus", "dsv4_decode_gpus",
                "dsv4_cuda_graph_max_bs_decode", "dsv4_mem_fraction_static", "dsv4_max_running_requests",
                "dsv4_server_extra_args", "dsv4_disaggregation_transfer_backend")
 #: Prefixes of serving choices added by later settings (model choice, speculative decoding, FP4 cache).
-SERVED_PREFIXES = ("dsv4_model_variant", "dsv4_draft", "dsv4_speculative", "dsv4_spec_", "dsv4_fp4",
+SERVED_PREFIXES = ("dsv4_model_drafter", "dsv4_draft", "dsv4_speculative", "dsv4_spec_", "dsv4_fp4",
                    "dsv4_indexer")
 
 
