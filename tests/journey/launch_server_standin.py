@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     parsed = {"disaggregation_mode": args.disaggregation_mode, "cuda_graph_max_bs_decode": args.cuda_graph_max_bs_decode,
               "tp_size": args.tp_size, "port": args.port, "host": args.host, "api_key": args.api_key,
               "mem_fraction_static": args.mem_fraction_static,
+              "speculative_algorithm": args.speculative_algorithm,
               "launch_command": args.launch_command}  # SGLang's own record of the argv it was given
     plain = fake.State.server_info
     fake.State.server_info = lambda self: {**plain(self), **parsed}
