@@ -171,3 +171,22 @@ def test_each_refused_choice_is_refused_by_sglang_for_the_reason_the_toolkit_giv
     for server in ("prefill", "decode"):
         result = results[f"{name}|{server}"]
         assert not result["ok"] and reason in result["error"], (name, server, result, argvs[name][server])
+
+
+def test_a_refused_choice_stops_the_inventory_load_naming_where_it_is_set(tmp_path):
+    """At input: every command loads the inventory through dsv4kit.core.inventory, which refuses it."""
+    from dsv4kit.core.inventory import InventoryError, load_inventory
+
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars/all.yml").write_text(yaml.safe_dump({**PINS, "dsv4_speculative": "DSPARK"}))
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"dsv4_boxes": {"hosts": {"box1": {}}}}}}))
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(tmp_path / "hosts.yml")
+    message = str(caught.value)
+    assert "all.yml" in message and "host 'box1': dsv4_speculative is DSPARK but dsv4_model 'DeepSeek-V4-Flash' " \
+        "ships no DSpark drafter" in message and speculative.SGLANG_DSPARK_NEEDS_DRAFT in message, message
+    chosen = {**PINS, "dsv4_speculative": "DSPARK", "dsv4_model": V0731}
+    (tmp_path / "group_vars/all.yml").write_text(yaml.safe_dump(chosen))
+    host = load_inventory(tmp_path / "hosts.yml").host("box1")
+    assert (host["dsv4_model_repo"], host["dsv4_model_drafter"], host["dsv4_model_path"]) == \
+        ("deepseek-ai/DeepSeek-V4-Flash-0731", "dspark", "/models/DeepSeek-V4-Flash-0731")
