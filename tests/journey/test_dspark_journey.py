@@ -14,10 +14,14 @@ import subprocess
 
 import pytest
 
-from dsv4kit.core import exitcodes, speculative
+from typer.testing import CliRunner
+
+from dsv4kit.cli import app
+from dsv4kit.core import exitcodes, speculative, wheelbuild
 from dsv4kit.validate import acceptance
 from tests.journey import launch_server_standin
 from tests.journey.simulated_box import SimulatedBox
+from tests.remote_inventory import write_inventory
 
 pytestmark = pytest.mark.slow
 
@@ -63,18 +67,25 @@ def test_dspark_units_start_healthy_and_report_their_acceptance(box):
     assert acceptance.exit_code(exitcodes.OK, verdict, lambda _line: None) == exitcodes.OK
 
 
-def test_a_drafter_whose_drafts_are_never_accepted_fails_the_check(box):
+def test_validate_gpu_fails_a_drafter_whose_drafts_are_never_accepted(box, loopback_ssh, tmp_path):
+    """`dsv4kit validate --gpu` over SSH (the loopback sshd; the kernel table on the interpreter) with the
+    box's ports: the kernels pass, the served acceptance of 1.0 fails the run with its reason."""
     (box.model / "dspark/config.json").write_text(json.dumps({"dsv4kit_standin_accept_length": 1.0}))
-    try:
-        assert box.systemctl("restart", "dsv4-decode.service").returncode == 0
-        code, result = box.wait(box.server_waits()[1] + ["--expect", "speculative_algorithm=DSPARK"])
-        assert code == 0, result
-        verdict = acceptance.judge("DSPARK", 1.3, probe(box))
-    finally:
-        (box.model / "dspark/config.json").write_text("{}")
-    assert verdict["passed"] is False and verdict["acceptance_length"] == 1.0, verdict
-    assert "no draft token is accepted" in verdict["message"], verdict
-    lines = []
-    assert acceptance.exit_code(exitcodes.OK, verdict, lines.append) == exitcodes.CHECK_FAILED
-    assert lines and lines[0].startswith("FAIL: the DSPARK drafter's acceptance length is 1.00"), lines
+    assert box.systemctl("restart", "dsv4-decode.service").returncode == 0
+    code, result = box.wait(box.server_waits()[1] + ["--expect", "speculative_algorithm=DSPARK"])
+    assert code == 0, result
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_speculative="DSPARK", dsv4_model_drafter="dspark",
+                                dsv4_speculative_dspark_block_size=3,
+                                dsv4_router_port=box.vars["dsv4_router_port"],
+                                dsv4_decode_port=box.vars["dsv4_decode_port"])
+    wheel = wheelbuild.build_wheel(tmp_path / "wheel").path
+    result = CliRunner().invoke(app, ["validate", "--gpu", "0", "-i", str(inventory), "--interpret", "--cases",
+                                      "indexer:1x2x100x16", "--wheel", str(wheel), "--results-dir",
+                                      str(tmp_path / "results")])
+    out, err = result.stdout, result.stderr
+    assert result.exit_code == exitcodes.CHECK_FAILED, out + err
+    assert "VERDICT: PASS" in out  # the kernels are fine; the drafter is not
+    assert "FAIL: the DSPARK drafter's acceptance length is 1.00 tokens per verify step" in err, err
+    report = json.loads(next((tmp_path / "results").iterdir()).read_text())
+    assert report["speculative"]["passed"] is False and report["speculative"]["acceptance_length"] == 1.0
 

@@ -51,8 +51,10 @@ def problem(values: dict) -> Optional[tuple[str, str]]:
         return _positive(values, "dsv4_speculative_num_steps", "EAGLE draft steps")
     if algorithm == "DSPARK":
         found = _positive(values, "dsv4_speculative_dspark_block_size", "the DSpark draft block (gamma)")
-        if found:
+        if found and values.get("dsv4_speculative_dspark_block_size") is not None:
             return found[0], f"{found[1]}. SGLang 0.5.23: {SGLANG_DSPARK_BLOCK_POSITIVE}"
+        if found:
+            return found
         if not values.get("dsv4_model_drafter"):
             return "dsv4_speculative", (
                 f"dsv4_speculative is DSPARK but dsv4_model {model!r} ships no DSpark drafter "
@@ -67,6 +69,8 @@ def problem(values: dict) -> Optional[tuple[str, str]]:
 
 def _positive(values: dict, name: str, what: str) -> Optional[tuple[str, str]]:
     value: Any = values.get(name)
+    if value is None:
+        return name, f"{name} is not set ({what}, a whole number >= 1)"
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         return name, f"{name} ({what}) must be a whole number >= 1, got {value!r}"
     return None
