@@ -190,3 +190,16 @@ def test_a_refused_choice_stops_the_inventory_load_naming_where_it_is_set(tmp_pa
     host = load_inventory(tmp_path / "hosts.yml").host("box1")
     assert (host["dsv4_model_repo"], host["dsv4_model_drafter"], host["dsv4_model_path"]) == \
         ("deepseek-ai/DeepSeek-V4-Flash-0731", "dspark", "/models/DeepSeek-V4-Flash-0731")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"dsv4_model": "DeepSeek-V4-Flash-0801"}, "dsv4_model 'DeepSeek-V4-Flash-0801' is not one of dsv4_models"),
+    ({"dsv4_speculative": "EAGLE", "dsv4_speculative_num_steps": 0}, "dsv4_speculative_num_steps (EAGLE draft steps) "
+                                                                     "must be a whole number >= 1, got 0"),
+    ({"dsv4_speculative_min_acceptance": 0.5}, "dsv4_speculative_min_acceptance must be >= 1"),
+    ({"dsv4_speculative": "dspark"}, "dsv4_speculative must be one of off, EAGLE, DSPARK, got 'dspark'"),
+])
+def test_dsv4kits_own_rules_name_the_field(overrides, message):
+    found = speculative.problem(inventory_values({k: v for k, v in overrides.items() if k != "dsv4_model"})
+                                | ({"dsv4_model": overrides["dsv4_model"]} if "dsv4_model" in overrides else {}))
+    assert found and message in found[1], found

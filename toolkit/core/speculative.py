@@ -6,7 +6,8 @@ The serving units (sglang_service) pass the same setting to the prefill and the 
 (``--speculative-dspark-block-size G --speculative-draft-model-path <model>/<drafter>``). What
 SGLang's argument pipeline would refuse for DeepSeek-V4 on sm_120 is refused here, before
 connecting, with SGLang's own reason; tests/provision/test_speculative_units.py runs every
-combination through that pipeline and checks the two agree. Standard library only.
+combination through that pipeline and checks the two agree. One rule is dsv4kit's own: EAGLE with
+0 draft steps, which SGLang accepts but which drafts nothing. Standard library only.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def problem(values: dict) -> Optional[tuple[str, str]]:
         return "dsv4_speculative", (f"dsv4_speculative must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}. "
                                     f"SGLang 0.5.23: {SGLANG_ONLY_EAGLE_DSPARK}")
     if algorithm == "EAGLE":
+        # dsv4kit's own rule: SGLang accepts 0 steps, which drafts nothing (acceptance 1.0 always).
         return _positive(values, "dsv4_speculative_num_steps", "EAGLE draft steps")
     if algorithm == "DSPARK":
         found = _positive(values, "dsv4_speculative_dspark_block_size", "the DSpark draft block (gamma)")
