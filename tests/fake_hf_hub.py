@@ -237,9 +237,11 @@ class _Base(BaseHTTPRequestHandler):
         self.reply(status, json.dumps({"error": message}).encode(), headers, send_body)
 
 
-def tiny_repo(repo_id: str = "dsv4kit-test/Tiny-V4", commit: str = "1f0a5ce0d8c3b7e2a4f6081c9d2e3b4a5c6d7e8f") -> FakeRepo:
+def tiny_repo(repo_id: str = "dsv4kit-test/Tiny-V4", commit: str = "1f0a5ce0d8c3b7e2a4f6081c9d2e3b4a5c6d7e8f",
+              drafter: str = "") -> FakeRepo:
     """A small model repository: config and tokenizer (plain git), two safetensors shards (LFS)
-    and a file in a subdirectory."""
+    and a file in a subdirectory; with ``drafter``, a DSpark draft model in that folder (its
+    config.json and one LFS shard), as DeepSeek-V4-Flash-0731 ships one."""
     shard = lambda seed, size: hashlib.shake_256(seed).digest(size)  # noqa: E731
     files = {
         "config.json": json.dumps({"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 2}).encode(),
@@ -250,4 +252,8 @@ def tiny_repo(repo_id: str = "dsv4kit-test/Tiny-V4", commit: str = "1f0a5ce0d8c3
         "model-00002-of-00002.safetensors": shard(b"two", 64_000),
         "encoding/encode_messages.py": b"# how messages are encoded\n",
     }
+    if drafter:
+        files[f"{drafter}/config.json"] = json.dumps({"architectures": ["DeepseekV4ForCausalLMDSpark"],
+                                                      "dspark_config": {"block_size": 3}}).encode()
+        files[f"{drafter}/model.safetensors"] = shard(b"drafter", 48_000)
     return FakeRepo(repo_id=repo_id, commit=commit, files=files)

@@ -53,6 +53,15 @@ _GPU_CASES = [
     "c128-T64-H64-ps64-L131072",
     "c4-T80-H64-ps256-L2048",
 ]
+# Speculative verify steps (docs/sglang-contract.md, "Speculative shapes"): T = requests x (draft
+# tokens + 1) rows, each a token with its own SWA window and top-k. 16 requests x 4 (DSPARK gamma 3)
+# is the last T the kernel serves; 64 x 4 goes past SGLang's 64-token decode limit with the real
+# heads only (16 at attention TP 4); 8 x 4 on a c128 layer at TP 4 (heads padded to 64).
+_VERIFY_GPU_CASES = [
+    "c4-T64-H64-ps256-L131072-holes",
+    "c4-T256-H16-ps256-L131072",
+    "c128-T32-H16of64-ps256-L131072",
+]
 _CPU_CASES = [
     "swa-T2-H16of32-ps256-holes-empty",
     "c4-T3-H16-ps64-x64-L300-holes-empty-views",
@@ -111,7 +120,7 @@ class AttentionCase:
 def default_cases(profile: str) -> list[str]:
     if profile not in ("gpu", "cpu"):
         raise ValueError(f"unknown profile {profile!r}; expected 'gpu' or 'cpu'")
-    return list(_GPU_CASES if profile == "gpu" else _CPU_CASES)
+    return list(_GPU_CASES + _VERIFY_GPU_CASES if profile == "gpu" else _CPU_CASES)
 
 
 def parse_case(spec: str) -> AttentionCase:

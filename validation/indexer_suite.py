@@ -1,7 +1,11 @@
 """Validation suite for the indexer kernel (``dsv4kit.kernels.indexer``); protocol in harness.py.
 
 A case spec is ``BxPxN`` or ``BxPxNxH``: batch B, page-table width P (``max_seq_len = P*64``),
-lengths up to N compressed positions, H index heads (default 64). Every case includes lengths 0,
+lengths up to N compressed positions, H index heads (default 64). A ``vK`` suffix (``16x513x32832v4``)
+is a speculative verify step as SGLang 0.5.23 builds it (docs/sglang-contract.md, "Speculative
+shapes"): B requests of K query tokens each (K = draft tokens + 1), so B*K rows; a request's rows
+share its page-table row and hold its causal c4 lengths, ``(t - K + 1 + j) // 4`` for row j of a
+request at token length t. Every case includes lengths 0,
 1, 63/64/65, exact page multiples and N (``indexer_reference.edge_lengths``), shuffled page tables
 and random stale entries past each length; odd-numbered cases pass ``seq_lens`` as ``[B, 1]``.
 
@@ -32,8 +36,12 @@ GRAPH_REPLAY_ROUNDS = 3
 _GPU_CASES = [
     "1x8x512", "16x32x2048", "32x16x1024", "4x64x4096", "8x4x256",
     "64x32x2048", "64x64x4096", "3x1x64", "12x5x300", "64x513x32832", "2x4097x262208",
+    # Speculative verify steps at the 128K context: P = 514 (SGLang's speculative headroom of 263 or
+    # more tokens per request row): DSPARK gamma 3 at C=16 and C=64 (64 and 256 rows), gamma 7 at
+    # C=8, EAGLE 3 steps at C=32.
+    "16x514x32832v4", "64x514x32832v4", "8x514x32832v8", "32x514x32832v4",
 ]
-_CPU_CASES = ["1x8x512", "8x4x256", "3x1x64", "12x5x300", "16x32x2048", "64x2x128"]
+_CPU_CASES = ["1x8x512", "8x4x256", "3x1x64", "12x5x300", "16x32x2048", "64x2x128", "3x2x128v4"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +51,18 @@ class IndexerCase:
     pages: int
     max_len: int
     heads: int = 64
+    verify: int = 1  # query tokens per request (K); rows = batch * verify
 
     @property
     def label(self) -> str:
+        if self.verify > 1:
+            return (f"B={self.batch * self.verify} ({self.batch} requests x {self.verify} verify tokens) "
+                    f"H={self.heads} pages={self.pages} seqlen<={self.max_len}")
         return f"B={self.batch} H={self.heads} pages={self.pages} seqlen<={self.max_len}"
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.verify
 
 
 def default_cases(profile: str) -> list[str]:
@@ -56,9 +72,13 @@ def default_cases(profile: str) -> list[str]:
 
 
 def parse_case(spec: str) -> IndexerCase:
-    parts = spec.strip().lower().split("x")
-    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
-        raise ValueError(f"indexer case {spec!r} must be BxPxN or BxPxNxH (e.g. 16x32x2048)")
+    body, _, verify_text = spec.strip().lower().partition("v")
+    parts = body.split("x")
+    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts) or (verify_text and not verify_text.isdigit()):
+        raise ValueError(f"indexer case {spec!r} must be BxPxN or BxPxNxH, optionally vK (e.g. 16x32x2048, 16x33x2112v4)")
+    verify = int(verify_text) if verify_text else 1
+    if verify < 1:
+        raise ValueError(f"indexer case {spec!r}: K (verify tokens per request) must be >= 1")
     batch, pages, max_len = (int(p) for p in parts[:3])
     heads = int(parts[3]) if len(parts) == 4 else 64
     if batch < 1 or pages < 1:
@@ -67,7 +87,26 @@ def parse_case(spec: str) -> IndexerCase:
         raise ValueError(f"indexer case {spec!r}: N={max_len} exceeds P*64={pages * 64}")
     if heads not in (16, 32, 64, 128):
         raise ValueError(f"indexer case {spec!r}: H must be 16, 32, 64 or 128")
-    return IndexerCase(spec, batch, pages, max_len, heads)
+    return IndexerCase(spec, batch, pages, max_len, heads, verify)
+
+
+def verify_lengths(case: IndexerCase, seed: int) -> list[int]:
+    """Each request's rows: the causal c4 lengths of its K verify tokens (the longest at N, one at 0)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    k, most = case.verify, case.max_len * 4 + 3
+    tokens = torch.randint(k, most + 1, (case.batch,), generator=gen).tolist()
+    tokens[0] = most
+    tokens[-1] = min(k, most) if case.batch > 1 else most  # a short request: its first rows have length 0
+    return [min((t - k + 1 + j) // 4, case.max_len) for t in tokens for j in range(k)]
+
+
+def share_request_pages(inputs, verify: int) -> None:
+    """A request's rows read its one page-table row (its longest row's), as SGLang repeats it."""
+    if verify > 1:
+        table = inputs.page_table.view(-1, verify, inputs.page_table.shape[1])
+        table.copy_(table[:, -1:, :].expand_as(table).clone())
 
 
 def _seed(spec: str) -> int:
@@ -100,9 +139,10 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
     for index, case in enumerate(cases):
         progress(f"indexer: {case.label}")
         two_d = index % 2 == 1
-        inputs = ref.make_indexer_inputs(case.batch, case.heads, case.pages, case.max_len,
-                                         seed=_seed(case.spec), device=options.device,
-                                         seq_lens_2d=two_d)
+        inputs = ref.make_indexer_inputs(case.rows, case.heads, case.pages, case.max_len,
+                                         seed=_seed(case.spec), device=options.device, seq_lens_2d=two_d,
+                                         lengths=verify_lengths(case, _seed(case.spec)) if case.verify > 1 else None)
+        share_request_pages(inputs, case.verify)
         exact = ref.exact_logits_f64(inputs.q_fp8, inputs.kvcache, inputs.weight, inputs.seq_lens,
                                      inputs.page_table, inputs.max_seq_len)
         rank_note = "seq_lens [B,1]" if two_d else ""
@@ -111,7 +151,7 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
         if options.device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
-        shape_ok = tuple(out.shape) == (case.batch, inputs.max_seq_len) and out.dtype == torch.float32
+        shape_ok = tuple(out.shape) == (case.rows, inputs.max_seq_len) and out.dtype == torch.float32
         stats = ref.compare(out, exact, inputs.seq_lens)
         if not shape_ok:
             stats["pattern_ok"] = False
@@ -144,7 +184,7 @@ def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
 
     if options.device == "cuda" and cases:
         # The widest batch (then the widest table) exercises the most programs and lengths.
-        largest = max(cases, key=lambda c: (c.batch, c.pages))
+        largest = max(cases, key=lambda c: (c.rows, c.pages))
         yield _graph_replay_row(largest, fp8_paged_mqa_logits, ref, progress)
         yield _determinism_row(largest, fp8_paged_mqa_logits, ref, progress)
     elif cases:
@@ -170,9 +210,9 @@ def _random_lengths(case: IndexerCase, seed: int) -> list[int]:
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(0, case.max_len + 1, (case.batch,), generator=gen).tolist()
-    lengths[seed % case.batch] = 0
-    lengths[(seed + 1) % case.batch] = case.max_len
+    lengths = torch.randint(0, case.max_len + 1, (case.rows,), generator=gen).tolist()
+    lengths[seed % case.rows] = 0
+    lengths[(seed + 1) % case.rows] = case.max_len
     return lengths
 
 
@@ -181,8 +221,8 @@ def _graph_replay_row(case: IndexerCase, fn, ref, progress) -> CheckRow:
     import torch
 
     progress(f"indexer: CUDA-graph replay on {case.label}")
-    num_pages = case.batch * case.pages + 3
-    static = ref.make_indexer_inputs(case.batch, case.heads, case.pages, case.max_len,
+    num_pages = case.rows * case.pages + 3
+    static = ref.make_indexer_inputs(case.rows, case.heads, case.pages, case.max_len,
                                      num_pages=num_pages, seed=7, device="cuda",
                                      lengths=_random_lengths(case, 7))
     side = torch.cuda.Stream()
@@ -198,7 +238,7 @@ def _graph_replay_row(case: IndexerCase, fn, ref, progress) -> CheckRow:
     worst = {"max_abs": 0.0, "rel": 0.0, "pattern_ok": True, "compared": 0}
     for round_seed in range(GRAPH_REPLAY_ROUNDS + 1):
         fresh = static if round_seed == 0 else ref.make_indexer_inputs(
-            case.batch, case.heads, case.pages, case.max_len, num_pages=num_pages,
+            case.rows, case.heads, case.pages, case.max_len, num_pages=num_pages,
             seed=100 + round_seed, device="cuda", lengths=_random_lengths(case, 100 + round_seed))
         for name in ("q_fp8", "kvcache", "weight", "seq_lens", "page_table"):
             getattr(static, name).copy_(getattr(fresh, name))
@@ -220,7 +260,7 @@ def _determinism_row(case: IndexerCase, fn, ref, progress) -> CheckRow:
     import torch
 
     progress(f"indexer: determinism ({DETERMINISM_CALLS} calls) on {case.label}")
-    inputs = ref.make_indexer_inputs(case.batch, case.heads, case.pages, case.max_len,
+    inputs = ref.make_indexer_inputs(case.rows, case.heads, case.pages, case.max_len,
                                      seed=_seed(case.spec), device="cuda")
     first = fn(*inputs.args())
     identical = all(torch.equal(first, fn(*inputs.args())) for _ in range(DETERMINISM_CALLS - 1))

@@ -28,9 +28,12 @@ def main(argv: list[str]) -> int:
     parsed = {"disaggregation_mode": args.disaggregation_mode, "cuda_graph_max_bs_decode": args.cuda_graph_max_bs_decode,
               "tp_size": args.tp_size, "port": args.port, "host": args.host, "api_key": args.api_key,
               "mem_fraction_static": args.mem_fraction_static,
+              "speculative_algorithm": args.speculative_algorithm,
               "launch_command": args.launch_command}  # SGLang's own record of the argv it was given
     plain = fake.State.server_info
     fake.State.server_info = lambda self: {**plain(self), **parsed}
+    if args.speculative_algorithm:
+        _speculative(fake, _accept_length(args))
     if args.disaggregation_mode == "prefill":
         _prefill_only(fake)
     if args.api_key:
@@ -54,6 +57,34 @@ MAX_TOTAL_NUM_TOKENS = 64 * 131072 + 65536
 #: Small enough that the queue of replacement prefills keeps a C=64 batch above the gate's
 #: 0.8 x C on a loaded 2-core machine (at 20 ms one point's median fell to 51 of 64).
 PREFILL_MS = 5
+
+
+#: The acceptance length the stand-in reports with a drafter: a healthy DSpark drafter's (about 3
+#: tokens a verify step); a drafter whose config.json says ``dsv4kit_standin_accept_length`` reports
+#: that (1.0: the broken drafter whose drafts are never accepted).
+HEALTHY_ACCEPT_LENGTH = 3.1
+
+
+def _accept_length(args) -> float:
+    import json
+
+    path = Path(args.speculative_draft_model_path or args.model_path) / "config.json"
+    try:
+        return float(json.loads(path.read_text()).get("dsv4kit_standin_accept_length", HEALTHY_ACCEPT_LENGTH))
+    except (OSError, ValueError):
+        return HEALTHY_ACCEPT_LENGTH
+
+
+def _speculative(fake, accept_length: float) -> None:
+    """SGLang's /server_info with a drafter: internal_states[i].avg_spec_accept_length."""
+    served = fake.State.server_info
+
+    def server_info(self):
+        info = served(self)
+        states = info.get("internal_states") or [{}]
+        return {**info, "internal_states": [{**state, "avg_spec_accept_length": accept_length} for state in states]}
+
+    fake.State.server_info = server_info
 
 
 def _prefill_only(fake) -> None:

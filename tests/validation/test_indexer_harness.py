@@ -107,3 +107,38 @@ def test_sglang_implementations_get_their_own_rows_from_the_real_wheel():
     assert len(tilelang) == 1 and "needs a CUDA GPU" in tilelang[0][3]
     ours = [r for r in rows if r[0] == "dsv4kit"]  # the plugin's call: skip tail policy
     assert len(ours) == 2 and all(r[1] and r[2] == indexer_suite.KERNEL_REL_BAR for r in ours)
+
+
+def test_verify_cases_give_each_request_k_causal_rows_over_one_page_row():
+    """A speculative verify step (docs/sglang-contract.md, "Speculative shapes"): B requests x K rows."""
+    from dsv4kit.kernels import indexer_reference as ref
+
+    case = indexer_suite.parse_case("3x2x128v4")
+    assert (case.batch, case.verify, case.rows) == (3, 4, 12)
+    assert case.label == "B=12 (3 requests x 4 verify tokens) H=64 pages=2 seqlen<=128"
+    lengths = indexer_suite.verify_lengths(case, 5)
+    assert len(lengths) == 12 and max(lengths) == 128 and min(lengths) == 0
+    for request in range(3):  # one request's rows: consecutive tokens, so c4 lengths never fall
+        rows = lengths[request * 4:(request + 1) * 4]
+        assert rows == sorted(rows) and rows[-1] - rows[0] <= 1, rows
+    inputs = ref.make_indexer_inputs(case.rows, case.heads, case.pages, case.max_len, seed=5, lengths=lengths)
+    indexer_suite.share_request_pages(inputs, case.verify)
+    table = inputs.page_table.view(3, 4, -1)
+    assert bool((table == table[:, -1:, :]).all())
+    assert any(indexer_suite.parse_case(s).verify > 1 and indexer_suite.parse_case(s).rows > 64
+               for s in indexer_suite.default_cases("gpu"))  # past SGLang's 64-token decode limit
+    with pytest.raises(ValueError, match="K \\(verify tokens per request\\) must be >= 1"):
+        indexer_suite.parse_case("2x2x100v0")
+
+
+def test_validate_local_runs_a_verify_case_through_the_interpreter(tmp_path):
+    report = tmp_path / "validation.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-m", "dsv4kit.cli", "validate", "--local", "--interpret", "--no-verdict",
+         "--cases", "indexer:3x2x128v4", "-o", str(report)],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = json.loads(report.read_text())["suites"]["indexer"]["rows"]
+    kernel = [r for r in rows if r["impl"] in ("kernel", "dsv4kit")]
+    assert len(kernel) == 2 and all(r["passed"] for r in kernel), kernel

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from dsv4kit.core import speculative
 from dsv4kit.core.inventory_schema import CONNECTION_FIELDS, FIELDS, REQUIRED
 
 DEFAULT_INVENTORY = Path("inventory/hosts.yml")
@@ -465,6 +466,9 @@ def _check_layout(host: Host) -> None:
         raise InventoryError(f"{host.origin('dsv4_context_length')}: host {name_of!r}: dsv4_context_length "
                              f"{context} exceeds the model's maximum, dsv4_model_max_context_length {most} "
                              f"({host.origin('dsv4_model_max_context_length')})")
+    found = speculative.problem(values)  # the model and speculative choice, as SGLang 0.5.23 checks it
+    if found:
+        raise InventoryError(f"{host.origin(found[0])}: host {name_of!r}: {found[1]}")
     for name in ("dsv4_venv_dir", "dsv4_state_dir", "dsv4_prefix", "dsv4_model_path"):
         value = values.get(name)
         if value is None or isinstance(value, VaultedValue):

@@ -43,6 +43,13 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_nvidia_uvm_options": (str, "Options line for the nvidia_uvm module (modprobe.d), e.g. 'uvm_disable_hmm=1'."),
     "dsv4_nccl_env": (dict, "NCCL environment of the serving units on a PCIe box (name -> value)."),
     # --- serving ---
+    "dsv4_model": (str, "The model the boxes serve: a key of dsv4_models (DeepSeek-V4-Flash or DeepSeek-V4-Flash-0731)."),
+    "dsv4_models": (dict, "The models to choose from: name -> {repo, revision (a commit), drafter (the revision's DSpark draft folder, or '')}."),
+    "dsv4_model_drafter": (str, "Folder of the model's revision that holds its DSpark drafter (config.json and weights); '' when it ships none."),
+    "dsv4_speculative": (str, "Speculative decoding of both servers: 'off', 'EAGLE' (the checkpoint's MTP layer) or 'DSPARK' (the model's drafter)."),
+    "dsv4_speculative_num_steps": (int, "EAGLE: draft steps per verify step (each verify checks steps + 1 tokens; top-k is 1)."),
+    "dsv4_speculative_dspark_block_size": (int, "DSPARK: the draft block (gamma); each verify step checks gamma + 1 tokens."),
+    "dsv4_speculative_min_acceptance": ((int, float), "validate --gpu: the least acceptance length (tokens per verify step) a configured drafter may show."),
     "dsv4_model_path": (str, "Model directory on the box."),
     "dsv4_model_repo": (str, "Hugging Face repository of the model, e.g. 'deepseek-ai/DeepSeek-V4-Flash'."),
     "dsv4_model_revision": (str, "Model revision: the commit hash (40 hex digits) downloaded, verified and recorded in bench records."),

@@ -536,7 +536,12 @@ class _Run:
                                   f"the harness on {self.host.name} ran on {device!r}, not on GPU {self.gpu}, "
                                   "although --interpret was not given; no report was kept")
         report["remote"] = self._record(built, facts)
-        return self._keep(report)
+        from dsv4kit.validate import acceptance
+
+        serving = acceptance.check(self.session, self.host, self.python, self.say)  # None: no drafter
+        if serving is not None:
+            report["speculative"] = serving
+        return acceptance.exit_code(self._keep(report), serving, self.say)
 
     def _record(self, built, facts: BoxFacts) -> dict:
         from dsv4kit import __version__

@@ -2,7 +2,7 @@
 """Put one pinned revision of a Hugging Face model repository into a directory, verified.
 
 Usage: model_weights.py --repo R --revision SHA --dest DIR [--endpoint URL] [--allow-unpinned]
-       [--check] [--rehash] [--token-stdin] [--workers N] [--log FILE]
+       [--check] [--rehash] [--token-stdin] [--workers N] [--log FILE] [--drafter FOLDER]
 Run with the SGLang venv's python (huggingface_hub comes with transformers there). The token is
 read from stdin (--token-stdin), never from argv; it is never printed.
 
@@ -13,6 +13,10 @@ missing are downloaded (a fresh or interrupted download). Once all match, a mark
 (MARKER in DIR) records the revision and each file's size, mtime and digest: a later run whose
 files still have the recorded size and mtime is verified without the network (--rehash: hash
 every file again, for corruption that kept sizes and mtimes).
+
+--drafter FOLDER: the revision ships a DSpark draft model in FOLDER (its config.json and at least
+one .safetensors file); a revision without them is refused, and the drafter's files are verified
+with the rest (the JSON's "drafter" field counts them).
 
 Prints one JSON object: status (verified, downloaded, would_download, refused, error), changed,
 message and details. Exit 0 ok, 1 refused (a directory that does not match), 2 bad input,
@@ -83,6 +87,23 @@ def local_files(dest):
             if rel != MARKER and not rel.startswith(HUB_BOOKKEEPING):
                 found.append(rel)
     return sorted(found)
+
+
+def drafter_summary(names_sizes, folder, repo, revision):
+    """{"folder", "files", "bytes"} of the DSpark drafter in folder; Refused when the revision lacks it."""
+    if not folder:
+        return None
+    prefix = folder.strip("/") + "/"
+    mine = {name: size for name, size in names_sizes.items() if name.startswith(prefix)}
+    lacking = [what for what, present in (("config.json", prefix + "config.json" in mine),
+                                          (".safetensors file", any(n.endswith(".safetensors") for n in mine)))
+               if not present]
+    if lacking:
+        raise Refused(1, "refused", f"{repo}@{revision} ships no DSpark drafter in {prefix} (no {' and no '.join(lacking)} "
+                                    f"there): the inventory's drafter of this model (dsv4_models) names a folder the "
+                                    f"revision lacks; set it to '' and dsv4_speculative to EAGLE or off, or pin a revision "
+                                    f"that ships one", drafter=prefix)
+    return {"folder": prefix, "files": len(mine), "bytes": sum(mine.values())}
 
 
 def read_marker(dest):
@@ -201,8 +222,10 @@ def run(args, token):
         marker = verified_by_marker(dest, args.repo, args.revision)
         if marker:
             total = sum(rec["size"] for rec in marker["files"].values())
+            drafter = drafter_summary({n: r["size"] for n, r in marker["files"].items()}, args.drafter,
+                                      args.repo, args.revision)
             return 0, {"status": "verified", "changed": False, "revision": args.revision,
-                       "files": len(marker["files"]), "bytes": total,
+                       "files": len(marker["files"]), "bytes": total, "drafter": drafter,
                        "message": f"{dest}: {args.repo}@{args.revision} verified earlier, files unchanged"}
     try:
         from huggingface_hub import HfApi, hf_hub_download
@@ -224,7 +247,8 @@ def run(args, token):
         raise Refused(6, "error", f"the hub answered {args.repo}@{args.revision} with commit {revision!r}")
     files = expected_files(info.siblings or [])
     total = sum(want["size"] for want in files.values())
-    summary = {"revision": revision, "files": len(files), "bytes": total}
+    summary = {"revision": revision, "files": len(files), "bytes": total,
+               "drafter": drafter_summary({n: w["size"] for n, w in files.items()}, args.drafter, args.repo, revision)}
 
     present = local_files(dest) if os.path.isdir(dest) else []
     extra = [name for name in present if name not in files]
@@ -293,6 +317,7 @@ def main(argv=None):
                         help="hash every file again, even those the marker records as unchanged")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--log", default=None, help="also append progress lines to this file")
+    parser.add_argument("--drafter", default="", help="the revision's folder that must hold its DSpark drafter")
     args = parser.parse_args(argv)
     token = sys.stdin.readline().strip() if args.token_stdin else ""
     try:
