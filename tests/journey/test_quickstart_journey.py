@@ -218,7 +218,7 @@ def check_section_7(box: QuickstartBox, outputs: dict, run_ids: list[str]) -> No
     for path in sorted(repo.glob("records/box1-ctx*/record.json")):  # the bench records
         record = json.loads(path.read_text())
         assert record["software"]["kernel_flags"] == flags, (path, record["software"])
-        assert record["model"]["revision"] == pins["dsv4_model_revision"], record["model"]
+        assert record["model"]["revision"] == pins["dsv4_models"][pins["dsv4_model"]]["revision"], record["model"]
         assert (record["gpus"]["model"], record["gpus"]["count"]) == (GPU, 8), record["gpus"]
         decode, prefill = record["server"]["launch_args"], record["server"]["prefill"]["launch_args"]
         assert "decode" in decode and "prefill" in prefill and "--api-key" not in decode + prefill, (decode, prefill)
