@@ -314,13 +314,18 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
             plugin = _plugin_status(host, remote_report)
             progress(f"arm {arm}: {_paths(plugin)}; checks at context {ctx}...")
             details[arm] = box.run(spec, f"arm-{arm}", req.arm_timeout)
+            after = decode_info(remote.server_info(decode_port, env))
             arms[arm] = {"setting": _arm_setting(p.ab_spec, arm), "paths": _paths(plugin),
                          "plugin": {k: plugin.get(k) for k in ("flags", "targets", "indexer_route", "problems", "error")},
                          "software": {k: provenance[arm]["software"].get(k) for k in
                                       ("kernel_flags", "kernel_flags_reason", "kernel_flags_configured")},
                          "provenance_sha256": hashlib.sha256(json.dumps(provenance[arm], sort_keys=True,
                                                                         default=str).encode()).hexdigest(),
-                         "timings_s": details[arm].get("timings_s"), "details_file": f"details/arm-{arm}.json.gz"}
+                         "timings_s": details[arm].get("timings_s"), "details_file": f"details/arm-{arm}.json.gz",
+                         # speculative decoding: what the drafts did while the answers were judged
+                         "speculative_algorithm": after.get("speculative_algorithm"),
+                         "avg_spec_accept_length": next((s.get("avg_spec_accept_length") for s in
+                                                         after.get("internal_states") or [] if isinstance(s, dict)), None)}
         outcome, checks = judge(details, p.thresholds)
         record = _build(p, argv, created, started, ctx, spec, provenance["A"], arms, checks, outcome,
                         decode_info(info), toolkit_info(argv))

@@ -105,8 +105,10 @@ def format_record(record: dict) -> str:
     if ab:
         lines.append(f"A/B: {ab['key']} A={ab['values']['A']} B={ab['values']['B']}")
     for arm, body in record["arms"].items():
+        spec = (f"; {body['speculative_algorithm']}, acceptance length {body.get('avg_spec_accept_length')}"
+                if body.get("speculative_algorithm") else "")
         lines.append(f"arm {arm}: {body.get('setting') or 'as served'}; kernel flags "
-                     f"{(body.get('software') or {}).get('kernel_flags')}; {body.get('paths') or ''}")
+                     f"{(body.get('software') or {}).get('kernel_flags')}; {body.get('paths') or ''}{spec}")
     lines.append("")
     for c in record["checks"]:
         lines.append(f"{c['check']:<14} {c['outcome'].upper():<13} {c['why']}")
