@@ -43,9 +43,9 @@ def _repo(path: Optional[Path]) -> Path:
                 f"the default results repository {str(repo)!r}")
         _fail(exitcodes.USAGE, f"{what} is a file, not a directory: a results repository is a git "
                                f"directory (give one with --results-repo DIR)")
+    doing(f"reading the results repository {repo}", "nothing was changed")
     if repo.is_dir():
         _check_git(repo)
-    doing(f"reading the results repository {repo}", "nothing was changed")
     return repo
 
 
