@@ -160,3 +160,19 @@ def test_compare_ctx_reports_the_context_tax_and_flags_the_class_that_grows(benc
     assert 0.5 < tax["retention"] < 1.5
     text = breakdown.format_comparison(tax)
     assert "FLAG: indexer grows with the configured context" in text and "throughput retention" in text
+
+
+def test_a_box_without_sglangs_client_is_exit_5_named(bench_box, tmp_path, loopback_ssh, tokenizer_dir):
+    """The venv python runs but has no SGLang (a half-provisioned box): exit 5 naming the client."""
+    from tests.bench_support import bench_inventory
+
+    venv = tmp_path / "bare-venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)  # this test venv: no sglang in it
+    server, _ = bench_box(context_length=4096)
+    inventory = bench_inventory(tmp_path / "inv-bare", loopback_ssh, venv=venv, model_path=tokenizer_dir,
+                                port=server.port, context_length=4096)
+    proc = dsv4kit("profile", "--ctx", "4096", *LOAD, "-i", str(inventory))
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert "sglang.benchmark.serving) is not installed in" in proc.stderr and "Traceback" not in proc.stderr
+    assert "ModuleNotFoundError" not in proc.stderr

@@ -50,7 +50,8 @@ def box_python(venv: Path) -> None:
 
 def test_a_remote_interpreter_run_keeps_a_skipped_verdict_that_plan_refuses(tmp_path, loopback_ssh):
     box_python(tmp_path / "inv/venv")
-    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_kernel_flags=AUTO)
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_kernel_flags=AUTO, dsv4_prefill_gpus=[0, 1, 2, 3, 4, 5],
+                                dsv4_decode_gpus=[6, 7])
     results = tmp_path / "results"
     wheel = wheelbuild.build_wheel(tmp_path / "wheel").path
     code, out, err = cli("validate", "--gpu", "3", "-i", str(inventory), "--interpret", "--cases",
@@ -60,7 +61,9 @@ def test_a_remote_interpreter_run_keeps_a_skipped_verdict_that_plan_refuses(tmp_
     kept = kernel_plan.latest_report(results, "lo")
     report = json.loads(kept.read_text())
     assert report["verdict"]["status"] == "skipped"
-    assert report["verdict"]["shapes"] == {"context_length": 8192, "concurrency": [1, 16, 64]}  # the host's
+    # the host's: its context, and the heads of its decode server (TP 2: 32 a GPU) under SGLang's default backend
+    assert report["verdict"]["shapes"] == {"context_length": 8192, "concurrency": [1, 16, 64], "decode_tp": 2,
+                                           "attention_backend": "flashinfer"}
     code, out, err = cli("rollout", "plan", "-i", str(inventory), "--results-dir", str(results))
     assert code == exitcodes.USAGE and f"report {kept} refused: its kernel verdict is skipped" in err
 
