@@ -6,9 +6,10 @@ docs/profiling.md is generated from ``RULES`` (``markdown_table``) and a test ke
 
 ``SCOPES`` covers what a name alone cannot tell: SGLang's torch fallbacks run generic aten kernels
 (copies, multiplies, a bf16 ``bmm``), so a kernel launched inside one of these Python functions
-(the trace's ``python_function`` events, present when the server profiles with stacks, its
-default) takes the scope's class. Inside a CUDA graph the launch site is the graph launch, so
-there the fallbacks show up by their kernel names (elementwise, dense GEMM, copies).
+(the trace's ``python_function`` events, present only in a trace taken with stacks; ``dsv4kit
+profile`` asks for none) takes the scope's class. Otherwise, and inside a CUDA graph, the fallbacks
+show up by their kernel names (elementwise, dense GEMM, copies); the breakdown says when no
+indexer kernel ran by name.
 """
 
 from __future__ import annotations
