@@ -117,7 +117,7 @@ def test_provision_takes_auto_flags_from_the_latest_report_and_status_shows_it(b
                          str(etc / "kernel-decision.json"), env=env)
     assert code == exitcodes.ENVIRONMENT  # this venv has no SGLang; the decision is shown all the same
     assert f"decided by report {latest.name} (loop GPU 7" in out
-    assert "c4 T=64 ctx=8192: dsv4kit 20.0 us, flashinfer-sm120 30.0 us: faster" in out
+    assert "c4 T=64 ctx=8192 H=16: dsv4kit 20.0 us, flashinfer-sm120 30.0 us: faster" in out
     assert "B=64 ctx=8192 L=2048: dsv4kit 19.5 us, sglang-tilelang 3.8 us: slower" in out
     code, out, _ = cli("rollout", "status", "--python", str(python), "--decision",
                        str(etc / "kernel-decision.json"), "--json", env={INDEXER: "1", ATTENTION: "1"})
