@@ -63,11 +63,12 @@ class FakeProfiler:
         self.starts = 0
         self.stops = 0
         self.written: list[str] = []
+        self.last_request: dict = {}
 
     def stats(self) -> dict:
         with self.lock:
             return {"enabled": self.enabled, "profiling": self.running, "starts": self.starts,
-                    "stops": self.stops, "written": list(self.written)}
+                    "stops": self.stops, "written": list(self.written), "last_request": dict(self.last_request)}
 
     def handle(self, path: str, raw: bytes):
         """(status, content type, body) for the profiler paths; None for any other path."""
@@ -105,6 +106,7 @@ class FakeProfiler:
                 return _text(500, "Internal Server Error")  # "Profiling is already in progress."
             self.running = True
             self.starts += 1
+            self.last_request = dict(req)
             self.stop_event.clear()
         profile_id = req["profile_id"] or str(time.time())
         self.thread = threading.Thread(target=self._profile, args=(req, profile_id), daemon=True)

@@ -2,7 +2,8 @@
 
 The typer application is imported under the missing-package guard, so a copy installed without
 its dependencies (``--no-deps``, as on the GPU box) exits 5 with the install command instead of a
-traceback. ``app`` is ``dsv4kit.commands.app.app``.
+traceback. ``app`` is ``dsv4kit.commands.app.app``. Under ``--json``, an option click refuses
+still prints the JSON error object (the command's own failures print it in ``interruptible``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ with missing_package_exit():
 
 
 def main() -> None:
+    import sys
+
     with missing_package_exit():
-        app()
+        if "--json" not in sys.argv[1:]:
+            app()
+            return
+        from dsv4kit.core.cli_common import usage_error_as_json
+
+        sys.exit(usage_error_as_json(app))
 
 
 if __name__ == "__main__":

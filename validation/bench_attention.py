@@ -97,17 +97,22 @@ def _clone_cache(cache):
     return v4_cache_view(rows.clone().reshape(-1), cache.shape[0], cache.shape[1])
 
 
-def build_layers(kind: str, T: int, seq_len: int, extra_width: int, want_bytes: int, max_layers: int = 12):
+def build_layers(kind: str, T: int, seq_len: int, extra_width: int, want_bytes: int, max_layers: int = 12,
+                 heads: Optional[int] = None, padded_heads: Optional[int] = None):
     """Layer 0 from the input generator (unique slots per token), the others as copies of its
-    caches in fresh memory, until their KV bytes reach ``want_bytes``."""
+    caches in fresh memory, until their KV bytes reach ``want_bytes``. q has ``heads`` real heads
+    in ``padded_heads`` (default: the module's ``H``, unpadded)."""
     import torch
 
     from dsv4kit.kernels.sparse_mla_reference import make_inputs
 
-    base = make_inputs(T=T, heads=H, padded_heads=H, swa_page_size=256, extra=kind, extra_width=extra_width,
+    heads = heads or H
+    padded = padded_heads or heads
+    base = make_inputs(T=T, heads=heads, padded_heads=padded, swa_page_size=256, extra=kind, extra_width=extra_width,
                        seq_lens=[seq_len] * T, nan_padding=False, strided_q=False, unique_slots=True,
                        seed=T * 7 + extra_width, device=DEVICE)
-    kw = base.kwargs
+    kw = dict(base.kwargs)
+    kw["q"] = _in_64_heads(kw["q"])
     layer_bytes = kw["k_cache"].untyped_storage().nbytes() + kw["extra_k_cache"].untyped_storage().nbytes()
     count = max(2, min(max_layers, math.ceil(want_bytes / max(1, layer_bytes))))
     layers = [kw]
@@ -115,9 +120,19 @@ def build_layers(kind: str, T: int, seq_len: int, extra_width: int, want_bytes: 
         other = dict(kw)
         other["k_cache"] = _clone_cache(kw["k_cache"])
         other["extra_k_cache"] = _clone_cache(kw["extra_k_cache"])
-        other["q"] = torch.randn_like(kw["q"].float()).to(torch.bfloat16)
+        other["q"] = _in_64_heads(torch.randn(kw["q"].shape, device=kw["q"].device).to(torch.bfloat16))
         layers.append(other)
     return layers
+
+
+def _in_64_heads(q):
+    """q as the leading heads of a 64-head buffer, as SGLang allocates it where it pads (an
+    implementation that needs 64 heads, FlashMLA on sm_90, widens it without a copy)."""
+    if q.shape[2] >= 64:
+        return q
+    wide = q.new_zeros(q.shape[0], q.shape[1], 64, q.shape[3])
+    wide[:, :, :q.shape[2]].copy_(q)
+    return wide[:, :, :q.shape[2]]
 
 
 def with_extra_length(layers, valid: int):
@@ -629,7 +644,7 @@ def figure(result: dict):
     ax1.set_xticklabels(labels)
     ax1.set_xlabel("layer kind, T = query tokens per decode call")
     ax1.set_ylabel("us per layer call (median, CUDA-graph replay)")
-    ax1.set_title(f"Sparse-MLA decode, H=64, {result['environment']['gpu']}")
+    ax1.set_title(f"Sparse-MLA decode, H={result['points'][0].get('H', 64)}, {result['environment']['gpu']}")
     ax1.legend()
     sweep = result["c128_length_sweep"]
     if sweep:
@@ -672,6 +687,9 @@ def main(argv=None) -> int:
                         help="print the before/after table of two benchmark JSONs and exit")
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="print the table of a committed result JSON and exit (no GPU needed)")
+    parser.add_argument("--decode-tp", type=int, default=None,
+                        help="time at the heads one GPU of a decode server at this TP gets (4: 16 heads, "
+                             "unpadded under SGLang's default FlashInfer backend); default: all 64 heads")
     args = parser.parse_args(argv)
     if args.mma_sync and not args.sweep:
         parser.error("--mma-sync only applies to --sweep")
@@ -727,7 +745,14 @@ def main(argv=None) -> int:
             os.remove(partial_path)
         _write_result(args.out, "bench_attention_sweep", result, sweep_table(result))
         return 0
+    if args.decode_tp:
+        from dsv4kit.validation.attention_heads import kernel_heads
+
+        global H
+        H = kernel_heads(args.decode_tp, 1)[1]
     result = run_benchmark(args.quick, checkpoint)
+    result["command"] = "python -m dsv4kit.validation.bench_attention " + " ".join(
+        sys.argv[1:] if argv is None else list(argv))
     if os.path.exists(partial_path):
         os.remove(partial_path)
     _write_result(args.out, "bench_attention", result, table(result))

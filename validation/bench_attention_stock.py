@@ -3,7 +3,8 @@
 ``python -m dsv4kit.validation.bench_attention_stock [--out DIR] [--quick]``
 
 For c4 and c128 layers (the shapes of ``bench_attention``: SWA 128 + top-512 c4 slots; SWA 128 +
-a 8256-wide c128 row holding 1024 valid slots) and T in {1, 16, 64}, H = 64, every implementation
+a 8256-wide c128 row holding 1024 valid slots), T in {1, 16, 64} and the heads one GPU of the decode
+server gets (``--decode-tp``, default 4: 16 heads, as ``attention_heads`` derives), every implementation
 of ``dsv4kit.validation.implementations`` ("dsv4kit", FlashMLA on sm_90, FlashInfer on sm_120,
 SGLang's Triton sm_120 kernel and its torch path) is checked against the float32 reference and
 timed under CUDA-graph replay on the same distinct layers (together over the L2 size), in one
@@ -21,6 +22,7 @@ import os
 import sys
 import time
 
+from dsv4kit.validation import attention_heads as heads_of
 from dsv4kit.validation import bench_attention as base
 from dsv4kit.validation import bench_cli
 
@@ -45,7 +47,10 @@ def _time(fn, layers) -> float:
     return base.time_under_graph(fn, layers)
 
 
-def run(quick: bool, log) -> dict:
+def run(quick: bool, log, decode_tp: int = heads_of.DEFAULT_DECODE_TP, backend: str = heads_of.DEFAULT_BACKEND) -> dict:
+    """Every implementation at the heads one GPU of a TP ``decode_tp`` decode server gets, padded as
+    SGLang 0.5.23 pads them under ``backend`` on sm_120 (FlashMLA on sm_90 always gets 64, as SGLang
+    pads there)."""
     import torch
 
     from dsv4kit.validation.implementations import implementations
@@ -61,9 +66,11 @@ def run(quick: bool, log) -> dict:
     points = []
     for kind, width in (("c4", 512), ("c128", base.C128_WIDTH)):
         for T in ([1, 64] if quick else [1, 16, 64]):
-            layers = base.build_layers(kind, T, 131072, width, 3 * props["l2_bytes"])
+            heads, padded = heads_of.kernel_heads(decode_tp, T, backend)
+            layers = base.build_layers(kind, T, 131072, width, 3 * props["l2_bytes"], heads=heads,
+                                       padded_heads=padded)
             p = base._point(kind, T, 128, 512 if kind == "c4" else base.C128_VALID_128K, width, rates)
-            p.update(layers_in_graph=len(layers), times_us={}, rel={}, failed={})
+            p.update(layers_in_graph=len(layers), times_us={}, rel={}, failed={}, H=heads, padded_heads=padded)
             for impl in impls:
                 try:
                     p["rel"][impl.name] = base.check_against_reference(impl.fn, layers[0])
@@ -98,7 +105,8 @@ def run(quick: bool, log) -> dict:
         "schema": 1, "kind": "dsv4kit-bench-attention-stock",
         "command": "python -m dsv4kit.validation.bench_attention_stock" + (" --quick" if quick else ""),
         "started_unix": started, "seconds": round(time.time() - started, 1),
-        "environment": base._versions(props), "rates": rates,
+        "environment": base._versions(props), "rates": rates, "decode_tp": decode_tp,
+        "attention_backend": backend,
         "implementations": {i.name: {"origin": i.origin, "stock_default": i.stock_default}
                             for i in impls},
         "unavailable": unavailable, "stock_default": default,
@@ -115,6 +123,15 @@ def _names(result: dict) -> list[str]:
     return [n for n in order if n in names] + [n for n in names if n not in order]
 
 
+def _heads_line(result: dict) -> str:
+    tp = result.get("decode_tp")
+    if tp is None:
+        return "Heads: all 64 (attention-TP 1)."
+    shown = sorted({heads_of.label(p.get("H", 64), p.get("padded_heads", 64)) for p in result["points"]})
+    return (f"Heads: decode TP {tp}, {', '.join(shown)} per GPU as SGLang 0.5.23 hands them to the kernel under "
+            f"SGLANG_SM120_FLASHMLA_BACKEND={result.get('attention_backend')}; FlashMLA (sm_90) gets q padded to 64.")
+
+
 def render(result: dict) -> str:
     """Markdown: time per layer call and error against the float32 reference, per implementation."""
     names = _names(result)
@@ -122,7 +139,7 @@ def render(result: dict) -> str:
     env = result["environment"]
     lines = [f"Device: {env.get('gpu')} ({env.get('capability')}), torch {env.get('torch')}, "
              f"triton {env.get('triton')}. Command: `{result['command']}`. Stock default here: "
-             f"{default or 'none available'}.", "",
+             f"{default or 'none available'}. {_heads_line(result)}", "",
              "| layer | T | " + " | ".join(f"{n} (us)" for n in names)
              + " | ours / stock default | ours vs Triton sm_120 |",
              "|---|---:|" + "---:|" * len(names) + "---:|---:|"]
@@ -159,7 +176,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=".", help="directory for bench_attention_stock.json")
     parser.add_argument("--quick", action="store_true", help="T in {1, 64} only")
     parser.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
+    parser.add_argument("--decode-tp", type=int, default=heads_of.DEFAULT_DECODE_TP,
+                        help="the decode server's TP: 64/TP heads per GPU (default: 4, the inventory's)")
+    parser.add_argument("--attention-backend", choices=heads_of.BACKENDS, default=heads_of.DEFAULT_BACKEND,
+                        help="SGLANG_SM120_FLASHMLA_BACKEND, which decides the padding (default: flashinfer)")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    try:
+        heads_of.kernel_heads(args.decode_tp, 1, args.attention_backend)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.render:
         return bench_cli.render_file(args.render, render)
     import torch
@@ -172,7 +197,7 @@ def main(argv=None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     os.makedirs(args.out, exist_ok=True)
-    result = run(args.quick, log)
+    result = run(args.quick, log, args.decode_tp, args.attention_backend)
     result["command"] = "python -m dsv4kit.validation.bench_attention_stock " + " ".join(
         sys.argv[1:] if argv is None else list(argv))
     path = os.path.join(args.out, "bench_attention_stock.json")

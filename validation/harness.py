@@ -171,14 +171,23 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
                         help="context length of the kernel verdict's decode shapes (default: no verdict)")
     parser.add_argument("--concurrency", default=None,
                         help="comma-separated decode batch sizes of the verdict (default: 1,16,64)")
+    parser.add_argument("--decode-tp", type=int, default=None,
+                        help="the decode server's TP: the verdict's attention heads per GPU (default: 4)")
+    parser.add_argument("--attention-backend", default=None,
+                        help="SGLANG_SM120_FLASHMLA_BACKEND of the servers, which decides the head padding "
+                             "(default: flashinfer, SGLang's)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     verdict = None
     if args.ctx is not None:
+        from dsv4kit.validation import attention_heads
         from dsv4kit.validation.verdict_run import DEFAULT_CONCURRENCY, parse_concurrency
 
         try:
             verdict = VerdictRequest(args.ctx, parse_concurrency(args.concurrency) if args.concurrency
-                                     else DEFAULT_CONCURRENCY)
+                                     else DEFAULT_CONCURRENCY,
+                                     args.decode_tp or attention_heads.DEFAULT_DECODE_TP,
+                                     args.attention_backend or attention_heads.DEFAULT_BACKEND)
+            attention_heads.kernel_heads(verdict.decode_tp, 1, verdict.backend)  # checks both
         except ValueError as exc:
             parser.error(str(exc))
     return run_cli(args.cases, args.json_path, True if args.interpret else None,
@@ -191,6 +200,8 @@ class VerdictRequest:
 
     context_length: int
     concurrency: tuple
+    decode_tp: int = 4  # attention_heads.DEFAULT_DECODE_TP
+    backend: str = "flashinfer"  # attention_heads.DEFAULT_BACKEND
 
 
 def run_cli(cases: Optional[str], json_path: Optional[str], interpret: Optional[bool],
@@ -220,7 +231,8 @@ def run_cli(cases: Optional[str], json_path: Optional[str], interpret: Optional[
 
         targets = [name for name in selection if name in verdict_run.TARGETS]
         payload["verdict"] = verdict_run.run(targets, verdict.context_length, verdict.concurrency, device,
-                                             interpret, progress=options.progress)
+                                             interpret, progress=options.progress, decode_tp=verdict.decode_tp,
+                                             backend=verdict.backend)
         for line in render(payload["verdict"]):
             emit(line)
     emit(f"VERDICT: {'PASS' if payload['passed'] else 'FAIL'}")

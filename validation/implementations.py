@@ -74,30 +74,60 @@ def _sm120_positional(fn: Callable) -> Callable:
     return call
 
 
+def _padded_to_64(q, sink, buffers: dict):
+    """q and the sink as SGLang hands them to FlashMLA on sm_90: padded to 64 heads (model.py
+    ``_kernel_num_heads``: every head count but 64 at attention-TP > 1; the sink padded with 0).
+
+    A q that is the leading heads of a 64-head buffer, as SGLang's own is, is widened in place
+    (no copy); otherwise it is copied into a buffer kept per shape."""
+    import torch
+
+    T, one, H, D = q.shape
+    if H >= 64:
+        return q, sink
+    if q.stride(3) == 1 and q.stride(2) == D and q.stride(0) >= 64 * D and q.stride(1) >= 64 * D \
+            and q.storage_offset() + (T - 1) * q.stride(0) + 64 * D <= q.untyped_storage().nbytes() // q.element_size():
+        wide = q.as_strided((T, one, 64, D), q.stride())
+    else:
+        wide = buffers.setdefault(("q", T, one, D, q.dtype), q.new_zeros(T, one, 64, D))
+        wide[:, :, :H].copy_(q)
+    if sink is not None:
+        key = ("sink", sink.data_ptr())
+        if key not in buffers:  # filled on the first call, outside capture
+            buffers[key] = (sink, torch.cat([sink, sink.new_zeros(64 - H)]))
+        sink = buffers[key][1]
+    return wide, sink
+
+
 def _flashmla_call(interface) -> Callable:
-    """FlashMLA as SGLang's DSV4 backend calls it on sm_90 (``use_legacy=True`` for the V4 layout).
+    """FlashMLA as SGLang's DSV4 backend calls it on sm_90 (``use_legacy=True`` for the V4 layout),
+    with q padded to 64 heads as SGLang pads it there (the output is cut back to the real heads).
 
     SGLang builds one scheduler object per forward batch and every layer reuses it; likewise here
     one is kept per set of shapes and length tensors (filled by the first call, outside capture).
     """
     schedules: dict = {}
+    buffers: dict = {}
 
     def call(**kw):
-        key = (tuple(kw["q"].shape), tuple(kw["k_cache"].shape), tuple(kw["indices"].shape),
+        heads = kw["q"].shape[2]
+        q, sink = _padded_to_64(kw["q"], kw.get("attn_sink"), buffers)
+        key = (tuple(q.shape), tuple(kw["k_cache"].shape), tuple(kw["indices"].shape),
                id(kw.get("topk_length")), id(kw.get("extra_topk_length")),
                None if kw.get("extra_indices_in_kvcache") is None
                else tuple(kw["extra_indices_in_kvcache"].shape))
         if key not in schedules:  # the tensors are kept so their ids stay unique
             schedules[key] = (interface.get_mla_metadata()[0], kw.get("topk_length"),
                               kw.get("extra_topk_length"))
-        return interface.flash_mla_with_kvcache(
-            q=kw["q"], k_cache=kw["k_cache"], head_dim_v=kw["head_dim_v"], block_table=None,
+        out, lse = interface.flash_mla_with_kvcache(
+            q=q, k_cache=kw["k_cache"], head_dim_v=kw["head_dim_v"], block_table=None,
             cache_seqlens=None, tile_scheduler_metadata=schedules[key][0],
             softmax_scale=kw.get("softmax_scale"), is_fp8_kvcache=True, indices=kw["indices"],
-            topk_length=kw.get("topk_length"), attn_sink=kw.get("attn_sink"),
+            topk_length=kw.get("topk_length"), attn_sink=sink,
             extra_k_cache=kw.get("extra_k_cache"),
             extra_indices_in_kvcache=kw.get("extra_indices_in_kvcache"),
             extra_topk_length=kw.get("extra_topk_length"), use_legacy=True)
+        return (out[:, :, :heads], lse) if heads < 64 else (out, lse)
 
     return call
 

@@ -18,13 +18,13 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from dsv4kit.validation import attention_heads as heads_of
 from dsv4kit.validation import verdict as v
 
 SAMPLES = 7
 TARGETS = ("indexer", "attention")
 #: Short requests on a long context: the case the indexer exists for (and where stock is fast).
 SHORT_TOKENS = 2048
-ATTENTION_HEADS = 64
 #: Bench defaults (``dsv4kit bench --concurrency``): the decode batch sizes the host serves.
 DEFAULT_CONCURRENCY = (1, 16, 64)
 #: ``validate --local``'s context when none is given: the inventory's default dsv4_context_length.
@@ -49,12 +49,14 @@ class Shape:
     params: dict
 
 
-def decode_shapes(target: str, context_length: int, concurrency: Sequence[int]) -> list[Shape]:
+def decode_shapes(target: str, context_length: int, concurrency: Sequence[int],
+                  decode_tp: int = heads_of.DEFAULT_DECODE_TP, backend: str = heads_of.DEFAULT_BACKEND) -> list[Shape]:
     """The decode shapes of a host: one per concurrency (decode batch = concurrency), at its context.
 
     Indexer: the page table spans the context; every row holds ``SHORT_TOKENS`` (a short request)
-    and, separately, the full context. Attention: c4 and c128 layers, T = concurrency tokens, H=64,
-    ``seq_len`` = the context.
+    and, separately, the full context. Attention: c4 and c128 layers, T = concurrency tokens,
+    ``seq_len`` = the context, and the heads one GPU of the TP ``decode_tp`` decode server hands
+    the kernel, padded as SGLang pads them for ``backend`` (``attention_heads.kernel_heads``).
     """
     shapes = []
     for c in concurrency:
@@ -63,9 +65,11 @@ def decode_shapes(target: str, context_length: int, concurrency: Sequence[int]) 
                 shapes.append(Shape(target, f"B={c} ctx={context_length} L={tokens}",
                                     {"batch": c, "context": context_length, "tokens": tokens}))
         elif target == "attention":
+            real, padded = heads_of.kernel_heads(decode_tp, c, backend)
             for kind in ("c4", "c128"):
-                shapes.append(Shape(target, f"{kind} T={c} ctx={context_length}",
-                                    {"kind": kind, "T": c, "context": context_length}))
+                shapes.append(Shape(target, f"{kind} T={c} ctx={context_length} {heads_of.label(real, padded)}",
+                                    {"kind": kind, "T": c, "context": context_length, "heads": real,
+                                     "padded_heads": padded}))
         else:
             raise ValueError(f"unknown verdict target {target!r}; known: {', '.join(TARGETS)}")
     return shapes
@@ -190,12 +194,13 @@ def _build_attention(shape: Shape, device: str):
     p = shape.params
     width = 512 if p["kind"] == "c4" else p["context"] // 128 + 64
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size if device == "cuda" else 0
-    layers = build_layers(p["kind"], p["T"], p["context"], width, 3 * l2)  # several layers: not served from L2
+    layers = build_layers(p["kind"], p["T"], p["context"], width, 3 * l2,  # several layers: not served from L2
+                          heads=p["heads"], padded_heads=p["padded_heads"])
     reference, _ = sparse_mla_reference(**layers[0])
 
     def check(fn) -> float:
         out, _ = fn(**layers[0])
-        stats = compare(out, reference, ATTENTION_HEADS)
+        stats = compare(out, reference, p["heads"])
         return stats["rel"] if stats["nan_free"] else math.nan
 
     return (lambda fn: [(lambda kw=kw: fn(**kw)) for kw in layers]), check
@@ -265,10 +270,12 @@ def _short(exc: BaseException) -> str:
 def run(targets: Sequence[str], context_length: int, concurrency: Sequence[int], device: str,
         interpret: bool, *, provider: Optional[Callable] = None, builders: Optional[dict] = None,
         timer: Optional[Callable] = None, identity_fn: Callable[[str], dict] = identity,
-        bars: Optional[dict] = None, progress: Callable[[str], None] = lambda s: None) -> dict:
+        bars: Optional[dict] = None, progress: Callable[[str], None] = lambda s: None,
+        decode_tp: int = heads_of.DEFAULT_DECODE_TP, backend: str = heads_of.DEFAULT_BACKEND) -> dict:
     """Measure every available implementation of each target at the host's decode shapes; the section."""
     ident = identity_fn(device)
-    shapes_info = {"context_length": context_length, "concurrency": list(concurrency)}
+    shapes_info = {"context_length": context_length, "concurrency": list(concurrency), "decode_tp": decode_tp,
+                   "attention_backend": backend}
     if interpret or device != "cuda":
         if provider is None:  # a stand-in provider (tests) measures anywhere
             return v.skipped(ident, shapes_info, "no GPU: timings on the Triton interpreter or the CPU "
@@ -279,7 +286,7 @@ def run(targets: Sequence[str], context_length: int, concurrency: Sequence[int],
     bars = bars or _bars()
     verdicts, problems = [], []
     for target in targets:
-        shapes = decode_shapes(target, context_length, concurrency)
+        shapes = decode_shapes(target, context_length, concurrency, decode_tp, backend)
         try:
             impls, unavailable = provider(target, device)
         except Exception as exc:  # noqa: BLE001 - no implementations: no evidence, said why

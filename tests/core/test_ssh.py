@@ -210,3 +210,26 @@ def test_hashed_known_hosts_entries_verify(tmp_path, loopback_ssh):
     assert known.read_text().startswith("|1|")  # hashed: the host name is not readable
     with ssh.open_session(_host(tmp_path, loopback_ssh, dsv4_known_hosts=str(known))) as s:
         assert s.run("echo ok", timeout=20).stdout == "ok\n"
+
+
+def test_a_port_that_accepts_tcp_but_never_speaks_ssh_is_a_named_timeout(tmp_path, loopback_ssh):
+    """Something listens (a hung sshd, a firewall's tarpit) but no SSH banner ever comes: exit 4,
+    within the connect timeout, saying so (not paramiko's 'No existing session')."""
+    import socket
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        host = _host(tmp_path, loopback_ssh, ansible_port=silent.getsockname()[1], dsv4_connect_timeout=2)
+        started = time.monotonic()
+        with pytest.raises(ssh.RemoteError) as info:
+            ssh.open_session(host)
+        assert time.monotonic() - started < 8
+        assert info.value.exit_code == exitcodes.TIMEOUT, info.value
+        message = str(info.value)
+        assert "accepts TCP connections but no SSH server answered within 2s" in message, message
+        assert "No existing session" not in message
+    finally:
+        silent.close()

@@ -21,7 +21,7 @@ POINT = ["--concurrency", "2", "--repeat", "1", "--num-prompts", "2", "--warmup-
 def test_bench_profile_is_recorded_shown_gated_and_compared(bench_box, tmp_path):
     server, inventory = bench_box(context_length=4096)
     repo = tmp_path / "results"
-    proc = dsv4kit("bench", "--ctx", "4096", *POINT, "--profile", "3", "--max-class-share", "indexer=1%",
+    proc = dsv4kit("bench", "--ctx", "4096", *POINT, "--profile", "3", "--max-class-share", "dense_gemm=1%",
                    "-i", str(inventory), "--results-repo", str(repo), "--json")
     assert proc.returncode == 1, proc.stderr[-3000:]  # the gate; the point itself is valid
     out = json.loads(proc.stdout)
@@ -29,19 +29,21 @@ def test_bench_profile_is_recorded_shown_gated_and_compared(bench_box, tmp_path)
     record = json.loads((repo / out["record_path"]).read_text())
     profile = record["profile"]
     assert profile["context_length"] == 4096 and profile["concurrency"] == 2 and profile["ranks"] == 4
-    assert profile["classes"]["indexer"]["share"] > 0.01 and "per_rank" not in profile
-    assert profile["gate"]["breaches"] and "indexer" in profile["gate"]["breaches"][0]
+    # Profiled without stacks: the stand-in's torch indexer fallback counts as dense GEMM and elementwise.
+    assert profile["classes"]["dense_gemm"]["share"] > 0.01 and "per_rank" not in profile
+    assert profile["indexer_by_name"] is False
+    assert profile["gate"]["breaches"] and "dense GEMM" in profile["gate"]["breaches"][0]
     assert not settled(server)["profiling"] and leftovers(inventory) == []
 
     shown = dsv4kit("records", "show", out["run_id"], "--results-repo", str(repo))
     assert shown.returncode == 0 and "decode breakdown at context 4096, C=2" in shown.stdout
     assert "indexer" in shown.stdout and "not in the class table" in shown.stdout
-    gated = dsv4kit("records", "show", out["run_id"], "--results-repo", str(repo), "--max-class-share", "indexer=1%")
+    gated = dsv4kit("records", "show", out["run_id"], "--results-repo", str(repo), "--max-class-share", "dense_gemm=1%")
     assert gated.returncode == 1 and "gate failed" in gated.stderr
-    # A limit just above the recorded share passes (the stand-in's indexer is nearly all of its step).
-    loose_pct = min(100.0, round(100 * profile["classes"]["indexer"]["share"] + 0.1, 2))
+    # A limit just above the recorded share passes.
+    loose_pct = min(100.0, round(100 * profile["classes"]["dense_gemm"]["share"] + 0.1, 2))
     loose = dsv4kit("records", "show", out["run_id"], "--results-repo", str(repo), "--max-class-share",
-                    f"indexer={loose_pct}%")
+                    f"dense_gemm={loose_pct}%")
     assert loose.returncode == 0
 
     # The same box at a smaller context (the stand-in "restarted"): --baseline-ctx shows the retention.
@@ -56,7 +58,7 @@ def test_bench_profile_is_recorded_shown_gated_and_compared(bench_box, tmp_path)
                        "--results-repo", str(repo))
     assert "only A carries a profile" in compared.stdout, compared.stdout + compared.stderr
     both = dsv4kit("records", "compare", out["run_id"], out["run_id"], "--results-repo", str(repo),
-                   "--max-class-share", "indexer=1%")
+                   "--max-class-share", "dense_gemm=1%")
     assert "decode breakdown (A: context 4096, B: context 4096)" in both.stdout
     assert both.returncode != 0 and "gate failed" in both.stderr
 

@@ -83,8 +83,9 @@ def test_health_wait_plain_text_health_and_timeout(server):
 @pytest.fixture
 def router():
     """Answers like sglang-router 0.3.2: /health 200 even with no worker, /readiness and /generate 503
-    until workers are up (``state["workers"]``); every request but /health needs the API key."""
-    state = {"workers": 0, "key": "k-1", "generated": []}
+    until workers are up (``state["workers"]``); every request but /health needs the API key. A
+    worker that died after registering (``state["dead"]``) leaves /readiness at 200 and fails /generate."""
+    state = {"workers": 0, "key": "k-1", "generated": [], "dead": False}
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, code, body):
@@ -111,6 +112,8 @@ def router():
                 return self._answer(401, {"error": "unauthorized"})
             if not state["workers"]:
                 return self._answer(503, {"error": "No available workers"})
+            if state["dead"]:
+                return self._answer(502, {"error": "worker http://127.0.0.1:30002: connection refused"})
             state["generated"].append(body)
             self._answer(200, {"text": "pong", "meta_info": {"completion_tokens": 1}})
 
@@ -137,9 +140,26 @@ def test_router_is_ready_only_when_readiness_says_so_and_a_generate_goes_through
                   "--timeout", "5", env=env)
     assert result.returncode == 0, result.stdout
     assert state["generated"] == [{"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}]
-    wrong = wait("--url", url, "--path", "/readiness", "--api-key-env", "DSV4_API_KEY", "--timeout", "1",
-                 "--interval", "0.2", env=dict(os.environ, DSV4_API_KEY="wrong"))
-    assert wrong.returncode == 4 and "401" in wrong.stdout
+
+
+
+def test_a_wrong_key_fails_at_once_and_a_dead_worker_fails_at_the_generate(router):
+    import time
+
+    url, state = router
+    state["workers"] = 2
+    started = time.monotonic()
+    wrong = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-env", "DSV4_API_KEY",
+                 "--timeout", "30", env=dict(os.environ, DSV4_API_KEY="wrong"))
+    assert wrong.returncode == 1 and time.monotonic() - started < 10, wrong.stdout
+    assert "HTTP 401: the server refuses the API key" in wrong.stdout
+    state["dead"] = True  # /readiness still 200
+    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-env", "DSV4_API_KEY",
+                  "--timeout", "1", "--interval", "0.2", env=dict(os.environ, DSV4_API_KEY=state["key"]))
+    assert result.returncode == 4, result.stdout
+    out = json.loads(result.stdout)
+    assert out["ready_by"] == "/generate" and "answered 502" in out["error"]
+    assert "keeps answering with a dead worker" in out["error"]
 
 
 def _systemd_standins(directory: Path, state: str, sub: str, status: int) -> dict:

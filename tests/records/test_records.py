@@ -371,3 +371,32 @@ def test_records_compare_shows_field_level_differences_of_server_args_and_env():
     assert fields["server.launch_args.--enable-metrics"] == (None, True)
     assert "server.resolved_args.tp_size" not in fields and "software.server_env.NCCL_P2P_DISABLE" not in fields
     assert "note: software.server_env.SGLANG_SM120_TRITON_INDEXER differs: 0 -> 1" in format_comparison(result)
+
+
+def test_records_list_has_a_header_and_show_prints_no_python_reprs(repo_with_records):
+    repo, recs = repo_with_records
+    listing = cli("records", "list", "--results-repo", str(repo)).output.splitlines()
+    assert listing[0].split()[:3] == ["RUN", "ID", "CONTEXT"] and "VALIDITY" in listing[0], listing[0]
+    shown = cli("records", "show", recs["long"]["run_id"], "--results-repo", str(repo)).output
+    assert not any(mark in shown for mark in ("{'", "['", "': ", "None")), shown
+
+
+def test_records_refuses_a_plain_directory_that_is_no_git_repository(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for args in (("list",), ("show", "x"), ("compare", "a", "b")):
+        result = cli("records", *args, "--results-repo", str(plain))
+        assert result.exit_code == 2 and "not a git repository" in result.output, (args, result.output)
+
+
+def test_records_plot_title_fits_inside_the_figure():
+    pytest.importorskip("matplotlib")
+    from dsv4kit.records.compare import METRICS
+    from dsv4kit.records.plot import figure
+
+    record = {"run_id": "r", "summary": {"per_concurrency": {"1": {m: {"n": 1, "mean": 1.0} for m in METRICS}}}}
+    for metric in METRICS:
+        fig = figure([record], metric)
+        fig.canvas.draw()
+        box = fig.axes[0].title.get_window_extent()
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (metric, box)

@@ -121,7 +121,8 @@ def test_validate_verdict_to_plan_to_provision_extra_vars(tmp_path, monkeypatch,
     report = validated_report(tmp_path, monkeypatch)
     assert report["passed"] and report["verdict"]["status"] == "complete"
     assert report["verdict"]["identity"]["driver"] == standins.DRIVER
-    assert report["verdict"]["shapes"] == {"context_length": 8192, "concurrency": [1, 16, 64]}
+    assert report["verdict"]["shapes"] == {"context_length": 8192, "concurrency": [1, 16, 64], "decode_tp": 4,
+                                           "attention_backend": "flashinfer"}
     results = tmp_path / "results"
     path = keep(results, report)
     inventory = write_inventory(tmp_path / "inv")
@@ -408,7 +409,8 @@ def test_validate_local_writes_a_verdict_section_and_checks_its_options(tmp_path
     assert "kernel verdict: not measured (no GPU" in text  # this machine: the interpreter
     verdict = json.loads(out.read_text())["verdict"]
     assert verdict["shapes"] == {"context_length": verdict_run.DEFAULT_CONTEXT,
-                                 "concurrency": list(verdict_run.DEFAULT_CONCURRENCY)}
+                                 "concurrency": list(verdict_run.DEFAULT_CONCURRENCY), "decode_tp": 4,
+                                 "attention_backend": "flashinfer"}
     code, _, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--concurrency", "0,4")
     assert code == exitcodes.USAGE and "--concurrency '0,4'" in err
     code, _, err = cli("validate", "--local", "--cases", "indexer:1x2x100x16", "--no-verdict", "-o", str(out))

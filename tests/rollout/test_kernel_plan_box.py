@@ -50,7 +50,8 @@ def box_python(venv: Path) -> None:
 
 def test_a_remote_interpreter_run_keeps_a_skipped_verdict_that_plan_skips(tmp_path, loopback_ssh):
     box_python(tmp_path / "inv/venv")
-    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_kernel_flags=AUTO)
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_kernel_flags=AUTO, dsv4_prefill_gpus=[0, 1, 2, 3, 4, 5],
+                                dsv4_decode_gpus=[6, 7])
     results = tmp_path / "results"
     wheel = wheelbuild.build_wheel(tmp_path / "wheel").path
     code, out, err = cli("validate", "--gpu", "3", "-i", str(inventory), "--interpret", "--cases",
@@ -60,7 +61,9 @@ def test_a_remote_interpreter_run_keeps_a_skipped_verdict_that_plan_skips(tmp_pa
     kept = kernel_plan.latest_report(results, "lo")
     report = json.loads(kept.read_text())
     assert report["verdict"]["status"] == "skipped"
-    assert report["verdict"]["shapes"] == {"context_length": 8192, "concurrency": [1, 16, 64]}  # the host's
+    # the host's: its context, and the heads of its decode server (TP 2: 32 a GPU) under SGLang's default backend
+    assert report["verdict"]["shapes"] == {"context_length": 8192, "concurrency": [1, 16, 64], "decode_tp": 2,
+                                           "attention_backend": "flashinfer"}
     code, out, err = cli("rollout", "plan", "-i", str(inventory), "--results-dir", str(results))
     assert code == exitcodes.OK and f"skipping report {kept.name}: it ran on Triton's CPU interpreter" in err
 
@@ -123,7 +126,7 @@ def test_provision_takes_auto_flags_from_the_latest_report_and_status_shows_it(b
                          str(etc / "kernel-decision.json"), env=env)
     assert code == exitcodes.ENVIRONMENT  # this venv has no SGLang; the decision is shown all the same
     assert f"decided by report {latest.name} (loop GPU 7" in out
-    assert "c4 T=64 ctx=8192: dsv4kit 20.0 us, flashinfer-sm120 30.0 us: faster" in out
+    assert "c4 T=64 ctx=8192 H=16: dsv4kit 20.0 us, flashinfer-sm120 30.0 us: faster" in out
     assert "B=64 ctx=8192 L=2048: dsv4kit 19.5 us, sglang-tilelang 3.8 us: slower" in out
     code, out, _ = cli("rollout", "status", "--python", str(python), "--decision",
                        str(etc / "kernel-decision.json"), "--json", env={INDEXER: "1", ATTENTION: "1"})

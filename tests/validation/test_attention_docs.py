@@ -39,22 +39,32 @@ def test_doc_budget_is_generated_from_the_committed_json():
     from dsv4kit.validation.attention_budget import budget_table
 
     doc = (ROOT / "docs" / "attention.md").read_text()
-    expected = budget_table(_load("bench_attention_h200.json"), _load("bench_attention_sweep_h200_run5.json"))
+    expected = budget_table(_load("bench_attention_h200_h64.json"), _load("bench_attention_sweep_h200_run5.json"))
     assert _block(doc, "attention_budget_c4_t64") == expected
 
 
 def test_doc_comparison_is_generated_from_the_committed_json():
     doc = (ROOT / "docs" / "attention.md").read_text()
-    expected = comparison_table(_load("bench_attention_h200_before.json"), _load("bench_attention_h200.json"))
+    expected = comparison_table(_load("bench_attention_h200_before.json"), _load("bench_attention_h200_h64.json"))
     assert _block(doc, "bench_attention_h200_compare") == expected
 
 
 def test_benchmark_ran_with_what_is_now_the_sm90_default():
     from dsv4kit.kernels.sparse_mla_decode import DecodeConfig, default_config
 
-    result = _load("bench_attention_h200.json")
     # Fields added after that run take their defaults.
-    assert DecodeConfig(**result["default_config"]) == default_config(64, (9, 0))
+    assert DecodeConfig(**_load("bench_attention_h200_h64.json")["default_config"]) == default_config(64, (9, 0))
+    assert DecodeConfig(**_load("bench_attention_h200.json")["default_config"]) == default_config(16, (9, 0))
+
+
+def test_the_main_benchmark_times_the_decode_servers_heads():
+    """docs/attention.md's main table is at the heads one GPU of the inventory's TP4 decode server gets."""
+    from dsv4kit.validation.attention_heads import kernel_heads
+
+    main, stock = _load("bench_attention_h200.json"), _load("bench_attention_stock_h200.json")
+    assert "--decode-tp 4" in main["command"] and "--decode-tp 4" in stock["command"]
+    assert {p["H"] for p in main["points"]} == {kernel_heads(4, 64)[1]} == {16}
+    assert {(p["H"], p["padded_heads"]) for p in stock["points"]} == {kernel_heads(4, 1)}
 
 
 def test_quoted_validation_row_is_in_the_committed_json():

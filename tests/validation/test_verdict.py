@@ -100,8 +100,8 @@ def test_a_wrong_stock_default_is_noted_not_hidden():
 def test_decode_shapes_cover_the_context_and_every_concurrency():
     labels = [s.label for s in verdict_run.decode_shapes("indexer", 131072, (1, 16, 64))]
     assert labels == [f"B={b} ctx=131072 L={n}" for b in (1, 16, 64) for n in (2048, 131072)]
-    assert [s.label for s in verdict_run.decode_shapes("attention", 8192, (4,))] == ["c4 T=4 ctx=8192",
-                                                                                    "c128 T=4 ctx=8192"]
+    assert [s.label for s in verdict_run.decode_shapes("attention", 8192, (4,))] == ["c4 T=4 ctx=8192 H=16",
+                                                                                    "c128 T=4 ctx=8192 H=16"]
     assert [s.params["tokens"] for s in verdict_run.decode_shapes("indexer", 1024, (1,))] == [1024]
     with pytest.raises(ValueError, match="unknown verdict target"):
         verdict_run.decode_shapes("moe", 8192, (1,))
@@ -184,7 +184,7 @@ def test_the_docs_name_the_rule_by_its_constants():
     assert f"short request ({verdict_run.SHORT_TOKENS} tokens)" in section
     assert f"default `{','.join(map(str, verdict_run.DEFAULT_CONCURRENCY))}`" in section
     assert f"`--local`: {verdict_run.DEFAULT_CONTEXT}" in section
-    assert f"{verdict_run.ATTENTION_HEADS} heads" in section
+    assert "64 divided by the decode TP (`len(dsv4_decode_gpus)`" in section and "§4.2" in section
 
 
 def test_the_driver_version_is_read_from_the_nvrm_line():

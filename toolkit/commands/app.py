@@ -46,7 +46,7 @@ def _root(
 
 
 # Extra arguments reach validate, which explains them (`--json PATH` was once the report file).
-app.command("validate", no_args_is_help=True, context_settings={"allow_extra_args": True})(validate.validate)
+app.command("validate", context_settings={"allow_extra_args": True})(validate.validate)
 app.command("provision")(provision.provision)
 app.command("bench")(bench.bench)
 app.command("profile")(profile.profile)

@@ -44,7 +44,22 @@ def _repo(path: Optional[Path]) -> Path:
         _fail(exitcodes.USAGE, f"{what} is a file, not a directory: a results repository is a git "
                                f"directory (give one with --results-repo DIR)")
     doing(f"reading the results repository {repo}", "nothing was changed")
+    if repo.is_dir():
+        _check_git(repo)
     return repo
+
+
+def _check_git(repo: Path) -> None:
+    """Exit 2 unless ``repo`` is a git repository of its own (reading never creates one)."""
+    from dsv4kit.records.results_repo import ResultsRepoError, check_path
+
+    try:
+        is_repo = check_path(repo)
+    except ResultsRepoError as exc:
+        _fail(exitcodes.USAGE, str(exc))
+    if not is_repo:
+        _fail(exitcodes.USAGE, f"results repository {str(repo)!r} is not a git repository (`dsv4kit bench` "
+                               f"creates one on its first record; give one with --results-repo DIR)")
 
 
 def _fail(code: int, message: str) -> None:
@@ -112,14 +127,16 @@ def list_records(
     if not rows:
         typer.echo(f"no records in {repo}")
         return
+    line = "{:<44} {:<8} {:<11} {:<12} {:<6} {:<14} {}".format
+    typer.echo(line("RUN ID", "CONTEXT", "ISL/OSL", "CONCURRENCY", "REPEAT", "VALIDITY", "TAG"))
     for row in rows:
         if row.get("kind") == "eval":
-            typer.echo(f"{row['run_id']:<44} ctx {row['context_length']:<7} eval{' --ab ' + row['ab'] if row['ab'] else ''}"
-                       f"  {str(row['outcome']).upper()}  {row['tag'] or '(untagged)'}")
+            typer.echo(line(row["run_id"], row["context_length"], "eval", f"--ab {row['ab']}" if row["ab"] else "-",
+                            "", str(row["outcome"]).upper(), row["tag"] or "(untagged)"))
             continue
-        typer.echo(f"{row['run_id']:<44} ctx {row['context_length']:<7} {row['input_len']}/{row['output_len']:<6} "
-                   f"C={','.join(map(str, row['concurrency'])):<10} x{row['repeat']} "
-                   f"{'valid' if row['validity_passed'] else 'INVALID points'}  {row['tag'] or '(untagged)'}")
+        typer.echo(line(row["run_id"], row["context_length"], f"{row['input_len']}/{row['output_len']}",
+                        ",".join(map(str, row["concurrency"])), f"x{row['repeat']}",
+                        "valid" if row["validity_passed"] else "INVALID points", row["tag"] or "(untagged)"))
 
 
 @app.command("show")
@@ -151,15 +168,15 @@ def show(
     gpu_text = (f"{gp.get('model')} x{gp.get('count')}, driver {gp.get('driver')}" if gp.get("model")
                 else f"unknown ({gp.get('reason') or 'not probed'})")
     typer.echo(f"host {record['host'].get('name')}: GPUs {gpu_text}; serving on {gp.get('serving_count')}")
-    typer.echo(f"SGLang {sw.get('sglang_version')}, torch {sw.get('torch')} (CUDA {sw.get('torch_cuda')}), "
-               f"triton {sw.get('triton')}")
+    typer.echo(f"SGLang {_pairs(sw.get('sglang_version'))}, torch {_pairs(sw.get('torch'))} (CUDA "
+               f"{_pairs(sw.get('torch_cuda'))}), triton {_pairs(sw.get('triton'))}")
     flags = sw.get("kernel_flags")
-    ran = flags if flags is not None else f"UNKNOWN ({sw.get('kernel_flags_reason')})"
-    typer.echo(f"kernel flags the servers ran with: {ran}; inventory: {sw.get('kernel_flags_configured')}")
+    ran = _pairs(flags) if flags is not None else f"UNKNOWN ({sw.get('kernel_flags_reason')})"
+    typer.echo(f"kernel flags the servers ran with: {ran}; inventory: {_pairs(sw.get('kernel_flags_configured'))}")
     typer.echo(f"model {record['model'].get('name')} @ {record['model'].get('revision')}; context length "
                f"{server.get('context_length')}; launch args sha256 {str(server.get('launch_args_sha256'))[:12]}")
     typer.echo(f"workload {ds['name']} {ds['input_len']}/{ds['output_len']} tokens, range ratio {ds['range_ratio']}, "
-               f"seed {record['client']['seed']}, prompts per point {record['client']['num_prompts']}")
+               f"seed {record['client']['seed']}, prompts per point {_pairs(record['client']['num_prompts'])}")
     typer.echo("")
     for point in record["points"]:
         v = point["validity"]
@@ -179,6 +196,15 @@ def show(
     for note in record.get("notes") or []:
         typer.echo(f"note: {note}")
     _profile_gate(record, max_class_share)
+
+
+def _pairs(value) -> str:
+    """A mapping as ``NAME=value, ...`` (a list as ``a, b``; None as ``unknown``): never a Python repr."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_pairs(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_pairs(v) for v in value) or "none"
+    return "unknown" if value is None else str(value)
 
 
 def _profile_gate(record: dict, max_class_share: Optional[List[str]], show: bool = True) -> int:

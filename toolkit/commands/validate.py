@@ -44,6 +44,9 @@ def validate(
     if ctx.args:
         fail(exitcodes.USAGE, f"unexpected argument(s) {' '.join(ctx.args)}: --json takes no value (it prints the "
                               f"report on stdout); write the report to a file with --output PATH (-o PATH)")
+    if cases is not None and not cases.replace(",", "").strip():
+        fail(exitcodes.USAGE, f"--cases {cases!r} names no case; give SUITE or SUITE:SPEC items (e.g. 'indexer'), "
+                              f"or leave --cases out to run every suite's default cases")
     if local and gpu is not None:
         fail(exitcodes.USAGE, "give exactly one of --local or --gpu N")
     if not local and gpu is None and host is None:

@@ -5,13 +5,17 @@
   before any work;
 * the commands that reach a box (provision, validate, bench) check the inventory, the key file and
   known_hosts with :func:`check_hosts` before any work, with the same messages and exit codes;
-* Ctrl-C says what was stopped and exits 130 (:func:`interruptible`, :func:`doing`).
+* Ctrl-C says what was stopped and exits 130 (:func:`interruptible`, :func:`doing`);
+* under ``--json`` a command that fails without having printed its JSON prints
+  ``{"ok": false, "exit_code": N, "error": "..."}`` on stdout (:func:`interruptible`).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -163,6 +167,56 @@ def doing(what: str, left: Optional[str] = None) -> None:
         _activity["left"] = left
 
 
+def _run(fn: Callable, command: str, args, kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        typer.echo(f"\ninterrupted: {command} stopped while {_activity['doing']}; {_activity['left']}", err=True)
+        raise typer.Exit(exitcodes.INTERRUPTED)
+    except Abort as exc:
+        fail(exc.exit_code, str(exc))
+
+
+class _Watched:
+    """A text stream that remembers whether anything was written, and the last ``error:`` line."""
+
+    def __init__(self, stream):
+        self.stream, self.written, self.last_error = stream, False, ""
+
+    def write(self, text: str) -> int:
+        self.written = self.written or bool(text)
+        for line in str(text).splitlines():
+            if line.startswith(("error:", "interrupted:")):
+                self.last_error = line.split(":", 1)[1].strip()
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _error_object(code: int, message: str) -> dict:
+    names = {v: k.lower() for k, v in vars(exitcodes).items() if k.isupper() and isinstance(v, int)}
+    return {"ok": False, "exit_code": code, "exit": names.get(code, "error"),
+            "error": message or f"exit {code}; see the messages on stderr"}
+
+
+def usage_error_as_json(app) -> int:
+    """Run the typer ``app`` (``--json`` given); an option click refuses also prints the JSON error
+    object on stdout. Returns the exit code."""
+    try:
+        code = app(standalone_mode=False)
+    except Exception as exc:  # typer's vendored click: its ClickException, by what it has
+        if not (hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int)):
+            if type(exc).__name__ == "Abort":  # Ctrl-C before the command started
+                typer.echo("\ninterrupted", err=True)
+                return exitcodes.INTERRUPTED
+            raise
+        exc.show()
+        typer.echo(json.dumps(_error_object(exc.exit_code, exc.format_message()), indent=2))
+        return exc.exit_code
+    return code if isinstance(code, int) else 0
+
+
 def interruptible(command: str, left: str = "nothing was written") -> Callable:
     """Decorate a command: Ctrl-C prints ``interrupted: <command> stopped while <doing>; <left>``
     and exits 130. Commands name their steps with :func:`doing`; an ``Abort`` becomes its exit code."""
@@ -171,14 +225,18 @@ def interruptible(command: str, left: str = "nothing was written") -> Callable:
         @functools.wraps(fn)
         def run(*args, **kwargs):
             _activity.update(doing="starting", left=left)
+            if not kwargs.get("json_out"):
+                return _run(fn, command, args, kwargs)
+            out, err = _Watched(sys.stdout), _Watched(sys.stderr)
+            sys.stdout, sys.stderr = out, err
             try:
-                return fn(*args, **kwargs)
-            except KeyboardInterrupt:
-                typer.echo(f"\ninterrupted: {command} stopped while {_activity['doing']}; {_activity['left']}",
-                           err=True)
-                raise typer.Exit(exitcodes.INTERRUPTED)
-            except Abort as exc:
-                fail(exc.exit_code, str(exc))
+                return _run(fn, command, args, kwargs)
+            except typer.Exit as exc:
+                if exc.exit_code and not out.written:
+                    sys.stdout.write(json.dumps(_error_object(exc.exit_code, err.last_error), indent=2) + "\n")
+                raise
+            finally:
+                sys.stdout, sys.stderr = out.stream, err.stream
 
         return run
 

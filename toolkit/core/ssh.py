@@ -70,6 +70,12 @@ class RemoteTimeout(RemoteError):
     exit_code = exitcodes.TIMEOUT
 
 
+class HandshakeTimeout(RemoteError):
+    """The port accepted the TCP connection but no SSH server answered within the connect timeout."""
+
+    exit_code = exitcodes.TIMEOUT
+
+
 class MissingRemoteTool(RemoteError):
     """The box lacks a tool every remote command needs (``setsid``, GNU ``timeout``)."""
 
@@ -375,6 +381,7 @@ class RemoteSession:
         conn = self._connection(self.endpoint, gateway, box=True)
         self._conn = conn
         where = f"{self.target} ({host.name})"
+        started = time.monotonic()
         try:
             conn.open()
         except RemoteError:
@@ -410,7 +417,14 @@ class RemoteSession:
             self.close()
             raise Unreachable(f"{where}: cannot resolve {endpoint.hostname!r}: {exc}") from None
         except paramiko.SSHException as exc:
+            transport = conn.client.get_transport()
+            spoke = bool(getattr(transport, "remote_version", "")) if transport is not None else False
             self.close()
+            if not spoke and time.monotonic() - started >= 0.8 * host.connect_timeout:
+                raise HandshakeTimeout(
+                    f"{where}: the port accepts TCP connections but no SSH server answered within "
+                    f"{host.connect_timeout:g}s (no SSH banner; dsv4_connect_timeout): is sshd hung, or is "
+                    f"something else listening on port {endpoint.port}?") from None
             if "No authentication methods" in str(exc):
                 raise AuthenticationFailed(f"{where}: no credentials to offer ({exc}); set ansible_ssh_private_key_file") from None
             raise Unreachable(f"{where}: SSH handshake failed: {exc}") from None

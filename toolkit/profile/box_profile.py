@@ -76,8 +76,10 @@ def _message(text: str) -> str:
 
 
 def start_profile(port: int, out_dir: str, profile_id: str, num_steps: int) -> None:
+    # No Python stacks and no shapes: both slow every profiled step and swell the traces, and under
+    # CUDA graphs (how the server decodes) the stacks name only the graph launch anyway.
     body = {"output_dir": out_dir, "num_steps": num_steps, "activities": ["CPU", "GPU"], "profile_id": profile_id,
-            "profile_by_stage": False, "merge_profiles": False}
+            "profile_by_stage": False, "merge_profiles": False, "with_stack": False, "record_shapes": False}
     status, text = request(port, "/start_profile", body)
     if status == 200:
         return
@@ -171,11 +173,23 @@ def _compress(path: str) -> str:
     return path + ".gz"
 
 
+def prepare_out_dir(out_dir: str) -> None:
+    """The directory the server writes its traces into, made so that this (login) user can read them.
+
+    The servers run as the service user with ``UMask=0027``: their traces are 0640, owned by the
+    service user. The directory is this user's, writable by the server, and set-group-ID, so every
+    trace written into it takes this user's group and its group read bit lets this user fetch it
+    (no root, no sudo, no ACL). This user owns the directory, so it removes the traces too.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    os.chmod(out_dir, 0o2777)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.chmod(parent, os.stat(parent).st_mode | 0o011)  # the server reaches out_dir through it
+
+
 def cmd_run(args) -> dict:
-    os.makedirs(args.out_dir, exist_ok=True)
-    os.chmod(args.out_dir, 0o777)  # the server may run as another user
+    prepare_out_dir(args.out_dir)
     parent = os.path.dirname(os.path.abspath(args.out_dir))
-    os.chmod(parent, os.stat(parent).st_mode | 0o011)
     argv = args.client[1:] if args.client[:1] == ["--"] else args.client
     log_path = os.path.join(parent, "profile-client.log")
     log = open(log_path, "w")

@@ -193,6 +193,18 @@ def _tail(session, path: str) -> str:
     return result.stdout.strip() or "(empty)"
 
 
+def check_client(remote, session, host) -> None:
+    """Abort(ENVIRONMENT) unless the box's SGLang venv has SGLang's bench client, which drives the load."""
+    probe = (f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('sglang') and "
+             f"importlib.util.find_spec('{sweep.CLIENT_MODULE}') else 3)")
+    found = session.run(shlex.join([remote.python, "-c", probe]), timeout=120, check=False)
+    if found.exit_code != 0:
+        raise Abort(exitcodes.ENVIRONMENT,
+                    f"{host.name}: SGLang's bench client ({sweep.CLIENT_MODULE}) is not installed in {remote.python} "
+                    f"(dsv4_venv_dir): the profile's load comes from it. Run `dsv4kit provision` (or point "
+                    f"dsv4_venv_dir at the SGLang venv); nothing was profiled")
+
+
 def ensure_context(remote, host, ctx: int, p: ProfilePlan, progress: Say, env, restart=None) -> None:
     decode_port = int(host["dsv4_decode_port"])
     current = sweep._context_of(remote.server_info(decode_port, env))
@@ -224,6 +236,7 @@ def execute(p: ProfilePlan, progress: Say, restart: Optional[Callable] = None) -
             remote = sweep.Remote(session, p.target, progress)
             try:
                 remote.setup()
+                check_client(remote, session, p.target)
                 for ctx in p.contexts:
                     ensure_context(remote, p.target, ctx, p, progress, env, restart)
                     profiles.append(capture(remote, session, p.target, ctx=ctx, concurrency=req.concurrency,

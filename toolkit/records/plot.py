@@ -6,6 +6,7 @@ error bars; invalid points are left out (a gap, not a zero). Needs matplotlib (t
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -71,7 +72,8 @@ def figure(records: Sequence[dict], metric: str = "decode_tok_s"):
     ax.set_xticklabels([str(c) for c in sorted(all_c)])
     ax.set_xlabel("concurrency (max in-flight requests)")
     ax.set_ylabel(label)
-    ax.set_title(f"{label} vs concurrency (mean, 95% CI error bars)")
+    # Wrapped to the axes' width: a long metric name stays inside the figure.
+    ax.set_title(textwrap.fill(f"{label} vs concurrency (mean, 95% CI error bars)", 60), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, title="record (context length, input/output tokens)", title_fontsize=7)
     fig.text(0.01, 0.01, BARS_NOTE, fontsize=6.5, ha="left", va="bottom")

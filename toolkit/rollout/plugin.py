@@ -90,6 +90,16 @@ def register() -> None:
     except Exception as exc:
         logger.warning("%s the loopback store could not be installed, torch's store listens on every address: "
                        "%s: %s", _PREFIX, type(exc).__name__, _first_line(exc))
+    try:  # the servers' API keys out of launch_command and the server_args= log line
+        from dsv4kit.rollout import key_redaction
+
+        key_redaction.install()
+    except ImportError:
+        pass  # no SGLang here: nothing logs its arguments
+    except Exception as exc:
+        logger.warning("%s the API keys could not be added to SGLang's redaction (they may show in its "
+                       "server_args= log line and launch_command): %s: %s", _PREFIX, type(exc).__name__,
+                       _first_line(exc))
     try:
         _register()
     except Exception as exc:  # a plugin bug must not take the server down

@@ -510,7 +510,8 @@ class _Run:
         if self.interpret:
             args.append("--interpret")
         if self.verdict is not None:
-            args += ["--ctx", str(self.verdict[0]), "--concurrency", self.verdict[1]]
+            args += ["--ctx", str(self.verdict[0]), "--concurrency", self.verdict[1],
+                     "--decode-tp", str(len(self.host.get("dsv4_decode_gpus") or []) or 4)]
         command = " ".join(shlex.quote(a) for a in args)
         if self.test_sleep:
             command = f"sleep {float(self.test_sleep):g}; {command}"

@@ -11,8 +11,11 @@ poll also reads the unit's state from systemd: a unit that failed, or crashed an
 automatic restart, ends the wait at once, naming the unit, its exit status and the last journal
 lines (exit 1). Then each --expect KEY is compared with the reported value (as strings;
 server_info reports the resolved server arguments), each --expect-env NAME with the environment
-of process PID, and --generate sends one tiny POST /generate through URL that must answer 200
-with text. --api-key-env names the variable holding the API key to send (Authorization: Bearer).
+of process PID, and --generate sends one tiny POST /generate through URL, again every poll until
+it answers 200 with text or the timeout passes. For the router, that /generate is what says ready:
+sglang-router 0.3.2's /readiness keeps answering 200 after a worker died, so it only gates the
+first try. --api-key-env names the variable holding the API key to send (Authorization: Bearer);
+a 401 or 403 at any step ends the wait at once (exit 1): a wrong key never starts to work.
 Prints one JSON object; exit 0 when everything matches, 1 on a failure, 4 on timeout.
 Standard library only.
 """
@@ -84,6 +87,34 @@ def process_env(pid):
     return dict(item.decode(errors="replace").partition("=")[::2] for item in items if b"=" in item)
 
 
+def refused(url, exc):
+    """A 401/403: the key is wrong (or missing), which waiting never fixes. Prints and exits 1."""
+    if exc.code in (401, 403):
+        print(json.dumps({"url": url, "ok": False, "error": f"HTTP {exc.code}: the server refuses the API key "
+                          f"(wrong or missing; the servers and the router take dsv4_router_api_key)"}))
+        raise SystemExit(1)
+
+
+def generated(base, key, args, deadline):
+    """None once one tiny /generate through ``base`` answers 200 with text; else why not (at the deadline)."""
+    body = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    while True:
+        try:
+            answer = request(base + "/generate", key, body)
+            if isinstance(answer, dict) and "text" in answer:
+                return None
+            problem = f"answered without text: {str(answer)[:300]}"
+        except urllib.error.HTTPError as exc:
+            refused(base + "/generate", exc)
+            problem = f"answered {exc.code}: {exc.read().decode(errors='replace')[:300]}"
+        except (urllib.error.URLError, OSError) as exc:
+            problem = f"failed: {exc}"
+        if time.monotonic() >= deadline:
+            return (f"POST {base}/generate {problem} (until the timeout of {args.timeout:.0f} s; {args.path} "
+                    f"answered 200, which the router keeps answering with a dead worker: the /generate decides)")
+        time.sleep(args.interval)
+
+
 def wait_for(url, args, key):
     """The JSON answer of URL once it is 200; raises SystemExit with the printed outcome otherwise."""
     deadline = time.monotonic() + args.timeout
@@ -96,6 +127,9 @@ def wait_for(url, args, key):
                 raise SystemExit(1)
         try:
             return request(url, key)
+        except urllib.error.HTTPError as exc:
+            refused(url, exc)
+            last_error = str(exc)
         except (urllib.error.URLError, OSError) as exc:
             last_error = str(exc)
         if time.monotonic() >= deadline:
@@ -139,18 +173,16 @@ def main(argv=None):
             if env and env.get(name) != wanted:
                 mismatches.append(f"env {name}: process has {env.get(name)!r}, configured {wanted!r}")
     if args.generate and not mismatches:
-        body = {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
         try:
-            answer = request(base + "/generate", key, body)
-            if not isinstance(answer, dict) or "text" not in answer:
-                mismatches.append(f"POST {base}/generate answered without text: {str(answer)[:300]}")
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
-            mismatches.append(f"POST {base}/generate answered {exc.code}: {detail}")
-        except (urllib.error.URLError, OSError) as exc:
-            mismatches.append(f"POST {base}/generate failed: {exc}")
+            problem = generated(base, key, args, time.monotonic() + args.timeout)
+        except SystemExit as done:
+            return done.code
+        if problem:
+            print(json.dumps({"url": url, "ok": False, "error": problem, "ready_by": "/generate"}))
+            return 4
     print(json.dumps({"url": url, "ok": not mismatches, "mismatches": mismatches,
-                      "version": info.get("version") if isinstance(info, dict) else None}))
+                      "version": info.get("version") if isinstance(info, dict) else None,
+                      "ready_by": "/generate" if args.generate else args.path}))
     return 1 if mismatches else 0
 
 
