@@ -196,7 +196,7 @@ def content_problems(report: dict, needed_targets: list[str]) -> list[str]:
 
 
 def identity_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin: Optional[str],
-                      serving: frozenset = frozenset()) -> list[str]:
+                      serving: frozenset = frozenset(), decode_tp: Optional[int] = None) -> list[str]:
     """Where the report's GPU model, driver or SGLang version differ from the host's (empty: none)."""
     problems = []
     ident = (report.get("verdict") or {}).get("identity") or {}
@@ -217,6 +217,10 @@ def identity_problems(report: dict, host_name: str, facts: HostFacts, sglang_pin
     elif sglang_pin is not None and ident.get("sglang") != sglang_pin:
         problems.append(f"it was measured with SGLang {ident.get('sglang')!r}, the inventory pins "
                         f"dsv4_sglang_version {sglang_pin!r} (provisioning would change it)")
+    measured_tp = ((report.get("verdict") or {}).get("shapes") or {}).get("decode_tp")
+    if decode_tp and measured_tp != decode_tp:
+        problems.append(f"its attention was timed at the heads of decode TP {measured_tp or 'unrecorded (64 heads)'}, "
+                        f"{host_name} decodes at TP {decode_tp} (docs/sglang-contract.md §4.2)")
     from dsv4kit.validation.verdict_run import kernels_digest
 
     shipped = kernels_digest()
@@ -282,7 +286,8 @@ def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional
     if not problems:  # only a usable report is worth an SSH connection
         facts = (probe or probe_host)(host)
         serving = frozenset(host.get("dsv4_prefill_gpus") or []) | frozenset(host.get("dsv4_decode_gpus") or [])
-        problems = identity_problems(report, host.name, facts, host.get("dsv4_sglang_version"), serving)
+        problems = identity_problems(report, host.name, facts, host.get("dsv4_sglang_version"), serving,
+                                     len(host.get("dsv4_decode_gpus") or []) or None)
     plan["report"] = _report_summary(path, report)
     if problems:
         why = (f"report {path} is not evidence for {host.name} as it is now: " + "; ".join(problems)
