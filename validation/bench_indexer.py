@@ -618,6 +618,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=".", help="directory for bench_indexer.json and .png")
     parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
     parser.add_argument("--tune", action="store_true", help="also sweep launch configurations")
+    parser.add_argument("--fp4", action="store_true",
+                        help="the FP4-cache indexer beside ours FP8 and TileLang FP8, against both "
+                             "read floors (writes bench_indexer_fp4.json; "
+                             "dsv4kit.validation.bench_indexer_fp4)")
     parser.add_argument("--budget-gib", type=float, default=None,
                         help="memory budget for the fallback's temporaries (default: half of free memory)")
     parser.add_argument("--render", metavar="JSON", help="print the markdown table of a result and exit")
@@ -661,6 +665,13 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as exc:
             print(f"error: cannot read {args.render}: {exc}", file=sys.stderr)
             return exitcodes.USAGE
+        if payload.get("kind") == "dsv4kit-bench-indexer-fp4":
+            from dsv4kit.validation import bench_indexer_fp4
+
+            print(bench_indexer_fp4.render_summary(payload))
+            print()
+            print(bench_indexer_fp4.render_table(payload))
+            return exitcodes.OK
         print(render_summary(payload))
         print()
         print(render_table(payload))
@@ -686,6 +697,10 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.fp4:
+        from dsv4kit.validation import bench_indexer_fp4
+
+        return bench_indexer_fp4.run(args, log)
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
     env = _environment(torch, device)
