@@ -47,7 +47,6 @@ output.
 
 from __future__ import annotations
 
-import functools
 import operator
 
 import torch
@@ -104,7 +103,6 @@ def _fp4_logits_kernel(
     FILL: tl.constexpr,
     EXACT_TAIL: tl.constexpr,
     DIRECT: tl.constexpr,
-    Q_BF16: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -139,10 +137,6 @@ def _fp4_logits_kernel(
         # q as the dot's right operand: [64 packed bytes (K), H], its exponents [H, 4].
         q = tl.load(q_u8 + (b * H + offs_h[None, :]) * PACKED + offs_i[:, None])
         q_scale = tl.load(qs_u8 + (b * H + offs_h[:, None]) * 4 + offs_s[None, :])
-        if Q_BF16:
-            # No native e2m1 MMA (sm_90): q is dequantised to bf16 once here, so the per-page
-            # dot only upcasts K.
-            q = _dequant_q_bf16(q, q_scale, PACKED, H)
         w = tl.load(w_ptr + b * H + offs_h)
         ok = (page_first >= 0) & (page_first < num_pages)
         page = tl.where(ok, page_first, 0)  # never dereference an id outside the pool
@@ -161,32 +155,6 @@ def _fp4_logits_kernel(
 
 
 @triton.jit
-def _e2m1_value(code):
-    """fp32 value of 4-bit e2m1 codes (exact)."""
-    mag = code & 7
-    e2 = mag >> 1
-    frac = (2 + (mag & 1)).to(tl.float32) * (1 << e2).to(tl.float32) * 0.25
-    value = tl.where(e2 == 0, (mag & 1).to(tl.float32) * 0.5, frac)
-    return tl.where((code & 8) != 0, -value, value)
-
-
-@triton.jit
-def _dequant_q_bf16(q, q_scale, PACKED: tl.constexpr, H: tl.constexpr):
-    """Packed q ``[64 bytes, H]`` and exponents ``[H, 4]`` -> bf16 ``[128, H]`` (exact)."""
-    lo = _e2m1_value(q & 0xF)
-    hi = _e2m1_value(q >> 4)
-    values = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (2 * PACKED, H))
-    block = tl.arange(0, 2 * PACKED) // 32
-    exps = tl.reshape(tl.permute(q_scale, (1, 0)), (4, H))  # [4, H]
-    scale = tl.exp2(exps.to(tl.float32) - 127.0)
-    full = tl.zeros((2 * PACKED, H), tl.float32)
-    for blk in tl.static_range(4):
-        row = tl.sum(tl.where(tl.arange(0, 4)[:, None] == blk, scale, 0.0), axis=0)  # [H]
-        full = tl.where(block[:, None] == blk, row[None, :], full)
-    return (values * full).to(tl.bfloat16)
-
-
-@triton.jit
 def _score_page(kv_ptr, page, page_ok, q, q_scale, w, seq_len, p, out_row, store_end,
                 offs_t, offs_i, offs_s, PAGE: tl.constexpr, PACKED: tl.constexpr,
                 PAGE_BYTES: tl.constexpr, SCALE_OFFSET: tl.constexpr):
@@ -194,30 +162,13 @@ def _score_page(kv_ptr, page, page_ok, q, q_scale, w, seq_len, p, out_row, store
     base = kv_ptr + page * PAGE_BYTES
     k = tl.load(base + offs_t[:, None] * PACKED + offs_i[None, :])  # [64, 64] packed bytes
     k_scale = tl.load(base + SCALE_OFFSET + offs_t[:, None] * 4 + offs_s[None, :])  # [64, 4]
-    if q.dtype == tl.bfloat16:
-        scores = tl.dot_scaled(k, k_scale, "e2m1", q, None, "bf16")  # [64, H] fp32
-    else:
-        scores = tl.dot_scaled(k, k_scale, "e2m1", q, q_scale, "e2m1")
+    scores = tl.dot_scaled(k, k_scale, "e2m1", q, q_scale, "e2m1")  # [64, H] fp32
     scores = tl.maximum(scores, 0.0)
     logit = tl.sum(scores * w[None, :], axis=1)
     t = p * PAGE + offs_t
     scored_until = tl.where(page_ok, seq_len, 0)  # a bad id's positions score -inf
     logit = tl.where(t < scored_until, logit, float("-inf"))
     tl.store(out_row + t, logit, mask=t < store_end)
-
-
-@functools.lru_cache(maxsize=None)
-def _major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
-
-
-def native_fp4(device: torch.device) -> bool:
-    """Whether ``tl.dot_scaled`` of e2m1 x e2m1 is one MMA here (sm_100, sm_120) rather than an
-    upcast to bf16 (sm_90, where q is then dequantised once per program instead of per page).
-    The interpreter takes the e2m1 x e2m1 path (it computes bf16 dots wrongly)."""
-    if _INTERPRET or device.type != "cuda":
-        return True
-    return _major(device.index if device.index is not None else torch.cuda.current_device()) >= 10
 
 
 def _fail(message: str) -> None:
@@ -380,15 +331,13 @@ def fp8_fp4_paged_mqa_logits_for_sglang(q, kv_cache, weights, context_lens, bloc
 
 def launch(q_fp4, q_sf, kv_pages, weights, lens_1d, block_table, out, num_pages, max_seq_len,
            progs_per_row, num_warps=NUM_WARPS, num_stages=NUM_STAGES, tail=TAIL_EXACT,
-           direct=DIRECT, q_bf16=None):
+           direct=DIRECT):
     """Launch on already-checked arguments (the benchmark uses this to sweep configurations)."""
     batch, _, heads, _ = q_fp4.shape
-    if q_bf16 is None:
-        q_bf16 = not native_fp4(q_fp4.device)
     _fp4_logits_kernel[(batch, progs_per_row)](
         q_fp4, q_sf, kv_pages, weights, lens_1d, block_table, out,
         lens_1d.stride(0), block_table.stride(0), num_pages, max_seq_len, progs_per_row,
         H=heads, PAGE=PAGE_SIZE, PACKED=PACKED_BYTES, PAGE_BYTES=PAGE_BYTES,
         SCALE_OFFSET=SCALE_OFFSET, FILL=FILL_BLOCK, EXACT_TAIL=tail == TAIL_EXACT, DIRECT=direct,
-        Q_BF16=q_bf16, num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )
