@@ -564,7 +564,7 @@ _GENERATED = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)
 
 
 def update_doc(doc_path: str, bench_payload: dict, validation_payload: Optional[dict],
-               tuning_payload: Optional[dict] = None) -> None:
+               tuning_payload: Optional[dict] = None, fp4_payload: Optional[dict] = None) -> None:
     """Regenerate the ``<!-- generated:NAME -->`` blocks of a markdown page from result JSON.
 
     The tuning block comes from ``tuning_payload`` (a ``--tune`` run) when given, else from the
@@ -577,6 +577,11 @@ def update_doc(doc_path: str, bench_payload: dict, validation_payload: Optional[
               "tuning": render_tuning(tuning_payload or bench_payload)}
     if validation_payload is not None:
         blocks["validation"] = "```\n" + indexer_suite.report_lines(validation_payload) + "\n```"
+    if fp4_payload is not None:
+        from dsv4kit.validation import bench_indexer_fp4
+
+        blocks["fp4_summary"] = bench_indexer_fp4.render_summary(fp4_payload)
+        blocks["fp4_table"] = bench_indexer_fp4.render_table(fp4_payload)
     with open(doc_path) as fh:
         text = fh.read()
 
@@ -634,6 +639,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bench-json", help="bench result for --update-doc")
     parser.add_argument("--validation-json", help="harness report for --update-doc")
     parser.add_argument("--tuning-json", help="a --tune result whose sweep --update-doc shows")
+    parser.add_argument("--fp4-json", help="a --fp4 result whose table --update-doc shows")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     if args.update_doc:
@@ -651,7 +657,12 @@ def main(argv=None) -> int:
             if args.tuning_json:
                 with open(args.tuning_json) as fh:
                     tuning_payload = json.load(fh)
-            update_doc(args.update_doc, bench_payload, validation_payload, tuning_payload)
+            fp4_payload = None
+            if args.fp4_json:
+                with open(args.fp4_json) as fh:
+                    fp4_payload = json.load(fh)
+            update_doc(args.update_doc, bench_payload, validation_payload, tuning_payload,
+                       fp4_payload)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exitcodes.USAGE
