@@ -48,24 +48,13 @@ def _row(impl: str, case: IndexerCase, stats: dict, bar, note: str = "", **extra
 
 
 def deep_gemm_fn():
-    """DeepGEMM's ``fp8_fp4_paged_mqa_logits`` and a schedule maker, or a reason it cannot run."""
+    """DeepGEMM's ``fp8_fp4_paged_mqa_logits`` as SGLang calls it, or a reason it cannot run."""
+    from dsv4kit.validation.implementations import _deep_gemm_fp4
+
     try:
-        import deep_gemm
+        return _deep_gemm_fp4(), None
     except Exception as exc:  # noqa: BLE001 - absent, or its extension does not load here
         return None, f"deep_gemm does not import ({type(exc).__name__}: {str(exc)[:80]})"
-    fn = getattr(deep_gemm, "fp8_fp4_paged_mqa_logits", None)
-    if fn is None:
-        return None, "this deep_gemm has no fp8_fp4_paged_mqa_logits"
-
-    def call(q, kv_cache, weights, lens, table, _meta, max_len, clean):
-        import torch
-
-        lens2 = lens.reshape(-1, 1).contiguous()
-        meta = deep_gemm.get_paged_mqa_logits_metadata(lens2, 64, deep_gemm.get_num_sms())
-        del torch
-        return fn(q, kv_cache, weights, lens2, table, meta, max_len, clean)
-
-    return call, None
 
 
 def run(specs: list[str], options: RunOptions) -> Iterator[CheckRow]:
