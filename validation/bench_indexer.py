@@ -564,7 +564,7 @@ _GENERATED = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)
 
 
 def update_doc(doc_path: str, bench_payload: dict, validation_payload: Optional[dict],
-               tuning_payload: Optional[dict] = None, fp4_payload: Optional[dict] = None) -> None:
+               tuning_payload: Optional[dict] = None) -> None:
     """Regenerate the ``<!-- generated:NAME -->`` blocks of a markdown page from result JSON.
 
     The tuning block comes from ``tuning_payload`` (a ``--tune`` run) when given, else from the
@@ -577,11 +577,11 @@ def update_doc(doc_path: str, bench_payload: dict, validation_payload: Optional[
               "tuning": render_tuning(tuning_payload or bench_payload)}
     if validation_payload is not None:
         blocks["validation"] = "```\n" + indexer_suite.report_lines(validation_payload) + "\n```"
-    if fp4_payload is not None:
-        from dsv4kit.validation import bench_indexer_fp4
+    fill_generated(doc_path, blocks)
 
-        blocks["fp4_summary"] = bench_indexer_fp4.render_summary(fp4_payload)
-        blocks["fp4_table"] = bench_indexer_fp4.render_table(fp4_payload)
+
+def fill_generated(doc_path: str, blocks: dict) -> None:
+    """Replace the ``<!-- generated:NAME -->`` blocks of a page named in ``blocks``; keep the rest."""
     with open(doc_path) as fh:
         text = fh.read()
 
@@ -623,10 +623,6 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=".", help="directory for bench_indexer.json and .png")
     parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
     parser.add_argument("--tune", action="store_true", help="also sweep launch configurations")
-    parser.add_argument("--fp4", action="store_true",
-                        help="the FP4-cache indexer beside ours FP8 and TileLang FP8, against both "
-                             "read floors (writes bench_indexer_fp4.json; "
-                             "dsv4kit.validation.bench_indexer_fp4)")
     parser.add_argument("--budget-gib", type=float, default=None,
                         help="memory budget for the fallback's temporaries (default: half of free memory)")
     parser.add_argument("--render", metavar="JSON", help="print the markdown table of a result and exit")
@@ -639,7 +635,6 @@ def main(argv=None) -> int:
     parser.add_argument("--bench-json", help="bench result for --update-doc")
     parser.add_argument("--validation-json", help="harness report for --update-doc")
     parser.add_argument("--tuning-json", help="a --tune result whose sweep --update-doc shows")
-    parser.add_argument("--fp4-json", help="a --fp4 result whose table --update-doc shows")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     if args.update_doc:
@@ -657,12 +652,7 @@ def main(argv=None) -> int:
             if args.tuning_json:
                 with open(args.tuning_json) as fh:
                     tuning_payload = json.load(fh)
-            fp4_payload = None
-            if args.fp4_json:
-                with open(args.fp4_json) as fh:
-                    fp4_payload = json.load(fh)
-            update_doc(args.update_doc, bench_payload, validation_payload, tuning_payload,
-                       fp4_payload)
+            update_doc(args.update_doc, bench_payload, validation_payload, tuning_payload)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exitcodes.USAGE
@@ -676,13 +666,6 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as exc:
             print(f"error: cannot read {args.render}: {exc}", file=sys.stderr)
             return exitcodes.USAGE
-        if payload.get("kind") == "dsv4kit-bench-indexer-fp4":
-            from dsv4kit.validation import bench_indexer_fp4
-
-            print(bench_indexer_fp4.render_summary(payload))
-            print()
-            print(bench_indexer_fp4.render_table(payload))
-            return exitcodes.OK
         print(render_summary(payload))
         print()
         print(render_table(payload))
@@ -708,10 +691,6 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    if args.fp4:
-        from dsv4kit.validation import bench_indexer_fp4
-
-        return bench_indexer_fp4.run(args, log)
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
     env = _environment(torch, device)

@@ -1,6 +1,8 @@
 """The FP4-cache indexer beside the FP8 ones, against each cache's read floor, in one run.
 
-``python -m dsv4kit.validation.bench_indexer --fp4 [--out DIR] [--quick]`` (or this module).
+``python -m dsv4kit.validation.bench_indexer_fp4 [--out DIR] [--quick]``; ``--render JSON`` prints
+the table of a result, ``--update-doc MD --fp4-json JSON`` regenerates a page's ``fp4_summary``
+and ``fp4_table`` blocks. It uses ``bench_indexer``'s bandwidth, environment and page-table pieces.
 
 * Rows: ours FP4 (``dsv4kit.kernels.indexer_fp4`` as the plugin calls it), ours FP8
   (``dsv4kit.kernels.indexer`` as the plugin calls it) and SGLang 0.5.23's TileLang FP8 indexer,
@@ -290,7 +292,7 @@ def implementations_here(torch, log):
 
 
 def run(args, log) -> int:
-    """The ``--fp4`` benchmark (``args`` from ``bench_indexer``'s parser)."""
+    """The benchmark (``args``: ``out``, ``quick``)."""
     import torch
 
     from dsv4kit.core import exitcodes
@@ -317,7 +319,7 @@ def run(args, log) -> int:
             f"{n}={base._us(t)}" for n, t in result.get("times_us", {}).items()))
     payload = {
         "schema": SCHEMA, "kind": KIND,
-        "command": "python -m dsv4kit.validation.bench_indexer " + " ".join(sys.argv[1:]),
+        "command": "python -m dsv4kit.validation.bench_indexer_fp4 " + " ".join(sys.argv[1:]),
         "started_unix": started, "environment": env, "bandwidth": bandwidth,
         "timing": ("CUDA-graph replay of one call per pool copy in turn (copies: enough page "
                    f"tables over disjoint pages that the cycled FP4 bytes reach {CYCLE_BYTES >> 20} "
@@ -342,3 +344,43 @@ def run(args, log) -> int:
     print(f"\nwrote {path}", flush=True)
     broken = [p for p in points if p.get("error")] or payload["summary"]["incorrect"]
     return exitcodes.CHECK_FAILED if broken else exitcodes.OK
+
+
+def main(argv=None) -> int:
+    import json
+
+    from dsv4kit.core import exitcodes
+
+    parser = bench_cli.new_parser("bench_indexer_fp4", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=".", help="directory for bench_indexer_fp4.json")
+    parser.add_argument("--quick", action="store_true", help="a small subset of the grid")
+    parser.add_argument("--render", metavar="JSON", help="print the markdown table of a result and exit")
+    parser.add_argument("--update-doc", metavar="MD",
+                        help="regenerate the fp4_summary / fp4_table blocks of this page from --fp4-json")
+    parser.add_argument("--fp4-json", help="the result --update-doc shows")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    source = args.render or args.fp4_json
+    if args.update_doc and not args.fp4_json:
+        print("error: --update-doc needs --fp4-json", file=sys.stderr)
+        return exitcodes.USAGE
+    if source:
+        try:
+            with open(source) as fh:
+                payload = json.load(fh)
+            if args.update_doc:
+                base.fill_generated(args.update_doc, {"fp4_summary": render_summary(payload),
+                                                      "fp4_table": render_table(payload)})
+                print(f"updated {args.update_doc}")
+                return exitcodes.OK
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exitcodes.USAGE
+        print(render_summary(payload))
+        print()
+        print(render_table(payload))
+        return exitcodes.OK
+    return run(args, lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
