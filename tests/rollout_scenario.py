@@ -9,7 +9,10 @@ runs the requested CALLs through those module attributes (as SGLang's dispatch d
 * ``indexer_good`` / ``indexer_bad``: the torch sm_120 indexer target with contract-conforming
   inputs / with 32 index heads instead of 64;
 * ``attention_good`` / ``attention_bad`` / ``attention_prefill``: the sparse-MLA target with
-  conforming decode inputs / with an fp16 q / with T = 65 rows (beyond SM120_DECODE_MAX_TOKENS).
+  conforming decode inputs / with an fp16 q / with T = 65 rows (beyond SM120_DECODE_MAX_TOKENS);
+* ``indexer_fp4_good`` / ``indexer_fp4_bad``: DeepGEMM's FP4 entry (``deep_gemm`` is the stand-in
+  package tests/deep_gemm_standin when ``ROLLOUT_STANDIN_DEEPGEMM=1``) with SGLang's eight FP4
+  arguments / with the 132-byte FP8 cache view instead of the 68-byte one.
 
 Each call's result is compared with SGLang's own function (the replaced attribute's
 ``__wrapped__``), which runs on the CPU: the indexer's torch path, and the attention's ``torch``
@@ -38,6 +41,8 @@ STANDIN_ROOTS = {"torchvision"}
 if os.environ.get("ROLLOUT_STANDIN_TILELANG") == "1":
     STANDIN_ROOTS.add("tilelang")
 standins.install(STANDIN_ROOTS)
+if os.environ.get("ROLLOUT_STANDIN_DEEPGEMM") == "1":
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "deep_gemm_standin"))
 
 
 class _Records(logging.Handler):
@@ -56,6 +61,7 @@ TARGETS = {
     "indexer_tilelang": ("sglang.kernels.ops.attention.dsa.tilelang_kernel",
                          "tilelang_fp8_paged_mqa_logits"),
     "attention": ("sglang.kernels.ops.attention.flash_mla_sm120", "flash_mla_with_kvcache_sm120"),
+    "indexer_fp4": ("deep_gemm", "fp8_fp4_paged_mqa_logits"),
 }
 
 
@@ -89,6 +95,23 @@ def _indexer_call(heads: int) -> dict:
     return {"shape": list(out.shape), "dtype": str(out.dtype),
             "max_rel_diff": float(diff.max() / scale) if diff.numel() else 0.0,
             "page_tail_neg_inf": bool(torch.isneginf(out[in_page_tail]).all())}
+
+
+def _indexer_fp4_call(fp8_view: bool) -> dict:
+    import torch
+
+    from dsv4kit.kernels.indexer_fp4_reference import make_fp4_inputs
+
+    inputs = make_fp4_inputs(3, 64, 2, 100, seed=1, seq_lens_2d=True)  # [B, 1], as SGLang passes
+    args = list(inputs.args())
+    if fp8_view:
+        args[1] = torch.zeros(4, 64, 1, 132, dtype=torch.uint8)
+    fn = _attr("indexer_fp4")
+    out = fn(*args)
+    ref = _stock_of(fn)(*args)
+    live = torch.arange(out.shape[1]).unsqueeze(0) < inputs.seq_lens.long()
+    diff = (out - ref).abs()[live]
+    return {"shape": list(out.shape), "max_rel_diff": float(diff.max() / ref.abs()[live].max())}
 
 
 def _attention_call(T: int, dtype=None) -> dict:
@@ -141,6 +164,8 @@ CALLS = {
     "attention_good": lambda: _attention_call(2),
     "attention_bad": lambda: _attention_call(2, dtype="fp16"),
     "attention_prefill": lambda: _attention_call(65),
+    "indexer_fp4_good": lambda: _indexer_fp4_call(False),
+    "indexer_fp4_bad": lambda: _indexer_fp4_call(True),
 }
 
 
@@ -156,6 +181,8 @@ def main(calls) -> dict:
     report = {"targets": {}, "calls": {}, "plugin_state": None}
     for key in TARGETS:
         if key == "indexer_tilelang" and "tilelang" not in STANDIN_ROOTS:
+            continue
+        if key == "indexer_fp4" and os.environ.get("ROLLOUT_STANDIN_DEEPGEMM") != "1":
             continue
         module_name, function = TARGETS[key]
         fn = getattr(importlib.import_module(module_name), function, None)

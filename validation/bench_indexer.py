@@ -577,6 +577,11 @@ def update_doc(doc_path: str, bench_payload: dict, validation_payload: Optional[
               "tuning": render_tuning(tuning_payload or bench_payload)}
     if validation_payload is not None:
         blocks["validation"] = "```\n" + indexer_suite.report_lines(validation_payload) + "\n```"
+    fill_generated(doc_path, blocks)
+
+
+def fill_generated(doc_path: str, blocks: dict) -> None:
+    """Replace the ``<!-- generated:NAME -->`` blocks of a page named in ``blocks``; keep the rest."""
     with open(doc_path) as fh:
         text = fh.read()
 

@@ -34,6 +34,7 @@ from dsv4kit.validation.rows import (REPORT_SCHEMA, RunOptions, SuiteReport, row
 
 SUITES: dict[str, str] = {
     "indexer": "dsv4kit.validation.indexer_suite",
+    "indexer_fp4": "dsv4kit.validation.indexer_fp4_suite",
     "attention": "dsv4kit.validation.attention_suite",
 }
 

@@ -9,6 +9,11 @@ Targets and their SGLang contracts:
 * ``"indexer"``: ``fn(q_fp8, kvcache, weight, seq_lens, page_table, deep_gemm_metadata,
   max_seq_len, clean_logits)`` -> fp32 ``[B, max_seq_len]``; only ``[0, L)`` of a row is read by
   SGLang (``tail`` says what an implementation leaves past ``L``).
+* ``"indexer_fp4"``: every indexer a host can run for its c4 layers, FP4 and FP8 side by side:
+  ours FP4 ("dsv4kit": DeepGEMM's ``fp8_fp4_paged_mqa_logits`` arguments, docs/sglang-contract.md
+  §2.10), DeepGEMM's own FP4 function where it imports (SGLang's only FP4 route: the stock
+  default), ours FP8 ("dsv4kit-fp8") and TileLang FP8. Each function carries ``cache_format``
+  ("fp4" or "fp8"): the inputs it takes.
 * ``"attention"``: ``fn(**kwargs)`` with the keyword arguments of ``flash_mla_with_kvcache_sm120``
   -> ``(out [T, 1, H, 512] bf16, lse)``.
 
@@ -23,7 +28,7 @@ from typing import Callable, Optional
 
 from dsv4kit.validation import sglang_stock
 
-TARGETS = ("indexer", "attention")
+TARGETS = ("indexer", "attention", "indexer_fp4")
 
 TILELANG_MODULE = "sglang.kernels.ops.attention.dsa.tilelang_kernel"
 INDEXER_FALLBACK_MODULE = "sglang.srt.layers.attention.dsv4.indexer"
@@ -160,6 +165,58 @@ def _indexer(device, cap) -> tuple[list[Implementation], dict[str, str]]:
     return loaded, missing
 
 
+def _with_format(fn: Callable, cache_format: str) -> Callable:
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    call.cache_format = cache_format
+    return call
+
+
+def _deep_gemm_fp4() -> Callable:
+    """DeepGEMM's FP4 logits as SGLang calls them: its schedule from the lengths, per call."""
+    import deep_gemm
+
+    fn = deep_gemm.fp8_fp4_paged_mqa_logits
+
+    def call(q, kv_cache, weights, lens, table, _meta, max_len, clean=False):
+        lens2 = lens.reshape(-1, 1).contiguous()
+        meta = deep_gemm.get_paged_mqa_logits_metadata(lens2, 64, deep_gemm.get_num_sms())
+        return fn(q, kv_cache, weights, lens2, table, meta, max_len, clean)
+
+    return call
+
+
+def _indexer_fp4(device, cap) -> tuple[list[Implementation], dict[str, str]]:
+    from dsv4kit.kernels import indexer, indexer_fp4
+
+    loaded = [Implementation("indexer_fp4", "dsv4kit", False,
+                             _with_format(indexer_fp4.fp8_fp4_paged_mqa_logits_for_sglang, "fp4"),
+                             tail="page", origin="dsv4kit"),
+              Implementation("indexer_fp4", "dsv4kit-fp8", False,
+                             _with_format(indexer.fp8_paged_mqa_logits_for_sglang, "fp8"),
+                             tail="page", origin="dsv4kit")]
+    missing: dict[str, str] = {}
+    if cap is None:
+        missing["deepgemm-fp4"] = "not available: needs a CUDA GPU"
+    else:
+        try:
+            loaded.append(Implementation("indexer_fp4", "deepgemm-fp4", True,
+                                         _with_format(_deep_gemm_fp4(), "fp4"), tail="none",
+                                         origin="installed"))
+        except Exception as exc:  # noqa: BLE001 - absent, or its extension does not load here
+            missing["deepgemm-fp4"] = f"not available: {type(exc).__name__}: {str(exc)[:120]}"
+    fp8, why = _indexer(device, cap)
+    for impl in fp8:
+        if impl.name == "sglang-tilelang":
+            loaded.append(Implementation("indexer_fp4", impl.name, False,
+                                         _with_format(impl.fn, "fp8"), tail=impl.tail,
+                                         origin=impl.origin))
+    if "sglang-tilelang" in why:
+        missing["sglang-tilelang"] = why["sglang-tilelang"]
+    return loaded, missing
+
+
 def _attention(device, cap) -> tuple[list[Implementation], dict[str, str]]:
     from dsv4kit.kernels import sparse_mla_decode
 
@@ -206,4 +263,4 @@ def implementations(target: str, device) -> tuple[list[Implementation], dict[str
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     cap = _capability(device)
-    return (_indexer if target == "indexer" else _attention)(device, cap)
+    return {"indexer": _indexer, "attention": _attention, "indexer_fp4": _indexer_fp4}[target](device, cap)

@@ -90,9 +90,14 @@ class TargetVerdict:
     comparisons: list = field(default_factory=list)
     measurements: list = field(default_factory=list)
     unavailable: dict = field(default_factory=dict)
+    # The fastest correct implementation overall (most shapes won, then the lowest median sum),
+    # and per shape: {shape: name}. Every implementation measured competes, ours or not.
+    fastest: Optional[str] = None
+    fastest_by_shape: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"target": self.target, "flag": self.flag, "recommend": self.recommend,
+                "fastest": self.fastest, "fastest_by_shape": dict(self.fastest_by_shape),
                 "flag_value": "1" if self.recommend == "on" else "0",
                 "stock_default": self.stock_default, "reasons": list(self.reasons),
                 "comparisons": [asdict(c) for c in self.comparisons],
@@ -114,6 +119,24 @@ def compare_timings(ours: Sequence[float], stock: Sequence[float], margin: float
     return TIE
 
 
+def fastest_correct(rows: Sequence[Measurement]) -> tuple[Optional[str], dict]:
+    """``(overall, {shape: name})``: at each shape the correct implementation with the lowest
+    median; overall the one fastest at most shapes (ties: the lower sum of its medians)."""
+    by_shape: dict = {}
+    for shape in dict.fromkeys(m.shape for m in rows):
+        timed = [m for m in rows if m.shape == shape and m.correct and m.median_us is not None]
+        if timed:
+            by_shape[shape] = min(timed, key=lambda m: m.median_us).impl
+    if not by_shape:
+        return None, by_shape
+    wins = {name: list(by_shape.values()).count(name) for name in set(by_shape.values())}
+
+    def total(name):
+        return sum(m.median_us for m in rows if m.impl == name and m.median_us is not None)
+
+    return min(wins, key=lambda name: (-wins[name], total(name))), by_shape
+
+
 def decide(target: str, measurements: Iterable[Measurement], unavailable: Optional[dict] = None,
            shapes: Optional[Sequence[str]] = None, margin: float = MARGIN) -> TargetVerdict:
     """The verdict for one target from its measurements (see the module docstring for the rule).
@@ -128,6 +151,7 @@ def decide(target: str, measurements: Iterable[Measurement], unavailable: Option
     verdict = TargetVerdict(target=target, flag=FLAGS.get(target, ""), recommend="off",
                             stock_default=stock_names[0] if len(stock_names) == 1 else None,
                             measurements=rows, unavailable=unavailable)
+    verdict.fastest, verdict.fastest_by_shape = fastest_correct(rows)
     if not shapes:
         verdict.reasons.append("no decode shape was measured")
         return verdict
@@ -193,7 +217,8 @@ def section(verdicts: Sequence[TargetVerdict], identity: dict, shapes: dict, *, 
                    "rule": "on only where dsv4kit is correct and faster than the stock default at every "
                            "shape: median ratio <= 1 - margin and quartiles apart"},
         "targets": {v.target: v.to_dict() for v in verdicts},
-        "recommendation": {v.flag: ("1" if v.recommend == "on" else "0") for v in verdicts},
+        # Targets without a flag of their own (the FP4 indexer) inform; they decide no flag.
+        "recommendation": {v.flag: ("1" if v.recommend == "on" else "0") for v in verdicts if v.flag},
     }
 
 
@@ -218,7 +243,9 @@ def render(verdict: dict) -> list[str]:
             stock = "-" if c["stock_us"] is None else f"{c['stock_us']:.1f}"
             lines.append(f"  {name:<9} {c['shape']:<28} dsv4kit {ours:>8} us  {body.get('stock_default')} "
                          f"{stock:>8} us  {c['outcome']}{'' if c['ours_correct'] else ' (dsv4kit error above bar)'}")
-        lines.append(f"  {name}: {body['flag']}={body['flag_value']} ({body['recommend']}): "
+        if body.get("fastest"):
+            lines.append(f"  {name}: fastest correct implementation: {body['fastest']}")
+        lines.append(f"  {name}: {body['flag'] or '(no flag)'}={body['flag_value']} ({body['recommend']}): "
                      + "; ".join(body.get("reasons", [])))
     if verdict.get("status") != "complete":
         lines.append(f"  verdict {verdict.get('status')}: {verdict.get('reason')}")

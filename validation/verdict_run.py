@@ -22,7 +22,7 @@ from dsv4kit.validation import attention_heads as heads_of
 from dsv4kit.validation import verdict as v
 
 SAMPLES = 7
-TARGETS = ("indexer", "attention")
+TARGETS = ("indexer", "attention", "indexer_fp4")
 #: Short requests on a long context: the case the indexer exists for (and where stock is fast).
 SHORT_TOKENS = 2048
 #: Bench defaults (``dsv4kit bench --concurrency``): the decode batch sizes the host serves.
@@ -60,7 +60,7 @@ def decode_shapes(target: str, context_length: int, concurrency: Sequence[int],
     """
     shapes = []
     for c in concurrency:
-        if target == "indexer":
+        if target in ("indexer", "indexer_fp4"):
             for tokens in sorted({min(SHORT_TOKENS, context_length), context_length}):
                 shapes.append(Shape(target, f"B={c} ctx={context_length} L={tokens}",
                                     {"batch": c, "context": context_length, "tokens": tokens}))
@@ -206,7 +206,35 @@ def _build_attention(shape: Shape, device: str):
     return (lambda fn: [(lambda kw=kw: fn(**kw)) for kw in layers]), check
 
 
-BUILDERS = {"indexer": _build_indexer, "attention": _build_attention}
+def _build_indexer_fp4(shape: Shape, device: str):
+    """FP8 and FP4 caches with the same fragmented page table; each implementation gets the
+    inputs of its ``cache_format`` (dsv4kit.validation.implementations)."""
+    import torch
+
+    from dsv4kit.kernels import indexer_fp4_reference as r4
+    from dsv4kit.kernels import indexer_reference as r8
+    from dsv4kit.validation import bench_indexer_fp4 as b4
+
+    p = shape.params
+    pages = b4.base.table_pages(p["context"])
+    point = {"batch": p["batch"], "heads": 64, "c4_len": p["tokens"] // 4, "pages": pages}
+    fp8_args, fp4_args = (a[0] for a in b4.make_point_inputs(torch, point, 1, device))
+    args = {"fp8": fp8_args, "fp4": fp4_args}
+    exact = {"fp8": r8.exact_logits_f64(*fp8_args[:5], fp8_args[6]),
+             "fp4": r4.exact_logits_f64(*fp4_args[:5], fp4_args[6])}
+
+    def chosen(fn):
+        return getattr(fn, "cache_format", "fp8")
+
+    def check(fn) -> float:
+        fmt = chosen(fn)
+        return r8.compare(fn(*args[fmt]), exact[fmt], args[fmt][3])["rel"]
+
+    return (lambda fn: [lambda: fn(*args[chosen(fn)])]), check
+
+
+BUILDERS = {"indexer": _build_indexer, "attention": _build_attention,
+            "indexer_fp4": _build_indexer_fp4}
 
 
 def graph_samples(calls: list, samples: int = SAMPLES, target_ms: float = 2.0) -> list[float]:
@@ -256,9 +284,10 @@ def graph_samples(calls: list, samples: int = SAMPLES, target_ms: float = 2.0) -
 
 
 def _bars() -> dict:
-    from dsv4kit.validation import attention_suite, indexer_suite
+    from dsv4kit.validation import attention_suite, indexer_fp4_suite, indexer_suite
 
-    return {"indexer": indexer_suite.KERNEL_REL_BAR, "attention": attention_suite.KERNEL_REL_BAR}
+    return {"indexer": indexer_suite.KERNEL_REL_BAR, "attention": attention_suite.KERNEL_REL_BAR,
+            "indexer_fp4": indexer_fp4_suite.KERNEL_REL_BAR}
 
 
 def _short(exc: BaseException) -> str:

@@ -30,9 +30,12 @@ SCENARIO = Path(__file__).resolve().parents[1] / "rollout_scenario.py"
 INDEXER = "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"
 TILELANG = "sglang.kernels.ops.attention.dsa.tilelang_kernel.tilelang_fp8_paged_mqa_logits"
 ATTENTION = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
-FLAGS_ON = {"SGLANG_SM120_TRITON_INDEXER": "1", "SGLANG_SM120_MMA_ATTENTION": "1"}
+FP4 = "deep_gemm.fp8_fp4_paged_mqa_logits"
+# DeepGEMM (compiled, CUDA) is the stand-in package tests/deep_gemm_standin in every scenario.
+FLAGS_ON = {"SGLANG_SM120_TRITON_INDEXER": "1", "SGLANG_SM120_MMA_ATTENTION": "1",
+            "ROLLOUT_STANDIN_DEEPGEMM": "1"}
 GOOD_CALLS = ["indexer_good", "indexer_good", "attention_prefill", "attention_good",
-              "attention_good"]
+              "attention_good", "indexer_fp4_good", "indexer_fp4_good"]
 
 
 def _drift_edits():
@@ -62,9 +65,10 @@ def _scenarios(base: Path) -> dict:
     return {
         "on": (venv, stock, dict(FLAGS_ON, ROLLOUT_STANDIN_TILELANG="1"), GOOD_CALLS),
         "bad_first_call": (venv, stock, dict(FLAGS_ON),
-                           ["indexer_bad", "indexer_good", "attention_bad", "attention_good"]),
+                           ["indexer_bad", "indexer_good", "attention_bad", "attention_good",
+                            "indexer_fp4_bad", "indexer_fp4_good"]),
         "later_calls": (venv, stock, dict(FLAGS_ON), ["indexer_later_calls"]),
-        "flags_unset": (venv, stock, {"ROLLOUT_STANDIN_TILELANG": "1"},
+        "flags_unset": (venv, stock, {"ROLLOUT_STANDIN_TILELANG": "1", "ROLLOUT_STANDIN_DEEPGEMM": "1"},
                         ["indexer_good", "attention_good"]),
         "unsupported_version": (venv, newer, dict(FLAGS_ON, ROLLOUT_STANDIN_TILELANG="1"),
                                 ["indexer_good"]),
@@ -133,6 +137,7 @@ def test_flags_on_replace_every_target_and_the_kernels_serve_the_calls(scenarios
         "indexer": {"replaced": True, "hook": "_IndexerGuard"},
         "indexer_tilelang": {"replaced": True, "hook": "_IndexerGuard"},
         "attention": {"replaced": True, "hook": "_AttentionGuard"},
+        "indexer_fp4": {"replaced": True, "hook": "_Fp4IndexerGuard"},
     }
     state = result["plugin_state"]
     assert state["indexer"] == {"status": "kernel", "reason": None, "kernel_calls": 2,
@@ -152,9 +157,17 @@ def test_flags_on_replace_every_target_and_the_kernels_serve_the_calls(scenarios
     assert calls["attention_prefill"]["max_abs_diff"] == 0.0  # the original itself
     # SGLang's registry applied our three hooks; our log says what serves each target.
     applied = [r["message"] for r in result["logs"] if r["message"].startswith("Applied 1 hook(s)")]
-    assert sorted(m.split(" to ")[1].split(" ")[0] for m in applied) == sorted([INDEXER, TILELANG, ATTENTION])
+    assert sorted(m.split(" to ")[1].split(" ")[0] for m in applied) == sorted(
+        [INDEXER, TILELANG, ATTENTION, FP4])
     served = [r["message"] for r in _ours(result) if "now served by" in r["message"]]
-    assert len(served) == 2 and any(INDEXER in m for m in served) and any(ATTENTION in m for m in served)
+    assert len(served) == 3 and any(INDEXER in m for m in served) and any(ATTENTION in m for m in served)
+    # DeepGEMM's FP4 entry (a pybind-style function: parameters read from its docstring) is ours
+    # from its first call, agreeing with the stand-in's float64 logits.
+    assert any(FP4 in m and "indexer_fp4:fp8_fp4_paged_mqa_logits_for_sglang" in m for m in served)
+    assert state["indexer_fp4"] == {"status": "kernel", "reason": None, "kernel_calls": 2,
+                                    "original_calls": 0}
+    assert calls["indexer_fp4_good"]["shape"] == [3, 128]
+    assert calls["indexer_fp4_good"]["max_rel_diff"] < 1e-5
     assert not _ours(result, "WARNING")
     _no_tracebacks(result)
 
@@ -173,9 +186,15 @@ def test_first_call_contract_mismatch_falls_back_to_the_original_for_good(scenar
     assert "error" not in result["calls"]["indexer_good"]
     assert result["calls"]["indexer_good"]["max_rel_diff"] == 0.0
     assert result["calls"]["attention_good"]["max_abs_diff"] == 0.0
+    # The FP4 entry given the 132-byte FP8 cache view: the original serves it, then for good.
+    assert state["indexer_fp4"]["status"] == "fallback"
+    assert "kv_cache is uint8 [4, 64, 1, 132], expected uint8 [pages, 64, 1, 68]" in \
+        state["indexer_fp4"]["reason"]
+    assert state["indexer_fp4"]["kernel_calls"] == 0 and state["indexer_fp4"]["original_calls"] == 2
     warnings = [r["message"] for r in _ours(result, "WARNING")]
     # Without tilelang the TileLang target is skipped (one line), then one line per fallback.
-    assert len(warnings) == 3, warnings
+    assert len(warnings) == 4, warnings
+    assert any(FP4 in w and "falls back to SGLang's original" in w for w in warnings)
     assert any(TILELANG in w and "tilelang is not importable" in w for w in warnings)
     assert any(INDEXER in w and "falls back to SGLang's original" in w for w in warnings)
     assert any(ATTENTION in w and "falls back to SGLang's original" in w for w in warnings)
@@ -203,7 +222,7 @@ def test_later_calls_the_kernel_refuses_or_breaks_go_to_the_original(scenarios):
 def test_flags_unset_leave_sglang_stock_and_quiet(scenarios):
     result = _get(scenarios, "flags_unset")
     assert result["targets"] == {key: {"replaced": False, "hook": None}
-                                 for key in ("indexer", "indexer_tilelang", "attention")}
+                                 for key in ("indexer", "indexer_tilelang", "attention", "indexer_fp4")}
     assert result["plugin_state"] == {}
     assert not _ours(result)
     assert result["calls"]["indexer_good"]["max_rel_diff"] == 0.0
@@ -216,7 +235,7 @@ def test_unsupported_sglang_version_stays_stock_with_one_line(scenarios):
     warnings = [r["message"] for r in _ours(result, "WARNING")]
     assert len(warnings) == 1, warnings
     assert "SGLang 0.5.24 is not a supported version (supported: 0.5.23)" in warnings[0]
-    assert all(target in warnings[0] for target in (INDEXER, TILELANG, ATTENTION))
+    assert all(target in warnings[0] for target in (INDEXER, TILELANG, ATTENTION, FP4))
     _no_tracebacks(result)
 
 
@@ -225,6 +244,7 @@ def test_missing_target_or_changed_signature_stays_stock_per_target(scenarios):
     assert result["targets"]["indexer"] == {"replaced": False, "hook": None, "missing": True}
     assert result["targets"]["attention"]["replaced"] is False
     assert result["targets"]["indexer_tilelang"]["replaced"] is True  # unaffected target still goes
+    assert result["targets"]["indexer_fp4"]["replaced"] is True
     warnings = [r["message"] for r in _ours(result, "WARNING")]
     assert len(warnings) == 2, warnings
     assert any(INDEXER in w and "has no fp8_paged_mqa_logits_torch_sm120" in w for w in warnings)

@@ -78,12 +78,27 @@ def _target(report, key):
 
 def test_every_target_exists_in_sglang_0_5_23_with_the_expected_parameters(site):
     for target in TARGETS:
+        if not target.module.startswith("sglang."):
+            continue  # DeepGEMM's FP4 entry: see the next test
         found = inspect_source(target.source_file(str(site / "sglang")), target)
         assert found["found"] and found["problem"] is None, (target.dotted, found)
         assert tuple(found["parameters"]) == target.parameters
     attention = next(t for t in TARGETS if t.key == "attention")
     found = inspect_source(attention.source_file(str(site / "sglang")), attention)
     assert found["SM120_DECODE_MAX_TOKENS"] == 64
+
+
+def test_sglang_imports_deepgemms_fp4_entry_at_call_time_with_eight_arguments(site):
+    """With the FP4 cache, forward_c4_indexer imports the function from the deep_gemm package on
+    every call (so the plugin's rebinding of the package attribute is seen) and calls it with the
+    eight positional arguments of the FP4 target (docs/sglang-contract.md §2.10)."""
+    text = (site / "sglang/srt/layers/attention/dsv4/indexer.py").read_text()
+    fp4 = next(t for t in TARGETS if t.key == "indexer_fp4")
+    assert f"from {fp4.module} import {fp4.function} as fn" in text
+    assert "head_dim_with_sf = 68 if use_fp4_indexer else 132" in text
+    call = text[text.index("logits = fn(", text.index("def run_paged_indexer")):]
+    call = call[:call.index(")") + 1]
+    assert call.count(",") == len(fp4.parameters) and "False" in call
 
 
 def test_sglang_calls_the_targets_the_way_the_guards_expect(site):
@@ -354,9 +369,10 @@ def test_plugin_invalid_flag_logs_one_line_and_touches_nothing():
     assert lines == ["WARNING dsv4kit rollout: SGLANG_SM120_TRITON_INDEXER='on' is not a boolean "
                      "(use 1 to turn it on, 0 or unset for off); "
                      "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120, "
-                     "sglang.kernels.ops.attention.dsa.tilelang_kernel.tilelang_fp8_paged_mqa_logits "
-                     "stay stock"]
-    assert {k: v["status"] for k, v in state.items()} == {"indexer": "stock", "indexer_tilelang": "stock"}
+                     "sglang.kernels.ops.attention.dsa.tilelang_kernel.tilelang_fp8_paged_mqa_logits, "
+                     "deep_gemm.fp8_fp4_paged_mqa_logits stay stock"]
+    assert {k: v["status"] for k, v in state.items()} == {
+        "indexer": "stock", "indexer_tilelang": "stock", "indexer_fp4": "stock"}
 
 
 def test_plugin_without_sglang_metadata_stays_stock_with_one_line():
@@ -364,4 +380,4 @@ def test_plugin_without_sglang_metadata_stays_stock_with_one_line():
     assert len(lines) == 1 and lines[0].startswith(
         "WARNING dsv4kit rollout: SGLang unknown (no sglang distribution metadata) is not a "
         "supported version (supported: 0.5.23)")
-    assert all(v["status"] == "stock" for v in state.values()) and len(state) == 3
+    assert all(v["status"] == "stock" for v in state.values()) and len(state) == len(TARGETS)

@@ -154,4 +154,8 @@ def test_documented_update_doc_command_leaves_the_page_unchanged(tmp_path):
     page.write_text((ROOT / "docs" / "indexer.md").read_text())
     assert bench.main(["--update-doc", str(page), "--bench-json", str(RESULT), "--validation-json",
                        str(VALIDATION), "--tuning-json", str(TUNING)]) == exitcodes.OK
+    from dsv4kit.validation import bench_indexer_fp4
+
+    assert bench_indexer_fp4.main(["--update-doc", str(page), "--fp4-json",
+                                   str(ROOT / "docs" / "results" / "bench_indexer_fp4_h200.json")]) == exitcodes.OK
     assert page.read_text() == (ROOT / "docs" / "indexer.md").read_text()

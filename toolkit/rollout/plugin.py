@@ -43,6 +43,7 @@ from dsv4kit.rollout.targets import (
     TARGETS,
     Target,
     canonical_parameters,
+    docstring_parameters,
     format_parameters,
     read_flag,
     sglang_version,
@@ -143,25 +144,31 @@ def _register() -> None:
         return
 
     for target in wanted:
-        try:
-            original, module, reason = _resolve(target)
-        except Exception as exc:
-            original, module, reason = None, None, f"check failed: {type(exc).__name__}: {_first_line(exc)}"
-        if reason:
-            _stock(target, reason)
-            continue
-        _STATE[target.key] = {"status": "hooked", "reason": None, "kernel_calls": 0,
-                              "original_calls": 0}
-        guard_class = _AttentionGuard if target.keep_attribute else _IndexerGuard
-        try:
-            HookRegistry.register(target.dotted, guard_class(target, original, module),
-                                  HookType.REPLACE)
-        except Exception as exc:
-            _stock(target, f"SGLang's HookRegistry.register failed: {type(exc).__name__}: "
-                           f"{_first_line(exc)}")
-            continue
-        logger.info("%s %s -> %s (guarded; checked again on the first call)", _PREFIX,
-                    target.dotted, target.kernel)
+        register_target(target, HookRegistry, HookType)
+
+
+def register_target(target: Target, registry, hook_type) -> bool:
+    """Check one target and register its guard as a REPLACE hook; False (stock, logged) if not."""
+    try:
+        original, module, reason = _resolve(target)
+    except Exception as exc:
+        original, module, reason = None, None, f"check failed: {type(exc).__name__}: {_first_line(exc)}"
+    if reason:
+        _stock(target, reason)
+        return False
+    _STATE[target.key] = {"status": "hooked", "reason": None, "kernel_calls": 0,
+                          "original_calls": 0}
+    guard_class = (_AttentionGuard if target.keep_attribute
+                   else _Fp4IndexerGuard if target.key == "indexer_fp4" else _IndexerGuard)
+    try:
+        registry.register(target.dotted, guard_class(target, original, module), hook_type.REPLACE)
+    except Exception as exc:
+        _stock(target, f"SGLang's HookRegistry.register failed: {type(exc).__name__}: "
+                       f"{_first_line(exc)}")
+        return False
+    logger.info("%s %s -> %s (guarded; checked again on the first call)", _PREFIX,
+                target.dotted, target.kernel)
+    return True
 
 
 def _resolve(target: Target):
@@ -184,19 +191,40 @@ def _resolve(target: Target):
                             "SGLang?)")
     if not callable(original):
         return None, None, f"{target.dotted} is not callable ({type(original).__name__})"
-    try:
-        found = canonical_parameters(inspect.signature(original))
-    except (TypeError, ValueError) as exc:
-        return None, None, f"cannot read the signature of {target.dotted}: {exc}"
-    if found != tuple(target.parameters):
-        return None, None, (f"signature is {format_parameters(found)}, dsv4kit expects "
-                            f"{format_parameters(target.parameters)}")
+    problem = _signature_problem(target, original)
+    if problem:
+        return None, None, problem
     if target.keep_attribute:
         value = getattr(module, target.keep_attribute, None)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return None, None, (f"{target.module}.{target.keep_attribute} is missing or not a "
                                 f"positive int (found {value!r})")
     return original, module, None
+
+
+def _signature_problem(target: Target, original) -> Optional[str]:
+    """None when ``original`` takes the target's parameters (see ``Target.leading_parameters``)."""
+    expected = tuple(target.parameters)
+    try:
+        signature = inspect.signature(original)
+        found = canonical_parameters(signature)
+        defaulted = tuple(p.default is not inspect.Parameter.empty
+                          for p in signature.parameters.values())
+    except (TypeError, ValueError) as exc:
+        parsed = docstring_parameters(getattr(original, "__doc__", None), target.function) \
+            if target.leading_parameters else None
+        if parsed is None:
+            return f"cannot read the signature of {target.dotted}: {exc}"
+        found, defaulted = parsed
+    if not target.leading_parameters:
+        if found != expected:
+            return (f"signature is {format_parameters(found)}, dsv4kit expects "
+                    f"{format_parameters(expected)}")
+        return None
+    if found[:len(expected)] != expected or not all(defaulted[len(expected):]):
+        return (f"signature is {format_parameters(found)}, dsv4kit expects "
+                f"{format_parameters(expected)} first and defaults on the rest")
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -360,6 +388,77 @@ class _IndexerGuard(_Guard):
     def describe(self, args, kwargs) -> str:
         a = self._bound(args, kwargs)
         return f"B={a['q_fp8'].shape[0]}, P={a['page_table'].shape[1]}, max_seq_len={a['max_seq_len']}"
+
+
+class _Fp4IndexerGuard(_IndexerGuard):
+    """DeepGEMM's ``fp8_fp4_paged_mqa_logits`` as SGLang calls it with the FP4 index-K cache:
+    eight positional arguments (docs/sglang-contract.md §2.10); DeepGEMM's two keyword extras
+    (``logits_dtype``, ``indices``) are passed through to the kernel, which refuses others."""
+
+    EXTRAS = ("logits_dtype", "indices")
+
+    def _bound(self, args, kwargs) -> dict:
+        names = tuple(self.target.parameters) + self.EXTRAS
+        if len(args) > len(names):
+            raise TypeError(f"{len(args)} positional arguments, at most {len(names)}")
+        bound = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names or key in bound:
+                raise TypeError(f"unexpected or repeated argument {key!r}")
+            bound[key] = value
+        missing = [n for n in self.target.parameters[:7] if n not in bound]
+        if missing:
+            raise TypeError(f"missing arguments {missing}")
+        bound.setdefault("clean_logits", False)
+        return bound
+
+    def contract(self, args, kwargs) -> Optional[str]:
+        import torch
+
+        try:
+            a = self._bound(args, kwargs)
+        except TypeError as exc:
+            return f"arguments do not bind to {self.target.function}: {exc}"
+        q = a["q"]
+        if not isinstance(q, (tuple, list)) or len(q) != 2 \
+                or not all(isinstance(x, torch.Tensor) for x in q):
+            return f"q is {type(q).__name__}, expected the pair (q_fp4, q_sf)"
+        q_fp4, q_sf = q
+        if q_fp4.element_size() != 1 or q_fp4.dim() != 4 or tuple(q_fp4.shape[1:]) != (1, 64, 64):
+            return f"q_fp4 is {_desc(q_fp4)}, expected packed e2m1 bytes [B, 1, 64, 64]"
+        batch = q_fp4.shape[0]
+        if q_sf.dtype != torch.int32 or tuple(q_sf.shape) != (batch, 1, 64):
+            return f"q_sf is {_desc(q_sf)}, expected int32 [{batch}, 1, 64]"
+        kv, weights = a["kv_cache"], a["weights"]
+        lens, table, max_len = a["context_lens"], a["block_table"], a["max_context_len"]
+        for name in ("kv_cache", "weights", "context_lens", "block_table"):
+            if not isinstance(a[name], torch.Tensor):
+                return f"{name} is a {type(a[name]).__name__}, not a tensor"
+        if kv.dtype != torch.uint8 or kv.dim() != 4 or tuple(kv.shape[1:]) != (64, 1, 68):
+            return f"kv_cache is {_desc(kv)}, expected uint8 [pages, 64, 1, 68]"
+        if weights.dtype != torch.float32 or tuple(weights.shape) != (batch, 64):
+            return f"weights is {_desc(weights)}, expected float32 [{batch}, 64]"
+        if lens.dtype != torch.int32 or tuple(lens.shape) not in ((batch,), (batch, 1)):
+            return f"context_lens is {_desc(lens)}, expected int32 [{batch}, 1] or [{batch}]"
+        if table.dtype != torch.int32 or table.dim() != 2 or table.shape[0] != batch:
+            return f"block_table is {_desc(table)}, expected int32 [{batch}, P]"
+        if isinstance(max_len, bool) or not isinstance(max_len, int) \
+                or not 1 <= max_len <= table.shape[1] * 64:
+            return (f"max_context_len is {max_len!r}, expected an int in "
+                    f"[1, P*64 = {table.shape[1] * 64}]")
+        if a["clean_logits"] is not False:
+            return f"clean_logits is {a['clean_logits']!r}, expected False"
+        if a.get("logits_dtype", torch.float32) != torch.float32 or a.get("indices") is not None:
+            return "logits_dtype other than float32 or indices given (DeepGEMM-only options)"
+        for name in ("kv_cache", "weights", "context_lens", "block_table"):
+            if a[name].device != q_fp4.device or q_sf.device != q_fp4.device:
+                return f"{name} is on {a[name].device}, q_fp4 on {q_fp4.device}"
+        return None
+
+    def describe(self, args, kwargs) -> str:
+        a = self._bound(args, kwargs)
+        return (f"B={a['q'][0].shape[0]}, P={a['block_table'].shape[1]}, "
+                f"max_context_len={a['max_context_len']}")
 
 
 def _v4_page_bytes(page_size: int) -> int:

@@ -299,7 +299,12 @@ def status_report(environ=None, decision_path: Optional[str] = None) -> dict:
         flag = flags[target.flag]
         entry = {"key": target.key, "target": target.dotted, "flag": target.flag,
                  "kernel": target.kernel, "replaced": False, "applicable": True, "reasons": []}
-        if sglang_dir:
+        if not target.module.startswith("sglang."):
+            # Another package's function SGLang imports (DeepGEMM's FP4 indexer): its signature
+            # is checked by the plugin in the server; here only whether it is installed.
+            entry.update(found=importlib.util.find_spec(target.requires or target.module) is not None,
+                         source=None, parameters=list(target.parameters), problem=None)
+        elif sglang_dir:
             entry.update(inspect_source(target.source_file(sglang_dir), target))
         else:
             entry.update(found=False, source=None, parameters=None,

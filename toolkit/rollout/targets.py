@@ -46,6 +46,9 @@ class Target:
     kernel: str  # "module:attribute" of the dsv4kit kernel that replaces it
     requires: Optional[str] = None  # a top-level module that must import (else: not applicable)
     keep_attribute: Optional[str] = None  # a module constant callers read; must exist, is kept
+    # Only the leading parameters must match (later ones need defaults); a compiled function
+    # without an introspectable signature is read from its pybind docstring.
+    leading_parameters: bool = False
 
     @property
     def dotted(self) -> str:
@@ -84,6 +87,20 @@ TARGETS = (
         parameters=_INDEXER_PARAMETERS,
         kernel="dsv4kit.kernels.indexer:fp8_paged_mqa_logits_for_sglang",
         requires="tilelang",
+    ),
+    # The FP4 index-K cache (--enable-deepseek-v4-fp4-indexer, docs/sglang-contract.md §2.10):
+    # SGLang imports DeepGEMM's function from the package on every call. The same flag as the
+    # FP8 indexer: the server flag decides which of the two entries SGLang calls.
+    Target(
+        key="indexer_fp4",
+        flag=INDEXER_FLAG,
+        module="deep_gemm",
+        function="fp8_fp4_paged_mqa_logits",
+        parameters=("q", "kv_cache", "weights", "context_lens", "block_table", "schedule_meta",
+                    "max_context_len", "clean_logits"),
+        kernel="dsv4kit.kernels.indexer_fp4:fp8_fp4_paged_mqa_logits_for_sglang",
+        requires="deep_gemm",
+        leading_parameters=True,
     ),
     # Sparse-MLA decode, keyword arguments only (docs/sglang-contract.md §4.7). The backend reads
     # SM120_DECODE_MAX_TOKENS from the same module to decide how to pad heads.
@@ -161,6 +178,31 @@ def canonical_parameters(signature: inspect.Signature) -> tuple:
                                                 or params[i + 1].kind is not kinds.POSITIONAL_ONLY):
             out.append("/")
     return tuple(out)
+
+
+def docstring_parameters(doc: Optional[str], function: str) -> Optional[tuple]:
+    """Parameter names from a pybind11 docstring's first line, ``name(a: T, b: U = x) -> R``:
+    ``(names, defaulted)``, or None when the line is not such a signature."""
+    line = (doc or "").strip().splitlines()[0] if (doc or "").strip() else ""
+    if not line.startswith(function + "(") or ")" not in line:
+        return None
+    body, depth, parts, current = line[len(function) + 1:], 0, [], ""
+    for char in body:
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    names = tuple(p.split(":")[0].split("=")[0].strip() for p in parts if p.strip())
+    defaulted = tuple("=" in p for p in parts if p.strip())
+    return names, defaulted
 
 
 def format_parameters(parameters) -> str:

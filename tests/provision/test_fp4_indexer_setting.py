@@ -1,0 +1,76 @@
+"""The inventory's FP4 indexer setting (dsv4_fp4_indexer) through the serving units Ansible renders
+and SGLang 0.5.23's own argument pipeline (prepare_server_args from the cached wheel): on, both
+servers resolve enable_deepseek_v4_fp4_indexer=True and their environment turns SGLang's sm_120
+TileLang default off; off (the tracked default), both resolve False and the environment is as
+before."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.service_units import REPO, render_units
+from tests.sglang_wheel import sglang_site
+
+SERVERS = ("dsv4-prefill.service", "dsv4-decode.service")
+
+PARSE = r"""
+import json, sys
+from sglang.srt.server_args import prepare_server_args
+out = {}
+for name, argv in json.loads(sys.stdin.read()).items():
+    args = prepare_server_args(argv)
+    out[name] = {"fp4": args.enable_deepseek_v4_fp4_indexer, "mode": args.disaggregation_mode}
+print(json.dumps(out))
+"""
+
+
+def _argv(unit: Path) -> list[str]:
+    line = next(x for x in unit.read_text().splitlines() if x.startswith("ExecStart="))
+    words = shlex.split(line.split("=", 1)[1])
+    return words[words.index("sglang.launch_server") + 1:]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    return {value: render_units(tmp_path_factory.mktemp(f"fp4-{value}") / "prefix",
+                                {"dsv4_fp4_indexer": value})
+            for value in (True, False)}
+
+
+@pytest.fixture(scope="module")
+def resolved(rendered):
+    argvs = {f"{value}:{name}": _argv(units / name) for value, units in rendered.items()
+             for name in SERVERS}
+    env = {**os.environ, "PYTHONPATH": str(sglang_site())}
+    done = subprocess.run([sys.executable, "-c", PARSE], input=json.dumps(argvs), text=True,
+                          capture_output=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_tracked_default_is_off():
+    pins = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
+    assert pins["dsv4_fp4_indexer"] is False
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_sglang_resolves_the_setting_on_both_servers(resolved, name):
+    assert resolved[f"True:{name}"]["fp4"] is True
+    assert resolved[f"False:{name}"]["fp4"] is False
+    assert resolved[f"True:{name}"]["mode"] == name.split("-")[1].split(".")[0]
+
+
+def test_on_turns_the_tilelang_default_off_in_the_units_environment(rendered):
+    env_on = (rendered[True].parents[1] / "dsv4kit").glob("*.env")
+    on = "".join(p.read_text() for p in env_on)
+    off = "".join(p.read_text() for p in (rendered[False].parents[1] / "dsv4kit").glob("*.env"))
+    assert "\nSGLANG_OPT_USE_TILELANG_INDEXER=0\n" in on
+    assert "SGLANG_OPT_USE_TILELANG_INDEXER" not in off
