@@ -56,6 +56,12 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
+# Run as a script (the box's stand-in) or imported as tests.fake_sglang_server (unit tests).
+if __package__:
+    from .fake_model import StandInModel
+else:
+    from fake_model import StandInModel
+
 FAKE_API_KEY = "sk-dsv4kit-FAKE-SECRET-3f9a"
 FAKE_ADMIN_KEY = "admin-dsv4kit-FAKE-SECRET-77c1"
 
@@ -96,8 +102,6 @@ class State:
         self.known_priorities: set = set()
         self.generated_by_priority: dict = {}
         self.prompt_by_priority: dict = {}
-        from fake_model import StandInModel
-
         self.model = StandInModel(args.model_path)
 
     def metrics(self) -> str:

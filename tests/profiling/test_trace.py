@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,32 +18,41 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 H200_FIXTURE = FIXTURES / "h200_kernels.trace.json.gz"
 
 
-def fp8_paged_mqa_logits_torch_sm120(torch, k, q):
-    """Named like SGLang's torch indexer fallback, so its ops take the indexer class by scope."""
+# Profiled in a child interpreter: the in-process inventory loader imports ansible, which replaces
+# sys.intern with an object, and torch's profiler then fails importing torch._dynamo in that process.
+PROFILE_SCRIPT = """
+import sys
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+
+def fp8_paged_mqa_logits_torch_sm120(k, q):
+    # Named like SGLang's torch indexer fallback, so its ops take the indexer class by scope.
     return torch.bmm(k, q).clamp_min(0).sum(-1)
+
+
+a, k, q = torch.randn(128, 128), torch.randn(4, 512, 128), torch.randn(4, 128, 64)
+with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+    with record_function("step[EXTEND bs=1 toks=16]"):
+        torch.fft.rfft(a)  # only in the prefill step: must not reach the decode breakdown
+    for _ in range(3):
+        with record_function("step[DECODE bs=4]"):
+            b = a @ a
+            (b * 2.0).clamp_min(0.0)
+            b.clone()
+            torch.topk(b[0], 8)
+            torch.special.bessel_j0(b)  # a name no rule knows
+            fp8_paged_mqa_logits_torch_sm120(k, q)
+prof.export_chrome_trace(sys.argv[1])
+"""
 
 
 @pytest.fixture(scope="module")
 def cpu_trace(tmp_path_factory) -> Path:
     """3 decode steps and one prefill step of real ops, profiled by torch 2.13 with stacks (SGLang's
     default), exported as SGLang exports it (gzip Chrome trace)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    a, k, q = torch.randn(128, 128), torch.randn(4, 512, 128), torch.randn(4, 128, 64)
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        with record_function("step[EXTEND bs=1 toks=16]"):
-            torch.fft.rfft(a)  # only in the prefill step: must not reach the decode breakdown
-        for _ in range(3):
-            with record_function("step[DECODE bs=4]"):
-                b = a @ a
-                (b * 2.0).clamp_min(0.0)
-                b.clone()
-                torch.topk(b[0], 8)
-                torch.special.bessel_j0(b)  # a name no rule knows
-                fp8_paged_mqa_logits_torch_sm120(torch, k, q)
     path = tmp_path_factory.mktemp("trace") / "1700000000.0-TP-0.trace.json.gz"
-    prof.export_chrome_trace(str(path))
+    subprocess.run([sys.executable, "-c", PROFILE_SCRIPT, str(path)], check=True, timeout=300)
     return path
 
 
@@ -73,26 +85,33 @@ def test_ranks_combine_and_the_gate_reads_the_shares(cpu_trace):
 
 
 def test_an_interpreted_triton_kernel_leaves_only_host_ops(tmp_path):
-    """Under TRITON_INTERPRET (set in conftest.py) a Triton kernel runs as Python and numpy: torch's
+    """Under TRITON_INTERPRET a Triton kernel runs as Python and numpy: torch's
     profiler records no event named after it, only the host ops around it. The parser still reads
     the trace; on the GPU the kernel is a ``kernel`` event under its @triton.jit name."""
-    import torch
-    import triton
-    import triton.language as tl
-    from torch.profiler import ProfilerActivity, profile, record_function
+    script = """
+import json, sys
+import torch
+import triton
+import triton.language as tl
+from torch.profiler import ProfilerActivity, profile, record_function
 
-    @triton.jit
-    def _twice_kernel(x, y, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y + offs, tl.load(x + offs, mask=offs < n) * 2, mask=offs < n)
 
-    x, y = torch.randn(256), torch.empty(256)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with record_function("step[DECODE bs=1]"):
-            _twice_kernel[(2,)](x, y, 256, BLOCK=128)
+@triton.jit
+def _twice_kernel(x, y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(x + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+x, y = torch.randn(256), torch.empty(256)
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with record_function("step[DECODE bs=1]"):
+        _twice_kernel[(2,)](x, y, 256, BLOCK=128)
+prof.export_chrome_trace(sys.argv[1])
+assert torch.equal(y, x * 2)
+"""
     path = tmp_path / "t.json"
-    prof.export_chrome_trace(str(path))
-    assert torch.equal(y, x * 2)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=300, env=env)
     data = json.loads(path.read_text())
     assert not any("_twice_kernel" in str(e.get("name")) for e in data["traceEvents"])
     assert trace.analyze(data)["decode_steps"] == 1

@@ -302,6 +302,8 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         spec.update(url=box.url, model_path=str(host["dsv4_model_path"]), parallel=min(64, int(
             host.get("dsv4_max_running_requests") or 64)))
         arms, details, provenance = {}, {}, {}
+        if p.ab_spec is not None:
+            _pin_auto_flags(host, remote.probe(), served)
         names = list(p.ab_spec.arms) if p.ab_spec is not None else ["A"]
         for arm in names:
             if p.ab_spec is not None:
@@ -332,6 +334,18 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         return record, details
     finally:
         remote.cleanup()
+
+
+def _pin_auto_flags(host, probe: dict, served: int) -> None:
+    """The arms' restarts change only the A/B key: every other 'auto' kernel flag keeps the value the
+    serving units run now (read on the box), since the playbook cannot resolve 'auto' itself."""
+    from dsv4kit.records.provenance import sections
+
+    running = (sections(host=host, probe=probe, server_info={}, context_length=served, restarted=False)
+               .get("software") or {}).get("kernel_flags") or {}
+    configured = dict(host.get("dsv4_kernel_flags") or {})
+    pinned = {k: str(running.get(k, "0")) if str(v).strip().lower() == "auto" else v for k, v in configured.items()}
+    host.vars = {**host.vars, "dsv4_kernel_flags": pinned}
 
 
 def _check_model(host, probe: dict) -> None:
