@@ -124,12 +124,20 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
         remote.setup()
         loop = _SweepLoop(s, remote, host, inventory_path, progress, env, helper_env, spill)
         loop.prepare(restart)
+        if spill is not None:  # from here on the spill always holds a record the points join
+            spill.progress(assembly.build_record(s, incomplete="the sweep did not finish"))
         loop.run(apply_arm, restart_units)
         if profile is not None:
             s.extras["profile"] = profile(remote, session, host, cfg, progress, helper_env)
     except (BenchAbort, RemoteError) as exc:
         if s.points:  # the completed points are kept: an incomplete record, never a baseline
             exc.partial = assembly.build_record(s, incomplete=str(exc))
+        elif spill is not None:
+            spill.remove()  # no point finished: nothing to keep
+        raise
+    except KeyboardInterrupt:
+        if not s.points and spill is not None:
+            spill.remove()
         raise
     finally:
         remote.cleanup()
