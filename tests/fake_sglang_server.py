@@ -98,6 +98,7 @@ class State:
         self.finished = 0
         self.spec_accept_length = getattr(args, "spec_accept_length", 0.0)
         self.served_model_path = getattr(args, "served_model_path", "")
+        self.kv_transfer_ms = getattr(args, "kv_transfer_ms", 0.0)
 
     def metrics(self) -> str:
         """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here), in
@@ -295,7 +296,7 @@ def make_handler(state: State):
                 with state.lock:
                     for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status",
                                 "priority_scheduling", "all_schedulers", "tp_size", "served_model_path",
-                                "spec_accept_length"):
+                                "spec_accept_length", "kv_transfer_ms"):
                         if key in body:
                             setattr(state, key, body[key])
                     if "decode_cap" in body:  # for requests that arrive from now on
@@ -386,15 +387,19 @@ def make_handler(state: State):
                         time.sleep(state.prefill_ms / 1000.0)
                 elif state.prefill_ms:
                     time.sleep(state.prefill_ms / 1000.0)
+                words: list[str] = []
+                ids: list[int] = []
+                if state.kv_transfer_ms:
+                    self._transfer(index, prompt_tokens, max_new, cached, priority, words, ids)
                 with state.lock:
-                    state.enter("queued", priority, -1)
+                    if not state.kv_transfer_ms:
+                        state.enter("queued", priority, -1)
                     state.enter("running", priority, 1)
                     state.running_tokens += prompt_tokens
                     state.prompt_total += prompt_tokens
                     state.prompt_by_priority[priority] = state.prompt_by_priority.get(priority, 0) + prompt_tokens
-                    state.prefill_tokens += prompt_tokens - cached
-                words: list[str] = []
-                ids: list[int] = []
+                    if not state.kv_transfer_ms:  # a PD decode server computes no prompt tokens
+                        state.prefill_tokens += prompt_tokens - cached
                 try:
                     while len(ids) < max_new:
                         with state.lock:
@@ -425,6 +430,21 @@ def make_handler(state: State):
             finally:
                 if slots is not None:
                     slots.release()
+
+        def _transfer(self, index: int, prompt_tokens: int, max_new: int, cached: int, priority, words, ids):
+            """``--kv-transfer-ms``: a PD decode server as the client meets it: the prefill server's first
+            token arrives, then the KV moves for that long; the request is neither running nor queued on
+            this server meanwhile (SGLang keeps it in its transfer queue)."""
+            token = (index * 7) % state.vocab_size
+            words.append(f"w{token}")
+            ids.append(token)
+            with state.lock:
+                state.enter("queued", priority, -1)
+                state.token_times.append(time.time())
+                state.generated_total += 1
+            self._chunk({"text": words[0], "output_ids": list(ids),
+                         "meta_info": self._meta(index, prompt_tokens, 1, cached, max_new == 1, max_new)})
+            time.sleep(state.kv_transfer_ms / 1000.0)
 
     return Handler
 
@@ -467,6 +487,9 @@ def main(argv=None) -> int:
                              "reported as sglang:spec_accept_length and avg_spec_accept_length")
     parser.add_argument("--served-model-path", default="",
                         help="/server_info names this model path and served name (another model served)")
+    parser.add_argument("--kv-transfer-ms", type=float, default=0.0,
+                        help="PD decode: the first token comes at once (the prefill server's), then the KV "
+                             "transfer takes this long before the request runs here")
     args = parser.parse_args(argv)
 
     from fake_profiler import FakeProfiler

@@ -53,7 +53,7 @@ class SweepConfig:
     #: Server restarts between repetitions (``--restarts``), spread evenly (``restart_before``).
     restarts: int = 0
     #: Seconds between two /metrics scrapes of each serving port during a point.
-    metrics_interval_s: float = 0.25
+    metrics_interval_s: float = 0.1
     gates: GateConfig = field(default_factory=GateConfig)
     verbose: bool = False
     #: Seconds between two progress lines inside a point (requests done, rate, ETA).

@@ -46,7 +46,7 @@ class BenchRequest:
     results_repo: Optional[Path] = None
     point_timeout: float = 3600.0
     server_timeout: float = 1800.0
-    metrics_interval: float = 0.25
+    metrics_interval: float = 0.1
     restart: bool = True
     min_concurrency_ratio: float = 0.8
     ratio_given: bool = False  # --min-concurrency-ratio given explicitly (check_prompts words its message so)

@@ -227,7 +227,8 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
         i, j = best
         n_exact = sum(flags[i:j + 1])
         out.update(window_scrapes=j - i + 1, exact_scrapes=n_exact, exact_share=round(n_exact / (j - i + 1), 4),
-                   window_s=[round(samples[i]["t"] - t0, 3), round(samples[j]["t"] - t0, 3)])
+                   window_s=[round(samples[i]["t"] - t0, 3), round(samples[j]["t"] - t0, 3)],
+                   window_wall=[samples[i].get("wall"), samples[j].get("wall")])
         pairs = [(samples[k - 1], samples[k]) for k in range(i + 1, j + 1) if flags[k] and flags[k - 1]]
         seconds = sum(b["t"] - a["t"] for a, b in pairs)
         tokens = sum(b["decode_tokens_total"] - a["decode_tokens_total"] for a, b in pairs)

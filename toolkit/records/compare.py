@@ -327,7 +327,7 @@ def _valid_count(record: dict, concurrency: int) -> int:
 def _word_cause(row: Row, old_valid: int, new_valid: int) -> None:
     """Every point at this concurrency is valid: name why a verdict is inconclusive. A valid point
     without the metric's value is never called invalid, and valid repetitions are counted as such."""
-    missing = [f"{side} side: {n} of {valid} valid repetitions have no {row.metric}"
+    missing = [f"{side} side: {valid - n} of {valid} valid repetitions have no {row.metric}"
                for side, n, valid in (("old", row.old_n, old_valid), ("new", row.new_n, new_valid)) if n < valid]
     few = [f"{side} side: {valid} valid repetition(s)" for side, valid in (("old", old_valid), ("new", new_valid))
            if valid < MIN_REPETITIONS]
