@@ -94,7 +94,7 @@ class State:
         self.prompt_by_priority: dict = {}
         # The scheduler's per-pass counters (realtime_tokens_total, cuda_graph_passes_total), the
         # tokenizer's per-finished-request count, and the faults of bench round four.
-        self.decode_tokens = self.prefill_tokens = self.passes = 0.0
+        self.decode_tokens = self.prefill_tokens = self.prefill_cached = self.passes = 0.0
         self.finished = 0
         self.spec_accept_length = getattr(args, "spec_accept_length", 0.0)
         self.served_model_path = getattr(args, "served_model_path", "")
@@ -152,6 +152,8 @@ class State:
                  "# TYPE sglang:realtime_tokens_total counter"]
         if self.prefill_tokens:
             lines.append(f'sglang:realtime_tokens_total{{{labels},mode="prefill_compute"}} {self.prefill_tokens}')
+        if self.prefill_cached:
+            lines.append(f'sglang:realtime_tokens_total{{{labels},mode="prefill_cache"}} {self.prefill_cached}')
         if self.decode_tokens:
             lines.append(f'sglang:realtime_tokens_total{{{labels},mode="decode"}} {self.decode_tokens}')
         lines += ["# HELP sglang:cuda_graph_passes_total Total number of forward passes.",
@@ -400,6 +402,7 @@ def make_handler(state: State):
                     state.prompt_by_priority[priority] = state.prompt_by_priority.get(priority, 0) + prompt_tokens
                     if not state.kv_transfer_ms:  # a PD decode server computes no prompt tokens
                         state.prefill_tokens += prompt_tokens - cached
+                        state.prefill_cached += cached
                 try:
                     while len(ids) < max_new:
                         with state.lock:

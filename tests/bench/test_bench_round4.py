@@ -202,3 +202,60 @@ def test_the_fake_reports_passes_and_transfer_honestly(bench_box):
     assert values["decode_tokens_total"] == 30 and values["decode_passes_total"] == pytest.approx(10)
     assert values["prefill_tokens_total"] == 0 and values["num_requests_total"] == 1  # PD decode: no prompt computed
     assert values["spec_accept_length"] == 3 and not problems
+
+
+def test_bench_prefill_records_cold_prefill_per_length_from_the_prefill_servers_counters(bench_box, tmp_path):
+    # The stand-in reuses 8 prompt tokens of each request at first (a warm cache it does not
+    # flush), then none: the first sweep's prefill is not cold and says so; the second's is.
+    server, inventory = bench_box(context_length=4096, prefill_ms=50, cached_tokens=8)
+    from tests.bench.test_bench_sweep import SMALL
+
+    repo = tmp_path / "results"
+    args = ["bench", "--ctx", "4096", "--concurrency", "2", "--repeat", "1", *SMALL, "--prefill",
+            "--prefill-lengths", "256,1024", "-i", str(inventory), "--results-repo", str(repo), "--json"]
+    warm = dsv4kit(*args)
+    out = json.loads(warm.stdout)
+    record = json.loads((repo / out["record_path"]).read_text())
+    entry = record["prefill"]["per_length"]["256"]
+    assert warm.returncode == 1 and not entry["valid"] and entry["tokens_per_s"] is None
+    assert "computed 248 prompt tokens, not 256" in " ".join(entry["problems"]), entry
+    server.post("/_test/config", {"cached_tokens": 0})
+    cold = dsv4kit(*args)
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    out = json.loads(cold.stdout)
+    record = json.loads((repo / out["record_path"]).read_text())
+    per = record["prefill"]["per_length"]
+    assert set(per) == {"256", "1024"} and all(e["valid"] and e["requests"] == 3 for e in per.values()), per
+    # 50 ms a prompt whatever its length: the longer prompt's rate is about 4x the shorter's
+    assert per["1024"]["tokens_per_s"] > 2.5 * per["256"]["tokens_per_s"], per
+    assert "prefill [2/2]: 1024 tokens:" in cold.stderr and "prompt tok/s (cold)" in cold.stderr
+
+
+def test_the_admissible_window_rule():
+    from dsv4kit.bench.window import exact_occupancy
+
+    def scrapes(states):
+        """``states``: per scrape (running, queued, prompt tokens so far, finished so far)."""
+        return [{"t": 0.1 * k, "num_running_reqs": r, "num_queue_reqs": q, "prefill_tokens_total": p,
+                 "num_requests_total": f, "decode_tokens_total": 80.0 * k, "decode_passes_total": 10.0 * k}
+                for k, (r, q, p, f) in enumerate(states)]
+
+    exact = (8, 0, 100, 0)
+    # one stray scrape in 70 (a queued request for a moment): 98.6% exact, one window
+    window = exact_occupancy(scrapes([exact] * 35 + [(8, 1, 100, 0)] + [exact] * 35), 8, 0.98, 20)
+    assert window["admissible"] and window["window_scrapes"] == 70 and window["exact_share"] < 1
+    assert window["decode_tok_s"] == pytest.approx(800.0) and window["forward_passes_per_s"] == pytest.approx(100.0)
+    # a prefill or a finish between two scrapes that both show 8 running breaks exactness
+    window = exact_occupancy(scrapes([exact] * 15 + [(8, 0, 200, 0)] * 15 + [(8, 0, 200, 1)] * 15), 8, 0.98, 20)
+    assert not window["admissible"] and window["window_scrapes"] == 14, window  # the first has no scrape before it
+    # 19 exact scrapes are too few; 21 of one short are not C; a foreign request is named
+    assert not exact_occupancy(scrapes([exact] * 19), 8, 0.98, 20)["admissible"]
+    short = exact_occupancy(scrapes([(7, 1, 100, 0)] * 21), 8, 0.98, 20)
+    assert not short["admissible"] and "ran 7 to 7 requests" in short["detail"] and "queued up to 1" in short["detail"]
+    foreign = exact_occupancy(scrapes([(9, 0, 100, 0)] * 21), 8, 0.98, 20)
+    assert "foreign load" in foreign["detail"] and foreign["foreign_max"] == 1
+    # a counter the server does not have is named, never taken as 0
+    blind = scrapes([exact] * 30)
+    for s in blind:
+        del s["num_requests_total"]
+    assert "lacks num_requests_total" in exact_occupancy(blind, 8, 0.98, 20)["detail"]

@@ -171,6 +171,11 @@ def build_record(s: SweepState, incomplete: Optional[str] = None) -> SweepResult
         "notes": record_notes,
     }
     record.update(s.extras)
+    prefill = s.extras.get("prefill")
+    if prefill is not None and not prefill.get("valid"):
+        record["validity_passed"] = False
+        bad = [k for k, e in prefill["per_length"].items() if not e["valid"]]
+        record["notes"].append(f"--prefill: the cold prefill at {', '.join(bad)} tokens is invalid (see prefill)")
     record["comparability_key"] = comparability_key(record)
     if s.ab is not None:
         record["ab"] = s.ab.to_dict()

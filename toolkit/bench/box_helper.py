@@ -124,6 +124,7 @@ METRICS = {"sglang:num_running_reqs": "scheduler-sum", "sglang:num_queue_reqs": 
 #: used): with other series of the metric present, that mode's count is 0.
 SPLIT = {"decode_tokens_total": ("sglang:realtime_tokens_total", "mode", ("decode",)),
          "prefill_tokens_total": ("sglang:realtime_tokens_total", "mode", ("prefill_compute",)),
+         "prefill_cached_tokens_total": ("sglang:realtime_tokens_total", "mode", ("prefill_cache",)),
          "decode_passes_total": ("sglang:cuda_graph_passes_total", "mode", ("decode_cuda_graph", "decode_none"))}
 #: Metrics a point can do without: their absence is no problem (a server without speculative
 #: decoding has no acceptance length; the split counters are named under their short names).
@@ -714,6 +715,47 @@ def cmd_run_point(args) -> int:
     return code
 
 
+# ------------------------------------------------------------------------------------- prefill-point
+def _post(port: int, path: str, body: dict, timeout: float):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **_headers()})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read()
+
+
+def cmd_prefill_point(args) -> dict:
+    """Cold prefill at one prompt length: ``--requests`` requests of ``--length`` fresh token ids and
+    one new token, one at a time through the router, the cache flushed before each. Per request:
+    the prefill server's ``realtime_tokens_total`` growth in mode prefill_compute (prompt tokens it
+    computed) and prefill_cache (reused: a cold cache reuses none), and the wall time around it."""
+    import random
+
+    samples = []
+    for i in range(args.requests):
+        try:
+            _post(args.router_port, "/flush_cache", {}, 120.0)
+            before, problems, _ = read_metrics(args.prefill_port)
+            rng = random.Random(args.seed * 1000003 + args.length * 31 + i)
+            ids = [rng.randrange(1000, 30000) for _ in range(args.length)]
+            started = time.monotonic()
+            _post(args.router_port, "/generate", {"input_ids": ids, "stream": True, "sampling_params": {
+                "max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True}}, args.timeout)
+            seconds = time.monotonic() - started
+            after, problems_after, _ = read_metrics(args.prefill_port)
+        except Exception as exc:
+            return {"ok": False, "length": args.length, "samples": samples,
+                    "error": f"request {i + 1}: {getattr(exc, 'reason', exc)}"}
+        sample = {"seconds": round(seconds, 4)}
+        for name in ("prefill_tokens_total", "prefill_cached_tokens_total"):
+            a, b = before.get(name), after.get(name)
+            sample[name.replace("_total", "")] = None if a is None or b is None else b - a
+        missing = {**problems, **problems_after}.get("prefill_tokens_total")
+        if missing or before.get("prefill_tokens_total") is None:
+            sample["problem"] = missing or "the prefill server's /metrics has no realtime_tokens_total counter"
+        samples.append(sample)
+    return {"ok": True, "length": args.length, "samples": samples}
+
+
 # ------------------------------------------------------------------------------------- probe
 def _run(argv, timeout=30.0):
     try:
@@ -1027,6 +1069,13 @@ def main(argv=None) -> int:
     p.add_argument("--state-dir", default="")
     p.add_argument("--unit-dir", default="", help="where the dsv4-*.service units are (<dsv4_prefix>/etc/systemd/system)")
     p.add_argument("--decision-file", default="", help="<dsv4_prefix>/etc/dsv4kit/kernel-decision.json")
+    p = sub.add_parser("prefill-point")
+    p.add_argument("--router-port", type=int, required=True)
+    p.add_argument("--prefill-port", type=int, required=True)
+    p.add_argument("--length", type=int, required=True)
+    p.add_argument("--requests", type=int, default=3)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--timeout", type=float, default=1800.0)
     p = sub.add_parser("run-point")
     p.add_argument("--evidence-out", required=True)
     p.add_argument("--metrics-ports", default="")
@@ -1040,7 +1089,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run-point":
         return cmd_run_point(args)
-    handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe}[args.command]
+    handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe,
+               "prefill-point": cmd_prefill_point}[args.command]
     result = handler(args)
     sys.stdout.write(json.dumps(result) + "\n")
     return 0 if result.get("ok") else 1

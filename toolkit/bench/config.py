@@ -26,6 +26,27 @@ PROBE_TIMEOUT_S = 120.0
 LONG_INPUT = 32768
 CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
               "PYTHONUNBUFFERED": "1"}
+#: Requests per prompt length of ``--prefill`` (one at a time, the cache flushed before each).
+PREFILL_REQUESTS = 3
+
+
+def prefill_lengths(context_length: int, text: Optional[str]) -> list:
+    """``--prefill-lengths`` as a list (Abort(USAGE) naming a bad one); None: 1024, 8192, 32768 and
+    ``ctx - 1024``, those below the context length (a request needs room for its one new token)."""
+    if text is None:
+        wanted = [1024, 8192, 32768, context_length - 1024]
+        return sorted({n for n in wanted if 1 <= n < context_length})
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise exitcodes.Abort(exitcodes.USAGE, f"--prefill-lengths must be comma-separated integers, got {text!r}") from None
+    bad = [v for v in values if not 1 <= v < context_length]
+    if not values or bad:
+        raise exitcodes.Abort(exitcodes.USAGE, f"--prefill-lengths: each length must be 1 to {context_length - 1} "
+                                               f"(below --ctx {context_length}), got {text!r}")
+    return sorted(set(values))
+
+
 #: The playbook tag that (re)starts the serving units; a context-length restart runs only it.
 RESTART_TAG = "sglang_service"
 #: Comparability-key fields that only the box can tell (the probe), not known before a sweep.
@@ -58,6 +79,9 @@ class SweepConfig:
     verbose: bool = False
     #: Seconds between two progress lines inside a point (requests done, rate, ETA).
     progress_every_s: float = 10.0
+    #: ``--prefill``: the prompt lengths of the cold-prefill measurement (empty: none).
+    prefill_lengths: list = field(default_factory=list)
+    prefill_requests: int = PREFILL_REQUESTS
 
     def prompts_for(self, concurrency: int) -> int:
         if self.num_prompts:
@@ -89,6 +113,10 @@ def from_request(req) -> "SweepConfig":
         gates=GateConfig(retok_tolerance=req.retok_tolerance, min_concurrency_ratio=req.min_concurrency_ratio,
                          max_cache_hit_pct=req.max_cache_hit_pct, idle_timeout_s=req.idle_timeout),
     )
+    if req.prefill:
+        cfg.prefill_lengths = prefill_lengths(req.ctx, req.prefill_lengths)
+    elif req.prefill_lengths is not None:
+        raise exitcodes.Abort(exitcodes.USAGE, "--prefill-lengths needs --prefill")
     check_config(cfg)
     return cfg
 

@@ -57,6 +57,9 @@ class BenchRequest:
     idle_timeout: float = 120.0
     trust_new_host_key: bool = False
     verbose: bool = False
+    #: ``--prefill``: cold prefill tokens/s at ``prefill_lengths`` (None: the default lengths).
+    prefill: bool = False
+    prefill_lengths: Optional[str] = None
     #: ``--profile``: called after the last point (``dsv4kit.profile.run.bench_hook``), its result
     #: goes into the record as ``profile``.
     profile_hook: Optional[Callable] = None

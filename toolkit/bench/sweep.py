@@ -127,6 +127,8 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
         if spill is not None:  # from here on the spill always holds a record the points join
             spill.progress(assembly.build_record(s, incomplete="the sweep did not finish"))
         loop.run(apply_arm, restart_units)
+        if cfg.prefill_lengths:
+            s.extras["prefill"] = loop.prefill()
         if profile is not None:
             s.extras["profile"] = profile(remote, session, host, cfg, progress, helper_env)
     except (BenchAbort, RemoteError) as exc:
@@ -289,6 +291,15 @@ class _SweepLoop:
         validity = point["validity"]
         for name in validity["failed"]:
             self.progress(f"    gate {name}: {validity['gates'][name]['detail']}")
+
+    def prefill(self) -> dict:
+        """``--prefill``: cold prefill tokens/s per prompt length from the prefill server's counters."""
+        from dsv4kit.bench import prefill
+
+        cfg = self.s.cfg
+        return prefill.run(self.remote, cfg.prefill_lengths, router_port=self.router_port,
+                           prefill_port=self.prefill_port or self.decode_port, requests=cfg.prefill_requests,
+                           seed=cfg.seed, timeout=cfg.point_timeout_s, env=self.helper_env, progress=self.progress)
 
     def keep(self, point: dict, details_file: Optional[str]) -> None:
         self.s.points.append(point)
