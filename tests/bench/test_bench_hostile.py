@@ -86,7 +86,7 @@ def test_a_decode_cap_below_c_makes_the_point_invalid_and_the_headline_true(benc
 def test_serialised_prefill_makes_the_point_invalid(bench_box, tmp_path):
     # One prompt at a time, 100 ms each: about 3 of 8 requests decode at once.
     server, inventory = bench_box(context_length=4096, prefill_ms=100, serial_prefill=True)
-    proc, record = sweep((server, inventory), tmp_path)
+    proc, record = sweep((server, inventory), tmp_path, "--output-len", "32")  # a decode shorter than the ramp
     point = record["points"][0]
     assert proc.returncode == 1 and "exact_occupancy" in point["validity"]["failed"], point["validity"]
     # the gate says why and what would fill the batch (the prefill ramp outlasts a decode)

@@ -80,7 +80,18 @@ def format_summary(record: dict) -> str:
         if ab.get("summary") is not None:
             blocks.append(f"A/B (B against A): {ab.get('outcome')}: {ab.get('summary')}")
         return "\n".join(blocks)
-    return _summary_table(summary["per_concurrency"])
+    return _summary_table(summary["per_concurrency"]) + _prefill_table(record.get("prefill"))
+
+
+def _prefill_table(prefill: Optional[dict]) -> str:
+    """``bench --prefill``'s lines under the table (empty without it)."""
+    if not prefill:
+        return ""
+    lines = ["", f"{'prompt':>8} {'cold prefill tok/s':>19}  (the prefill server's counters)"]
+    for length, entry in prefill.get("per_length", {}).items():
+        value = "INVALID" if not entry["valid"] else f"{entry['tokens_per_s']:.1f}"
+        lines.append(f"{length:>8} {value:>19}")
+    return "\n".join(lines)
 
 
 def _summary_table(per_concurrency: dict) -> str:

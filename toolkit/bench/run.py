@@ -314,7 +314,11 @@ def summary(p: BenchPlan, outcome: BenchOutcome) -> dict:
         "validity_passed": record["validity_passed"], "invalid_points": record["invalid_points"],
         "points": [{"max_concurrency": pt["max_concurrency"], "repetition": pt["repetition"],
                     "valid": pt["validity"]["passed"], "failed_gates": pt["validity"]["failed"],
-                    "decode_tok_s": pt["derived"]["decode_tok_s"], "arm": pt.get("arm")} for pt in record["points"]],
+                    "decode_tok_s": pt["derived"]["decode_tok_s"],
+                    "forward_passes_per_s": pt["derived"].get("forward_passes_per_s"),
+                    "acceptance_length": pt["derived"].get("acceptance_length"), "arm": pt.get("arm")}
+                   for pt in record["points"]],
+        "prefill": record.get("prefill"),
         "summary": record["summary"],
         "comparison": outcome.comparison.to_dict() if outcome.comparison is not None else None,
         "ab": record.get("ab"),
