@@ -218,7 +218,7 @@ def test_bench_prefill_records_cold_prefill_per_length_from_the_prefill_servers_
     record = json.loads((repo / out["record_path"]).read_text())
     entry = record["prefill"]["per_length"]["256"]
     assert warm.returncode == 1 and not entry["valid"] and entry["tokens_per_s"] is None
-    assert "computed 248 prompt tokens, not 256" in " ".join(entry["problems"]), entry
+    assert "8 prompt tokens came from the cache: not a cold prefill" in " ".join(entry["problems"]), entry
     server.post("/_test/config", {"cached_tokens": 0})
     cold = dsv4kit(*args)
     assert cold.returncode == 0, cold.stderr[-3000:]

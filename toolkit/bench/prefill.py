@@ -22,12 +22,14 @@ def judge(length: int, answer: dict) -> dict:
     for i, sample in enumerate(samples, 1):
         if sample.get("problem"):
             problems.append(f"request {i}: {sample['problem']}")
-        elif sample.get("prefill_tokens") != length:
-            problems.append(f"request {i}: the prefill server computed {sample.get('prefill_tokens')} prompt tokens, "
-                            f"not {length} (another client's prompt, or a chunk counted elsewhere)")
         elif sample.get("prefill_cached_tokens"):
-            problems.append(f"request {i}: {sample['prefill_cached_tokens']} prompt tokens came from the cache: "
+            problems.append(f"request {i}: {sample['prefill_cached_tokens']:g} prompt tokens came from the cache: "
                             f"not a cold prefill")
+        elif sample.get("prefill_tokens") != length:
+            computed = sample.get("prefill_tokens")
+            problems.append(f"request {i}: the prefill server computed "
+                            f"{'no count of' if computed is None else format(computed, 'g')} prompt tokens, not "
+                            f"{length} (another client's prompt in between?)")
     rates = [s["prefill_tokens"] / s["seconds"] for s in samples
              if s.get("prefill_tokens") and s.get("seconds") and not s.get("problem")]
     valid = bool(samples) and not problems
