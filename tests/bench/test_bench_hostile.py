@@ -128,7 +128,7 @@ def test_ab_interleaves_the_arms_with_a_restart_before_each_and_records_both_wit
         applied.append(arm)
         server.post("/_test/config", {"restart": True, "token_delay_ms": 10.0 if arm == "A" else 20.0})
 
-    cfg = SweepConfig(context_length=4096, concurrency=[4], input_len=16, output_len=32, repeat=3, num_prompts=8,
+    cfg = SweepConfig(context_length=4096, concurrency=[4], input_len=16, output_len=64, repeat=3, num_prompts=8,
                       warmup_requests=1, metrics_interval_s=0.02)
     lines = []
     with open_session(host) as session:

@@ -233,7 +233,7 @@ def test_a_context_length_mismatch_restarts_the_servers(bench_box, tmp_path, loo
         restarts.append(context_length)
         server.post("/_test/config", {"context_length": context_length})
 
-    cfg = SweepConfig(context_length=4096, concurrency=[2], input_len=16, output_len=32, repeat=1, num_prompts=4,
+    cfg = SweepConfig(context_length=4096, concurrency=[2], input_len=16, output_len=64, repeat=1, num_prompts=4,
                       warmup_requests=1, metrics_interval_s=0.02)
     lines = []
     with open_session(host) as session:
