@@ -48,7 +48,8 @@ def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(ben
     # series and one copy per TP rank; (2) priority scheduling, decoding 4 of 8 (summing every
     # series said 8); (3) all schedulers on TP4, decoding 2 of 8 (summing the ranks said 8).
     marker = tokenizer_dir / ".dsv4kit-weights.json"
-    marker.write_text(json.dumps({"repo": "deepseek-ai/DeepSeek-V4-Flash", "revision": "a" * 40, "verified_at": 1,
+    # the manifest names the inventory's revision (dsv4_model_revision): another would fail served_model
+    marker.write_text(json.dumps({"repo": "deepseek-ai/DeepSeek-V4-Flash", "revision": "test-rev-1", "verified_at": 1,
                                   "files": {"model.safetensors": {"size": 10, "sha256": "b" * 64, "mtime_ns": 5}}}))
     server, inventory = bench_box(context_length=4096, enable_priority_scheduling=True,
                             enable_metrics_for_all_schedulers=True)
@@ -78,7 +79,7 @@ def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(ben
     sw, model, key = record["software"], record["model"], record["comparability_key"]
     assert "sgl_kernel" in sw and "flashinfer" in sw and sw["dsv4kit_wheel"]["reason"].startswith("dsv4kit")
     assert sw["sglang_wheel"]["sha256"] or sw["sglang_wheel"].get("record_sha256")
-    assert model["weights_fingerprint"] and model["weights"]["revision"] == "a" * 40
+    assert model["weights_fingerprint"] and model["weights"]["revision"] == "test-rev-1"
     assert key["weights"] == model["weights_fingerprint"] and key["sglang_wheel"] and key["gates"]
     assert key["warmup_requests"] == {"8": 2} and key["launch_args"] and "driver" in key
     assert record["sweep"]["gates"]["min_exact_share"] == 0.98
