@@ -210,10 +210,16 @@ def good_evidence(concurrency: int, *, meta_keys=("prompt_tokens", "completion_t
                   running: float | None = None) -> tuple[dict, dict]:
     """(evidence, window) as a point on an honest server leaves them: every field reported and the
     running batch at ``running`` (default C) in the steady-state window."""
+    from dsv4kit.bench.window import exact_occupancy
+
     held = float(concurrency if running is None else running)
     evidence = {"meta_info": {"ok": True, "keys": sorted(meta_keys)}, "startup_after": {}, "samples": []}
-    window = {"running": {"median": held, "min": held, "max": held, "mean": held}, "samples": 10,
-              "duration_s": 1.0, "decode_tok_s": None, "evidence": None}
+    samples = [{"t": 0.1 * k, "port": 1, "num_running_reqs": held, "num_queue_reqs": 0.0,
+                "prefill_tokens_total": 100.0, "num_requests_total": 8.0, "decode_tokens_total": 10.0 * k,
+                "decode_passes_total": float(k)} for k in range(30)]
+    window = {"running": {"median": held, "min": held, "max": held, "mean": held}, "samples": 30,
+              "duration_s": 3.0, "decode_tok_s": None, "evidence": None,
+              "occupancy": exact_occupancy(samples, concurrency, 0.98, 20)}
     return evidence, window
 
 

@@ -103,6 +103,13 @@ class State:
         self.generated_by_priority: dict = {}
         self.prompt_by_priority: dict = {}
         self.model = StandInModel(args.model_path)
+        # The scheduler's per-pass counters (realtime_tokens_total, cuda_graph_passes_total), the
+        # tokenizer's per-finished-request count, and the faults of bench round four.
+        self.decode_tokens = self.prefill_tokens = self.prefill_cached = self.passes = 0.0
+        self.finished = 0
+        self.spec_accept_length = getattr(args, "spec_accept_length", 0.0)
+        self.served_model_path = getattr(args, "served_model_path", "")
+        self.kv_transfer_ms = getattr(args, "kv_transfer_ms", 0.0)
 
     def metrics(self) -> str:
         """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here), in
@@ -145,7 +152,33 @@ class State:
                 labels += f',is_streaming="{streaming}"'
                 lines += [f"sglang:{name}_total{{{labels}}} {float(value)}",
                           f"sglang:{name}_created{{{labels}}} {self.startup_time}"]
+        lines += self.pass_metrics()
         return "\n".join(lines) + "\n"
+
+    def pass_metrics(self) -> list:
+        """0.5.23's per-forward-pass scheduler counters (by ``mode``), the finished-request counter
+        and, with speculative decoding, the acceptance-length gauge."""
+        labels = f'model_name="{self.model_path}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+        lines = ["# HELP sglang:realtime_tokens_total Total number of tokens processed.",
+                 "# TYPE sglang:realtime_tokens_total counter"]
+        if self.prefill_tokens:
+            lines.append(f'sglang:realtime_tokens_total{{{labels},mode="prefill_compute"}} {self.prefill_tokens}')
+        if self.prefill_cached:
+            lines.append(f'sglang:realtime_tokens_total{{{labels},mode="prefill_cache"}} {self.prefill_cached}')
+        if self.decode_tokens:
+            lines.append(f'sglang:realtime_tokens_total{{{labels},mode="decode"}} {self.decode_tokens}')
+        lines += ["# HELP sglang:cuda_graph_passes_total Total number of forward passes.",
+                  "# TYPE sglang:cuda_graph_passes_total counter",
+                  f'sglang:cuda_graph_passes_total{{{labels},mode="decode_cuda_graph"}} {self.passes}',
+                  "# HELP sglang:num_requests_total Number of requests processed.",
+                  "# TYPE sglang:num_requests_total counter",
+                  f'sglang:num_requests_total{{model_name="{self.model_path}",engine_type="unified",'
+                  f'is_streaming="true"}} {float(self.finished)}']
+        if self.spec_accept_length:
+            lines += ["# HELP sglang:spec_accept_length Mean acceptance length of speculative decoding.",
+                      "# TYPE sglang:spec_accept_length gauge",
+                      f"sglang:spec_accept_length{{{labels}}} {float(self.spec_accept_length)}"]
+        return lines
 
     def enter(self, field: str, priority, delta: int) -> None:
         """Count a request into (or out of) the running or queued total and its priority (lock held)."""
@@ -156,9 +189,9 @@ class State:
 
     def server_info(self) -> dict:
         return {
-            "model_path": self.model_path,
+            "model_path": self.served_model_path or self.model_path,
             "tokenizer_path": self.model_path,
-            "served_model_name": self.model_path,
+            "served_model_name": self.served_model_path or self.model_path,
             "context_length": self.context_length,
             "tp_size": self.tp_size,
             "dp_size": 1,
@@ -183,7 +216,8 @@ class State:
             "startup_time": self.startup_time,
             "kv_events": None,
             "internal_states": [
-                {"last_gen_throughput": 123.4, "memory_usage": {"kv_cache": 1.0}, "avg_spec_accept_length": None,
+                {"last_gen_throughput": 123.4, "memory_usage": {"kv_cache": 1.0},
+                 "avg_spec_accept_length": self.spec_accept_length or None,
                  "effective_max_running_requests_per_dp": self.max_running_requests}
             ],
             "version": "0.5.23",
@@ -274,7 +308,8 @@ def make_handler(state: State):
                 body = self._body()
                 with state.lock:
                     for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status",
-                                "priority_scheduling", "all_schedulers", "tp_size"):
+                                "priority_scheduling", "all_schedulers", "tp_size", "served_model_path",
+                                "spec_accept_length", "kv_transfer_ms"):
                         if key in body:
                             setattr(state, key, body[key])
                     if "decode_cap" in body:  # for requests that arrive from now on
@@ -373,37 +408,65 @@ def make_handler(state: State):
                         time.sleep(state.prefill_ms / 1000.0)
                 elif state.prefill_ms:
                     time.sleep(state.prefill_ms / 1000.0)
+                words: list[str] = []
+                ids: list[int] = []
+                if state.kv_transfer_ms:
+                    self._transfer(index, prompt_tokens, max_new, cached, priority, words, ids)
                 with state.lock:
-                    state.enter("queued", priority, -1)
+                    if not state.kv_transfer_ms:
+                        state.enter("queued", priority, -1)
                     state.enter("running", priority, 1)
                     state.running_tokens += prompt_tokens
                     state.prompt_total += prompt_tokens
                     state.prompt_by_priority[priority] = state.prompt_by_priority.get(priority, 0) + prompt_tokens
-                words: list[str] = []
-                ids: list[int] = []
+                    if not state.kv_transfer_ms:  # a PD decode server computes no prompt tokens
+                        state.prefill_tokens += prompt_tokens - cached
+                        state.prefill_cached += cached
                 try:
-                    for i in range(max_new):
+                    while len(ids) < max_new:
                         with state.lock:
                             step = delay * (1.0 + state.batch_slowdown * max(state.running - 1, 0))
+                            # One forward pass: 1 token, or the accepted drafts plus one with speculation.
+                            per_pass = max(1, int(round(state.spec_accept_length or 1)))
                         time.sleep(step)
-                        token = (index * 7 + i) % state.vocab_size
-                        words.append(f"w{token}")
-                        ids.append(token)
+                        new = min(per_pass, max_new - len(ids))
+                        for _ in range(new):
+                            token = (index * 7 + len(ids)) % state.vocab_size
+                            words.append(f"w{token}")
+                            ids.append(token)
                         with state.lock:
-                            state.token_times.append(time.time())
-                            state.generated_total += 1
-                            state.generated_by_priority[priority] = state.generated_by_priority.get(priority, 0) + 1
-                            state.running_tokens += 1
+                            state.token_times += [time.time()] * new
+                            state.generated_total += new
+                            state.generated_by_priority[priority] = state.generated_by_priority.get(priority, 0) + new
+                            state.running_tokens += new
+                            state.decode_tokens += new
+                            state.passes += 1.0 / max(state.running, 1)  # this request's share of the batch's pass
                         self._chunk({"text": " ".join(words), "output_ids": list(ids),
                                      "meta_info": self._meta(index, prompt_tokens, len(ids), cached,
-                                                             i == max_new - 1, max_new)})
+                                                             len(ids) == max_new, max_new)})
                 finally:
                     with state.lock:
+                        state.finished += 1
                         state.enter("running", priority, -1)
                         state.running_tokens -= prompt_tokens + len(ids)
             finally:
                 if slots is not None:
                     slots.release()
+
+        def _transfer(self, index: int, prompt_tokens: int, max_new: int, cached: int, priority, words, ids):
+            """``--kv-transfer-ms``: a PD decode server as the client meets it: the prefill server's first
+            token arrives, then the KV moves for that long; the request is neither running nor queued on
+            this server meanwhile (SGLang keeps it in its transfer queue)."""
+            token = (index * 7) % state.vocab_size
+            words.append(f"w{token}")
+            ids.append(token)
+            with state.lock:
+                state.enter("queued", priority, -1)
+                state.token_times.append(time.time())
+                state.generated_total += 1
+            self._chunk({"text": words[0], "output_ids": list(ids),
+                         "meta_info": self._meta(index, prompt_tokens, 1, cached, max_new == 1, max_new)})
+            time.sleep(state.kv_transfer_ms / 1000.0)
 
     return Handler
 
@@ -441,6 +504,14 @@ def main(argv=None) -> int:
                         help="/metrics: a priority=\"\" total plus one series per priority (0.5.23's shape)")
     parser.add_argument("--enable-metrics-for-all-schedulers", action="store_true",
                         help="/metrics: one copy of each scheduler gauge per TP rank")
+    parser.add_argument("--spec-accept-length", type=float, default=0.0,
+                        help="speculative decoding: each forward pass emits this many tokens per request, "
+                             "reported as sglang:spec_accept_length and avg_spec_accept_length")
+    parser.add_argument("--served-model-path", default="",
+                        help="/server_info names this model path and served name (another model served)")
+    parser.add_argument("--kv-transfer-ms", type=float, default=0.0,
+                        help="PD decode: the first token comes at once (the prefill server's), then the KV "
+                             "transfer takes this long before the request runs here")
     args = parser.parse_args(argv)
 
     from fake_profiler import FakeProfiler

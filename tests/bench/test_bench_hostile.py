@@ -17,8 +17,8 @@ from tests.bench.test_bench_sweep import dsv4kit
 
 pytestmark = pytest.mark.slow
 
-# 16 prompts of 16 + 32 tokens at C=8: two waves; /metrics every 20 ms.
-POINT = ["--ctx", "4096", "--concurrency", "8", "--repeat", "1", "--input-len", "16", "--output-len", "32",
+# 16 prompts of 16 + 64 tokens at C=8: two waves of 0.64 s or more; /metrics every 20 ms.
+POINT = ["--ctx", "4096", "--concurrency", "8", "--repeat", "1", "--input-len", "16", "--output-len", "64",
          "--num-prompts", "16", "--warmup-requests", "2", "--metrics-interval", "0.02"]
 
 
@@ -41,14 +41,21 @@ def delivered(server, point) -> float:
     return sum(1 for t in times if lo < t <= hi) / (hi - lo)
 
 
+def delivered_in_occupancy(server, point) -> float:
+    """Output tokens per second the stand-in emitted in the point's exact-occupancy window."""
+    lo, hi = point["window"]["occupancy"]["window_wall"]
+    times = server.stats()["token_times"]
+    return sum(1 for t in times if lo < t <= hi) / (hi - lo)
+
+
 def test_an_honest_server_is_valid_and_the_headline_is_what_it_delivered(bench_box, tmp_path):
     server, inventory = bench_box(context_length=4096,
                             inventory_extra={"dsv4_bench_slo_ttft_ms": 5000, "dsv4_bench_slo_tpot_ms": 1.0})
     proc, record = sweep((server, inventory), tmp_path)
     point = record["points"][0]
     assert proc.returncode == 0 and point["validity"]["passed"], point["validity"]
-    assert point["window"]["running"]["median"] >= 0.8 * 8
-    assert point["derived"]["decode_tok_s"] == pytest.approx(delivered(server, point), rel=0.10)
+    assert point["window"]["occupancy"]["admissible"] and point["window"]["running"]["max"] == 8
+    assert point["derived"]["decode_tok_s"] == pytest.approx(delivered_in_occupancy(server, point), rel=0.10)
     # the SLOs come from the inventory and are recorded; no request makes a 1 ms TPOT; no p99 from 16 requests
     assert record["sweep"]["slo"]["ttft_ms"] == 5000 and record["sweep"]["slo"]["tpot_ms"] == 1.0
     goodput = point["latency"]["goodput"]
@@ -66,7 +73,7 @@ def test_a_decode_cap_below_c_makes_the_point_invalid_and_the_headline_true(benc
     proc, record = sweep((server, inventory), tmp_path)
     point = record["points"][0]
     assert proc.returncode == 1
-    assert "running_batch" in point["validity"]["failed"], point["validity"]
+    assert "exact_occupancy" in point["validity"]["failed"], point["validity"]
     assert point["validity"]["gates"]["concurrency"]["passed"]  # the client-side check is fooled
     assert point["window"]["running"]["max"] <= 2
     # never 8 decoding at once: no decode headline; what the window delivered is the stand-in's count
@@ -79,11 +86,11 @@ def test_a_decode_cap_below_c_makes_the_point_invalid_and_the_headline_true(benc
 def test_serialised_prefill_makes_the_point_invalid(bench_box, tmp_path):
     # One prompt at a time, 100 ms each: about 3 of 8 requests decode at once.
     server, inventory = bench_box(context_length=4096, prefill_ms=100, serial_prefill=True)
-    proc, record = sweep((server, inventory), tmp_path)
+    proc, record = sweep((server, inventory), tmp_path, "--output-len", "32")  # a decode shorter than the ramp
     point = record["points"][0]
-    assert proc.returncode == 1 and "running_batch" in point["validity"]["failed"], point["validity"]
+    assert proc.returncode == 1 and "exact_occupancy" in point["validity"]["failed"], point["validity"]
     # the gate says why and what would fill the batch (the prefill ramp outlasts a decode)
-    assert "--output-len of about" in point["validity"]["gates"]["running_batch"]["detail"], point["validity"]
+    assert "--output-len of about" in point["validity"]["gates"]["exact_occupancy"]["detail"], point["validity"]
     assert point["window"]["window_tok_s"] == pytest.approx(delivered(server, point), rel=0.10)
     assert point["derived"]["tpot_formula_tok_s"] > 1.5 * point["window"]["window_tok_s"]
 
@@ -102,7 +109,7 @@ def test_omitted_fields_and_a_small_kv_pool_fail_their_gates(bench_box, tmp_path
     assert point["validity"]["cache_hit_pct"] == 0.0  # what the client alone would have believed
     assert not gates["input_lens"]["passed"] and "prompt_tokens" in gates["input_lens"]["detail"]
     assert not gates["same_server"]["passed"] and "startup_time" in gates["same_server"]["detail"]
-    assert not gates["kv_capacity"]["passed"] and "384" in gates["kv_capacity"]["detail"]
+    assert not gates["kv_capacity"]["passed"] and "640" in gates["kv_capacity"]["detail"]
 
 
 def test_ab_interleaves_the_arms_with_a_restart_before_each_and_records_both_with_a_verdict(bench_box, tmp_path):
@@ -121,7 +128,7 @@ def test_ab_interleaves_the_arms_with_a_restart_before_each_and_records_both_wit
         applied.append(arm)
         server.post("/_test/config", {"restart": True, "token_delay_ms": 10.0 if arm == "A" else 20.0})
 
-    cfg = SweepConfig(context_length=4096, concurrency=[4], input_len=16, output_len=32, repeat=3, num_prompts=8,
+    cfg = SweepConfig(context_length=4096, concurrency=[4], input_len=16, output_len=64, repeat=3, num_prompts=8,
                       warmup_requests=1, metrics_interval_s=0.02)
     lines = []
     with open_session(host) as session:

@@ -28,8 +28,8 @@ def in_process_sweep(inventory, progress=None, **cfg_kw):
     host = load_inventory(inventory).host()
     restart_units = cfg_kw.pop("restart_units", None)
     gates = cfg_kw.pop("gates", None)
-    cfg = SweepConfig(context_length=4096, input_len=16, output_len=32, metrics_interval_s=0.02,
-                      **({"gates": gates} if gates else {}), **cfg_kw)
+    cfg = SweepConfig(**{"context_length": 4096, "input_len": 16, "output_len": 64, "metrics_interval_s": 0.02,
+                         **({"gates": gates} if gates else {}), **cfg_kw})
     lines = []
 
     def say(line):
@@ -48,7 +48,8 @@ def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(ben
     # series and one copy per TP rank; (2) priority scheduling, decoding 4 of 8 (summing every
     # series said 8); (3) all schedulers on TP4, decoding 2 of 8 (summing the ranks said 8).
     marker = tokenizer_dir / ".dsv4kit-weights.json"
-    marker.write_text(json.dumps({"repo": "deepseek-ai/DeepSeek-V4-Flash", "revision": "a" * 40, "verified_at": 1,
+    # the manifest names the inventory's revision (dsv4_model_revision): another would fail served_model
+    marker.write_text(json.dumps({"repo": "deepseek-ai/DeepSeek-V4-Flash", "revision": "test-rev-1", "verified_at": 1,
                                   "files": {"model.safetensors": {"size": 10, "sha256": "b" * 64, "mtime_ns": 5}}}))
     server, inventory = bench_box(context_length=4096, enable_priority_scheduling=True,
                             enable_metrics_for_all_schedulers=True)
@@ -70,7 +71,7 @@ def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(ben
     assert honest["validity"]["passed"], (honest["validity"]["failed"], honest["window"])
     assert honest["window"]["running"]["max"] <= 8
     for point, cap in ((priority, 4), (ranks, 2)):
-        assert "running_batch" in point["validity"]["failed"], point["validity"]
+        assert "exact_occupancy" in point["validity"]["failed"], point["validity"]
         assert point["window"]["running"]["max"] <= cap, point["window"]["running"]
     # the box's parse agreed with prometheus_client's on the real texts
     assert not any(p["window"].get("parse_problem") for p in record["points"])
@@ -78,10 +79,10 @@ def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(ben
     sw, model, key = record["software"], record["model"], record["comparability_key"]
     assert "sgl_kernel" in sw and "flashinfer" in sw and sw["dsv4kit_wheel"]["reason"].startswith("dsv4kit")
     assert sw["sglang_wheel"]["sha256"] or sw["sglang_wheel"].get("record_sha256")
-    assert model["weights_fingerprint"] and model["weights"]["revision"] == "a" * 40
+    assert model["weights_fingerprint"] and model["weights"]["revision"] == "test-rev-1"
     assert key["weights"] == model["weights_fingerprint"] and key["sglang_wheel"] and key["gates"]
     assert key["warmup_requests"] == {"8": 2} and key["launch_args"] and "driver" in key
-    assert record["sweep"]["gates"]["running_tolerance"] == 0.1
+    assert record["sweep"]["gates"]["min_exact_share"] == 0.98
 
 
 def test_the_bench_owns_the_server_while_it_measures(bench_box):
@@ -113,9 +114,9 @@ def test_the_bench_owns_the_server_while_it_measures(bench_box):
     busy, loaded = record["points"]
     assert busy["not_run"] and busy["validity"]["failed"] == ["idle"]
     assert "not idle" in busy["validity"]["gates"]["idle"]["detail"] and "running" in busy["validity"]["gates"]["idle"]["detail"]
-    assert "running_batch" in loaded["validity"]["failed"], loaded["validity"]
-    detail = loaded["validity"]["gates"]["running_batch"]["detail"]
-    assert "another client's load" in detail and loaded["window"]["running"]["max"] > 4
+    assert "exact_occupancy" in loaded["validity"]["failed"], loaded["validity"]
+    detail = loaded["validity"]["gates"]["exact_occupancy"]["detail"]
+    assert "foreign load" in detail and loaded["window"]["running"]["max"] > 4
     # the restart between the repetitions, and each start's own record
     assert restarts == [1] and [s["before_repetition"] for s in record["starts"]] == [0, 1]
     assert [p["server_start"] for p in record["points"]] == [0, 1]

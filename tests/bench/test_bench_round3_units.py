@@ -80,19 +80,19 @@ def test_series_are_selected_by_label_as_0523_writes_them():
         box_helper.parse_exposition('sglang:num_running_reqs{tp_rank="0" 4\n')
 
 
-def test_running_batch_has_a_ceiling_and_names_a_parse_problem():
+def test_exact_occupancy_has_no_tolerance_and_names_a_parse_problem():
     from dsv4kit.bench.gates import GateConfig, evaluate
 
     line = client_line(n=8, concurrency=8)
     evidence, window = good_evidence(8, running=16)  # 8 of another client's beside the bench's 8
     validity = evaluate(line, point_expectation(8, 16, 8, 8), GateConfig(), evidence, window)
-    assert "running_batch" in validity["failed"] and "another client's load" in validity["gates"]["running_batch"]["detail"]
-    evidence, window = good_evidence(64, running=70)  # 64 + floor(0.1 x 64) is still fine
-    assert evaluate(client_line(n=64, concurrency=64), point_expectation(64, 16, 8, 64), GateConfig(), evidence,
-                    window)["gates"]["running_batch"]["passed"]
+    assert "exact_occupancy" in validity["failed"] and "foreign load" in validity["gates"]["exact_occupancy"]["detail"]
+    evidence, window = good_evidence(64, running=70)  # fitted under round three's C + floor(0.1 x C)
+    assert not evaluate(client_line(n=64, concurrency=64), point_expectation(64, 16, 8, 64), GateConfig(), evidence,
+                        window)["gates"]["exact_occupancy"]["passed"]
     evidence, window = good_evidence(8)
     window["parse_problem"] = "the box-side /metrics parse of port 1 disagrees with prometheus_client's"
-    assert not evaluate(line, point_expectation(8, 16, 8, 8), GateConfig(), evidence, window)["gates"]["running_batch"]["passed"]
+    assert not evaluate(line, point_expectation(8, 16, 8, 8), GateConfig(), evidence, window)["gates"]["exact_occupancy"]["passed"]
 
 
 def test_an_ambiguous_series_fails_the_gate_naming_it():
@@ -111,8 +111,8 @@ def test_the_headline_counts_only_time_with_all_c_decoding():
     # C=1: 8 requests of 100 ms prefill then 32 tokens 10 ms apart (the first one carries 4 tokens).
     line = {"ttfts": [0.1] * 8, "itls": [[0.01] * 28] * 8, "output_lens": [32] * 8}
     window = analyze(line, 1, None, 1)
-    assert window["decode_tok_s"] == pytest.approx(100.0, rel=0.01)  # 1000 / TPOT, not diluted by prefill
-    assert window["window_tok_s"] < 0.9 * window["decode_tok_s"]  # the window with the prefills in it
+    assert window["client_decode_tok_s"] == pytest.approx(100.0, rel=0.01)  # 1000 / TPOT, not diluted by prefill
+    assert window["window_tok_s"] < 0.9 * window["client_decode_tok_s"]  # the window with the prefills in it
     assert window["tokens"] == 7 * 32 + 28  # (a, b]: the first request's first chunk is before a; 4 tokens in each other
 
 

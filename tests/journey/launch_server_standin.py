@@ -46,16 +46,16 @@ def main(argv: list[str]) -> int:
                       # A KV pool that holds the quickstart's sweep (64 x 128K tokens), as the doc's
                       # box is expected to; the kv_capacity gate reads it from /server_info.
                       "--max-total-num-tokens", str(MAX_TOTAL_NUM_TOKENS),
-                      # 2 ms a decode step: a 512-token decode (about 1 s) outlasts the prefill ramp
-                      # and the stand-ins' own CPU time on a loaded 2-core machine.
-                      "--token-delay-ms", "2", "--max-lifetime", "3600"])
+                      # 6 ms a decode step: a 512-token decode (3 s and more) outlasts the prefill ramp
+                      # and holds the 20 exact-occupancy scrapes (0.1 s apart) the bench's headline
+                      # needs, on a loaded 2-core machine too.
+                      "--token-delay-ms", "6", "--max-lifetime", "3600"])
 
 
 MAX_TOTAL_NUM_TOKENS = 64 * 131072 + 65536
 #: One prompt's prefill on the stand-in prefill worker. Serial: the quickstart's C=64 point waits
-#: 64 of these before its last request decodes (the bench's running_batch gate sees that ramp).
-#: Small enough that the queue of replacement prefills keeps a C=64 batch above the gate's
-#: 0.8 x C on a loaded 2-core machine (at 20 ms one point's median fell to 51 of 64).
+#: 64 of these before its last request decodes, so each wave's exact-occupancy stretch on the
+#: decode server is its decode minus this ramp.
 PREFILL_MS = 5
 
 

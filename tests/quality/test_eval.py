@@ -29,7 +29,7 @@ def eval_box(bench_box, tmp_path):
 
 def _eval(server, inventory, repo, tasks, fault=None, **req):
     """One in-process ``--ab SGLANG_SM120_TRITON_INDEXER=0,1 --quick`` eval; arm B gets ``fault``."""
-    from dsv4kit.bench import sweep
+    from dsv4kit.bench import arms
     from dsv4kit.quality import run
 
     def apply_arm(inventory_path, host, ctx, ab, arm, progress, timeout):
@@ -39,11 +39,11 @@ def _eval(server, inventory, repo, tasks, fault=None, **req):
                               inventory=inventory, results_repo=repo, **req)
     plan = run.plan(request, warn=lambda s: None)
     lines: list[str] = []
-    original, sweep.default_apply_arm = sweep.default_apply_arm, apply_arm
+    original, arms.default_apply_arm = arms.default_apply_arm, apply_arm
     try:
         outcome = run.execute(plan, progress=lines.append, argv=["dsv4kit", "eval"])
     finally:
-        sweep.default_apply_arm = original
+        arms.default_apply_arm = original
     return outcome, lines
 
 

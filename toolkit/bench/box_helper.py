@@ -111,9 +111,24 @@ MAIN_RUN_MARKER = "Starting main benchmark run"
 #: So: per ``dp_rank`` the lowest rank's series, then summed (or the max) over the DP groups.
 #: ``partition-sum``: a tokenizer counter, split by ``is_streaming``/``priority``: every request
 #: is in exactly one series, so the series add up.
+#: ``scheduler-mean``: a scheduler gauge averaged over the DP groups (the acceptance length).
 METRICS = {"sglang:num_running_reqs": "scheduler-sum", "sglang:num_queue_reqs": "scheduler-sum",
            "sglang:gen_throughput": "scheduler-sum", "sglang:token_usage": "scheduler-max",
-           "sglang:generation_tokens_total": "partition-sum", "sglang:prompt_tokens_total": "partition-sum"}
+           "sglang:generation_tokens_total": "partition-sum", "sglang:prompt_tokens_total": "partition-sum",
+           "sglang:num_requests_total": "partition-sum", "sglang:spec_accept_length": "scheduler-mean",
+           "sglang:realtime_tokens_total": "scheduler-sum", "sglang:cuda_graph_passes_total": "scheduler-sum"}
+#: Scheduler counters split by one label: short name -> (metric, label, the label values summed).
+#: ``realtime_tokens_total`` grows every forward pass (mode decode: tokens generated; mode
+#: prefill_compute: prompt tokens computed); ``cuda_graph_passes_total`` counts forward passes.
+#: A mode never seen yet has no series (prometheus_client writes a labelled child only once it is
+#: used): with other series of the metric present, that mode's count is 0.
+SPLIT = {"decode_tokens_total": ("sglang:realtime_tokens_total", "mode", ("decode",)),
+         "prefill_tokens_total": ("sglang:realtime_tokens_total", "mode", ("prefill_compute",)),
+         "prefill_cached_tokens_total": ("sglang:realtime_tokens_total", "mode", ("prefill_cache",)),
+         "decode_passes_total": ("sglang:cuda_graph_passes_total", "mode", ("decode_cuda_graph", "decode_none"))}
+#: Metrics a point can do without: their absence is no problem (a server without speculative
+#: decoding has no acceptance length; the split counters are named under their short names).
+OPTIONAL = ("spec_accept_length", "realtime_tokens_total", "cuda_graph_passes_total")
 #: Metrics a point cannot do without: a problem with one of these is named in the gate it feeds.
 REQUIRED = ("num_running_reqs", "num_queue_reqs")
 _RANK_LABELS = ("pp_rank", "tp_rank")
@@ -220,6 +235,8 @@ def select_metric(name: str, series: list) -> tuple:
                           f"{'' if dp is None else f' of dp_rank {dp}'}, differing in other labels: "
                           + "; ".join(_shape(l) for l, _ in chosen[:4]))
         values.append(chosen[0][1])
+    if how == "scheduler-mean":
+        return sum(values) / len(values), None
     return (max(values) if how == "scheduler-max" else sum(values)), None
 
 
@@ -231,12 +248,32 @@ def select_metrics(samples: list) -> tuple:
             by_name[name].append((labels, value))
     values, problems = {}, {}
     for name, series in by_name.items():
-        value, problem = select_metric(name, series)
         short = name.split(":", 1)[1]
+        if short in OPTIONAL and not series:
+            continue
+        if name in {metric for metric, _, _ in SPLIT.values()}:
+            continue  # only its split values below mean something
+        value, problem = select_metric(name, series)
         if problem:
             problems[short] = problem
         else:
             values[short] = value
+    for short, (name, label, wanted) in SPLIT.items():
+        series = by_name[name]
+        if not series:
+            continue  # the server does not have this counter (an older SGLang, or metrics off)
+        total, problem = 0.0, None
+        for mode in wanted:
+            part = [({k: v for k, v in l.items() if k != label}, v) for l, v in series if l.get(label) == mode]
+            if part:
+                value, problem = select_metric(name, part)
+                if problem:
+                    break
+                total += value
+        if problem:
+            problems[short] = f"{problem} ({label}={'/'.join(wanted)})"
+        else:
+            values[short] = total
     return values, problems
 
 
@@ -277,7 +314,7 @@ class Scraper:
         except Exception as exc:
             self._error(port, str(getattr(exc, "reason", exc)))
             return
-        if not values and len(problems) == len(METRICS):
+        if not values:
             self._error(port, "no sglang: metrics in the answer (is the server started with --enable-metrics?)")
             return
         self.exposition.setdefault(str(port), raw)
@@ -554,6 +591,68 @@ def gpu_settings() -> dict:
     return {"available": True, "devices": parse_query_csv(out, SETTINGS_FIELDS)}
 
 
+#: A progress line of run-point starts with this, then one JSON object.
+PROGRESS_PREFIX = "dsv4kit-progress "
+_TQDM = re.compile(r"(\d+)/(\d+) \[")
+
+
+class ProgressReporter:
+    """Every ``every`` s during the measured run, one ``PROGRESS_PREFIX`` line: the requests the
+    client has finished (from its own progress bar) of its total, the seconds since the run began,
+    and the decode server's running, queued and generated-token rate from the latest scrapes."""
+
+    def __init__(self, scraper, port, every: float):
+        import threading
+
+        self.scraper, self.port, self.every = scraper, port, every
+        self.marker = None
+        self.done = self.total = None
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def count(self, line: str) -> bool:
+        match = _TQDM.search(line)
+        if not match:
+            return False
+        self.done, self.total = int(match.group(1)), int(match.group(2))
+        return True
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            sys.stdout.flush()
+
+    def state(self) -> dict:
+        mine = [s for s in list(self.scraper.samples) if s.get("port") == self.port]
+        rate = None
+        if len(mine) >= 2 and mine[-1].get("decode_tokens_total") is not None:
+            first = next((s for s in mine if s["t"] >= mine[-1]["t"] - self.every
+                          and s.get("decode_tokens_total") is not None), None)
+            if first is not None and mine[-1]["t"] > first["t"]:
+                rate = (mine[-1]["decode_tokens_total"] - first["decode_tokens_total"]) / (mine[-1]["t"] - first["t"])
+        last = mine[-1] if mine else {}
+        return {"done": self.done, "total": self.total,
+                "measured_s": round(time.monotonic() - self.marker, 2) if self.marker is not None else None,
+                "running": last.get("num_running_reqs"), "queued": last.get("num_queue_reqs"),
+                "decode_tok_s": None if rate is None else round(rate, 2)}
+
+    def _loop(self) -> None:
+        while not self.stop_event.wait(self.every):
+            if self.marker is not None:
+                self.write(PROGRESS_PREFIX + json.dumps(self.state()))
+
+    def __enter__(self):
+        if self.every > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_event.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+
+
 #: run-point's exit status when the servers were not idle before the point (the client never ran).
 NOT_IDLE_EXIT = 75
 
@@ -580,13 +679,17 @@ def cmd_run_point(args) -> int:
     started = time.monotonic()
     telemetry = Telemetry(args.telemetry_ms, args.evidence_out + ".nvsmi.csv")
     with telemetry, Scraper(ports, args.interval) as scraper:
+        reporter = ProgressReporter(scraper, ports[0] if ports else None, args.progress_every)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        for line in proc.stdout:
-            if marker_time is None and MAIN_RUN_MARKER in line:
-                marker_time, marker_wall = time.monotonic(), time.time()
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        code = proc.wait()
+        with reporter:
+            for line in proc.stdout:  # universal newlines: each of tqdm's \r redraws is a line
+                if marker_time is None and MAIN_RUN_MARKER in line:
+                    marker_time, marker_wall = time.monotonic(), time.time()
+                    reporter.marker = marker_time
+                if marker_time is not None and reporter.count(line):
+                    continue  # the client's progress bar: reported by the reporter, not echoed
+                reporter.write(line)
+            code = proc.wait()
     ended = time.monotonic()
     startup = {}
     for port in ports:
@@ -595,7 +698,9 @@ def cmd_run_point(args) -> int:
             info = json.loads(body)
             if isinstance(info.get("decode"), list) and info["decode"]:
                 info = info["decode"][0]
-            startup[str(port)] = {"reported": "startup_time" in info, "startup_time": info.get("startup_time")}
+            startup[str(port)] = {"reported": "startup_time" in info, "startup_time": info.get("startup_time"),
+                                  "model_path": info.get("model_path"),
+                                  "served_model_name": info.get("served_model_name")}
         except Exception as exc:
             startup[str(port)] = {"reported": False, "error": str(getattr(exc, "reason", exc))}
     evidence = {
@@ -608,6 +713,47 @@ def cmd_run_point(args) -> int:
     }
     _write_json(args.evidence_out, evidence)
     return code
+
+
+# ------------------------------------------------------------------------------------- prefill-point
+def _post(port: int, path: str, body: dict, timeout: float):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **_headers()})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read()
+
+
+def cmd_prefill_point(args) -> dict:
+    """Cold prefill at one prompt length: ``--requests`` requests of ``--length`` fresh token ids and
+    one new token, one at a time through the router, the cache flushed before each. Per request:
+    the prefill server's ``realtime_tokens_total`` growth in mode prefill_compute (prompt tokens it
+    computed) and prefill_cache (reused: a cold cache reuses none), and the wall time around it."""
+    import random
+
+    samples = []
+    for i in range(args.requests):
+        try:
+            _post(args.router_port, "/flush_cache", {}, 120.0)
+            before, problems, _ = read_metrics(args.prefill_port)
+            rng = random.Random(args.seed * 1000003 + args.length * 31 + i)
+            ids = [rng.randrange(1000, 30000) for _ in range(args.length)]
+            started = time.monotonic()
+            _post(args.router_port, "/generate", {"input_ids": ids, "stream": True, "sampling_params": {
+                "max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True}}, args.timeout)
+            seconds = time.monotonic() - started
+            after, problems_after, _ = read_metrics(args.prefill_port)
+        except Exception as exc:
+            return {"ok": False, "length": args.length, "samples": samples,
+                    "error": f"request {i + 1}: {getattr(exc, 'reason', exc)}"}
+        sample = {"seconds": round(seconds, 4)}
+        for name in ("prefill_tokens_total", "prefill_cached_tokens_total"):
+            a, b = before.get(name), after.get(name)
+            sample[name.replace("_total", "")] = None if a is None or b is None else b - a
+        missing = {**problems, **problems_after}.get("prefill_tokens_total")
+        if missing or before.get("prefill_tokens_total") is None:
+            sample["problem"] = missing or "the prefill server's /metrics has no realtime_tokens_total counter"
+        samples.append(sample)
+    return {"ok": True, "length": args.length, "samples": samples}
 
 
 # ------------------------------------------------------------------------------------- probe
@@ -923,19 +1069,28 @@ def main(argv=None) -> int:
     p.add_argument("--state-dir", default="")
     p.add_argument("--unit-dir", default="", help="where the dsv4-*.service units are (<dsv4_prefix>/etc/systemd/system)")
     p.add_argument("--decision-file", default="", help="<dsv4_prefix>/etc/dsv4kit/kernel-decision.json")
+    p = sub.add_parser("prefill-point")
+    p.add_argument("--router-port", type=int, required=True)
+    p.add_argument("--prefill-port", type=int, required=True)
+    p.add_argument("--length", type=int, required=True)
+    p.add_argument("--requests", type=int, default=3)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--timeout", type=float, default=1800.0)
     p = sub.add_parser("run-point")
     p.add_argument("--evidence-out", required=True)
     p.add_argument("--metrics-ports", default="")
     p.add_argument("--probe-port", type=int, default=0)
     p.add_argument("--interval", type=float, default=0.25)
     p.add_argument("--telemetry-ms", type=int, default=500)
+    p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines (0: none)")
     p.add_argument("--idle-timeout", type=float, default=120.0,
                    help="seconds to wait for idle servers before the point (negative: do not check)")
     p.add_argument("client", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "run-point":
         return cmd_run_point(args)
-    handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe}[args.command]
+    handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe,
+               "prefill-point": cmd_prefill_point}[args.command]
     result = handler(args)
     sys.stdout.write(json.dumps(result) + "\n")
     return 0 if result.get("ok") else 1

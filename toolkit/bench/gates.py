@@ -18,11 +18,15 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
                      does report ``prompt_tokens`` (else the client falls back to the planned length).
 ``concurrency``      achieved concurrency (sum of latencies / duration) >= ``min_concurrency_ratio``
                      x the requested one: the client applied the load (queued requests count too).
-``running_batch``    in the steady-state window (``dsv4kit.bench.window``) the decode server's
-                     ``sglang:num_running_reqs`` held >= ``min_concurrency_ratio`` x C (median of the
-                     ``/metrics`` samples): the server decoded C requests together; and never more
-                     than C + ``running_tolerance`` x C (more is another client's load). No samples,
-                     or a series that is missing or ambiguous (box_helper.select_metric): fail.
+``exact_occupancy`` the decode server's own scrapes hold an admissible window (``dsv4kit.bench.window``):
+                     at least ``min_window_scrapes`` consecutive scrapes, at least ``min_exact_share`` of
+                     them with exactly C running, none queued, no prompt tokens computed and no request
+                     finished in between. The headline comes from that window only. None: the gate says
+                     what the server ran instead (running and queued over time, foreign load).
+                     A series that is missing or ambiguous (box_helper.select_metric): fail.
+``served_model``     the decode server's ``/server_info`` ``model_path`` and ``served_model_name`` are the
+                     record's model, and the weights manifest names the record's revision
+                     (``dsv4kit.bench.served_model``).
 ``idle``             (only on a point that did not run) the servers still ran or queued requests
                      after ``idle_timeout_s``: another client's load; the client was not started.
 ``max_running``      C <= the decode server's effective ``max_running_requests`` (``effective_max_running``).
@@ -37,7 +41,6 @@ Every gate needs its evidence: a missing field or sample fails the gate, it neve
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -50,9 +53,10 @@ class GateConfig:
     min_concurrency_ratio: float = 0.8
     max_cache_hit_pct: float = 1.0
     expect_cold: bool = True
-    #: running_batch's upper bound: the decode server runs at most C + floor(this x C) requests
-    #: (more is another client's load).
-    running_tolerance: float = 0.1
+    #: exact_occupancy: the share of a window's scrapes at exact occupancy, and the fewest scrapes
+    #: a window may have (docs/benchmarking.md gives their source).
+    min_exact_share: float = 0.98
+    min_window_scrapes: int = 20
     #: Seconds to wait for idle servers before each point (``idle`` gate).
     idle_timeout_s: float = 120.0
 
@@ -74,6 +78,8 @@ class PointExpectation:
     #: The decode server's limits, from /server_info before the sweep (None: not reported).
     max_running_requests: Optional[int] = None
     max_total_num_tokens: Optional[int] = None
+    #: The record's model (``dsv4kit.bench.served_model.expected_model``); None: not checked.
+    model: Optional[dict] = None
 
 
 def effective_max_running(server_info: dict) -> Optional[int]:
@@ -180,23 +186,22 @@ def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateCon
 
     c = expected.max_concurrency
     w = window or {}
-    running = w.get("running")
-    ceiling = c + math.floor(config.running_tolerance * c)
-    if running is None:
-        gate("running_batch", False, f"no evidence of the server's running batch: "
-                                     f"{w.get('evidence') or 'no steady-state window was analysed'}")
+    occupancy = w.get("occupancy")
+    if occupancy is None:
+        gate("exact_occupancy", False, f"no evidence of what the decode server ran: "
+                                       f"{w.get('evidence') or 'no window was analysed'}")
     elif w.get("parse_problem"):
-        gate("running_batch", False, w["parse_problem"])
+        gate("exact_occupancy", False, w["parse_problem"])
     else:
-        low = running["median"] >= config.min_concurrency_ratio * c
-        high = running["max"] <= ceiling
-        gate("running_batch", low and high,
-             f"decode server's running batch in the steady-state window: median {running['median']:g} "
-             f"(min {running['min']:g}, max {running['max']:g}, {w.get('samples')} samples over "
-             f"{w.get('duration_s')} s) for C={c} (at least {config.min_concurrency_ratio:g} x C, at most "
-             f"{ceiling})" + ("" if high else f": {running['max'] - c:g} request(s) beyond the bench's own C: "
-                                              f"another client's load on the server")
-             + (f"; {w['decode_evidence']}" if w.get("decode_evidence") and not low else ""))
+        detail = occupancy.get("detail") or ""
+        if not occupancy.get("admissible") and w.get("decode_evidence"):
+            detail += f"; {w['decode_evidence']}"
+        gate("exact_occupancy", bool(occupancy.get("admissible")), detail)
+    if expected.model is not None:
+        from dsv4kit.bench.served_model import check as check_model
+
+        passed, detail = check_model(decode_info(raw.get("server_info") or {}), expected.model)
+        gate("served_model", passed, detail)
     limit = expected.max_running_requests
     gate("max_running", limit is not None and c <= limit,
          "the decode server's /server_info has no max_running_requests" if limit is None

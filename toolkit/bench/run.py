@@ -9,14 +9,11 @@ The command (``dsv4kit.commands.bench``) only parses and prints.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from dsv4kit.bench import sweep
-from dsv4kit.bench.args import check_lengths, check_prompts
-from dsv4kit.bench.gates import GateConfig
+from dsv4kit.bench import arms, assembly, config, spill, sweep
 from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.records import results_repo
@@ -49,7 +46,7 @@ class BenchRequest:
     results_repo: Optional[Path] = None
     point_timeout: float = 3600.0
     server_timeout: float = 1800.0
-    metrics_interval: float = 0.25
+    metrics_interval: float = 0.1
     restart: bool = True
     min_concurrency_ratio: float = 0.8
     ratio_given: bool = False  # --min-concurrency-ratio given explicitly (check_prompts words its message so)
@@ -60,6 +57,9 @@ class BenchRequest:
     idle_timeout: float = 120.0
     trust_new_host_key: bool = False
     verbose: bool = False
+    #: ``--prefill``: cold prefill tokens/s at ``prefill_lengths`` (None: the default lengths).
+    prefill: bool = False
+    prefill_lengths: Optional[str] = None
     #: ``--profile``: called after the last point (``dsv4kit.profile.run.bench_hook``), its result
     #: goes into the record as ``profile``.
     profile_hook: Optional[Callable] = None
@@ -70,18 +70,18 @@ class BenchPlan:
     """A request that passed every check made before connecting."""
 
     request: BenchRequest
-    cfg: sweep.SweepConfig
+    cfg: config.SweepConfig
     target: "Host"
     inventory_path: Path
     repo: Path
-    ab_spec: Optional[sweep.ABSpec] = None
+    ab_spec: Optional[arms.ABSpec] = None
     baseline: Optional[dict] = None
     ignore: tuple[str, ...] = ()  # comparability-key fields a --baseline-ctx comparison may differ in
 
 
 @dataclass
 class BenchOutcome:
-    result: sweep.SweepResult
+    result: assembly.SweepResult
     published: results_repo.Published
     comparison: Optional["Comparison"]
     exit_code: int
@@ -102,7 +102,7 @@ def find_baseline(repo: Path, host_name: str, context_length: int) -> dict:
     """The newest valid, complete record of ``host_name`` at ``context_length``; Abort(USAGE) if none."""
     if not repo.exists():
         raise Abort(exitcodes.USAGE, f"--baseline-ctx: results repository {str(repo)!r} does not exist yet")
-    prefix = f"{sweep.safe_name(host_name)}-ctx{context_length}-"
+    prefix = f"{config.safe_name(host_name)}-ctx{context_length}-"
     entries = [e for e in results_repo.list_records(repo) if e.run_id.startswith(prefix)]
     if not entries:
         raise Abort(exitcodes.USAGE, f"--baseline-ctx {context_length}: no record for host {host_name!r} at context "
@@ -119,25 +119,6 @@ def find_baseline(repo: Path, host_name: str, context_length: int) -> dict:
                                  f"are not: {', '.join(skipped)}")
 
 
-def _sweep_config(req: BenchRequest) -> sweep.SweepConfig:
-    for name, value in (("--point-timeout", req.point_timeout), ("--server-timeout", req.server_timeout)):
-        if not math.isfinite(value):
-            raise Abort(exitcodes.USAGE, f"{name} must be a finite number of seconds, got {value}")
-    check_lengths(req.ctx, req.input_len, req.output_len)  # in the user's terms, before any derived length
-    check_prompts(req.num_prompts, req.concurrency, req.min_concurrency_ratio, ratio_given=req.ratio_given)
-    isl, osl = sweep.default_lengths(req.ctx, req.input_len, req.output_len)
-    cfg = sweep.SweepConfig(
-        context_length=req.ctx, concurrency=sweep.parse_concurrency(req.concurrency), input_len=isl, output_len=osl,
-        repeat=req.repeat, num_prompts=req.num_prompts, warmup_requests=req.warmup_requests, seed=req.seed,
-        point_timeout_s=req.point_timeout, server_timeout_s=req.server_timeout, restart=req.restart,
-        verbose=req.verbose, metrics_interval_s=req.metrics_interval, restarts=req.restarts,
-        gates=GateConfig(retok_tolerance=req.retok_tolerance, min_concurrency_ratio=req.min_concurrency_ratio,
-                         max_cache_hit_pct=req.max_cache_hit_pct, idle_timeout_s=req.idle_timeout),
-    )
-    sweep.check_config(cfg)
-    return cfg
-
-
 def _ab_spec(req: BenchRequest, warn: Say):
     if req.baseline and req.baseline_ctx is not None:
         raise Abort(exitcodes.USAGE, "give --baseline or --baseline-ctx, not both")
@@ -145,7 +126,7 @@ def _ab_spec(req: BenchRequest, warn: Say):
         return None
     if req.baseline or req.baseline_ctx is not None:
         raise Abort(exitcodes.USAGE, "--ab compares its two arms with each other; it takes no --baseline/--baseline-ctx")
-    spec = sweep.parse_ab(req.ab)
+    spec = arms.parse_ab(req.ab)
     if req.repeat < 3:
         warn(f"warning: --ab with --repeat {req.repeat}: a verdict needs at least 3 valid repetitions per arm, "
              f"so this will be inconclusive (exit 7)")
@@ -167,17 +148,17 @@ def _target(req: BenchRequest, inventory_path: Path, ab_spec, warn: Say):
 
     try:
         target = load_inventory(inventory_path).host(req.host)
-        sweep.check_host(target)
+        config.check_host(target)
         host_limits.check_context(target, req.ctx)
-        host_limits.check_concurrency(target, sweep.parse_concurrency(req.concurrency))
+        host_limits.check_concurrency(target, config.parse_concurrency(req.concurrency))
         if ab_spec is not None:
             try:  # every arm restarts the serving units through the playbook
                 playbook.check_tags(playbook.check_tools(),
-                                    tags=sweep.arm_extra_vars(target, req.ctx, ab_spec, "A")[0])
+                                    tags=arms.arm_extra_vars(target, req.ctx, ab_spec, "A")[0])
             except playbook.ProvisionError as exc:
                 raise Abort(exc.exit_code, f"--ab restarts the serving units for every arm: {exc}") from None
         if req.restart:
-            warning = sweep.check_restart_tools(target, req.ctx)
+            warning = config.check_restart_tools(target, req.ctx)
             if warning:
                 warn(f"warning: {warning}")
     except InventoryError as exc:
@@ -200,7 +181,7 @@ def _baseline(req: BenchRequest, repo: Path, target, cfg) -> tuple[Optional[dict
     except (RecordError, results_repo.ResultsRepoError) as exc:
         raise Abort(exitcodes.USAGE, f"baseline: {exc}") from None
     if old is not None:
-        differences = key_differences(old, sweep.planned_record(cfg, target), ignore=(*ignore, *sweep.BOX_KEY_FIELDS))
+        differences = key_differences(old, config.planned_record(cfg, target), ignore=(*ignore, *config.BOX_KEY_FIELDS))
         if differences:
             hint = (" With --baseline-ctx give --input-len and --output-len that fit both context lengths "
                     "(the default input length is --ctx minus 1024)." if ignore else "")
@@ -216,12 +197,12 @@ def plan(req: BenchRequest, warn: Say) -> BenchPlan:
 
     repo = req.results_repo or results_repo.default_path()
     inventory_path = req.inventory or default_inventory_path()
-    cfg = _sweep_config(req)
+    cfg = config.from_request(req)
     ab_spec = _ab_spec(req, warn)
     _check_repo(repo)
     try:
-        sweep.check_free_space([repo, sweep.default_spill_root()])
-    except sweep.BenchAbort as exc:
+        spill.check_free_space([repo, spill.default_spill_root()])
+    except config.BenchAbort as exc:
         raise Abort(exc.exit_code, str(exc)) from None
     target = _target(req, inventory_path, ab_spec, warn)
     old, ignore = _baseline(req, repo, target, cfg)
@@ -251,7 +232,7 @@ def publish_partial(p: BenchPlan, exc: Exception, spill_root: Path) -> str:
     except (results_repo.ResultsRepoError, KeyboardInterrupt) as publish_error:
         return (f"the {len(partial.record['points'])} completed point(s) could not be published "
                 f"({publish_error}); they are kept in {spilled} (`dsv4kit records publish {spilled}` publishes them)")
-    sweep.Spill(spilled).remove()
+    spill.Spill(spilled).remove()
     return (f"the {len(partial.record['points'])} completed point(s) were recorded as INCOMPLETE record "
             f"{partial.run_id} (tag {published.tag}); it never serves as a baseline")
 
@@ -282,7 +263,7 @@ def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
     from dsv4kit.core.inventory import InventoryError
     from dsv4kit.core.ssh import RemoteError, open_session
 
-    repo, spill_root = p.repo, sweep.default_spill_root()
+    repo, spill_root = p.repo, spill.default_spill_root()
     try:
         with open_session(p.target, trust_new_host_key=p.request.trust_new_host_key, say=progress) as session:
             result = sweep.run_sweep(p.cfg, host=p.target, session=session, inventory_path=p.inventory_path,
@@ -291,7 +272,7 @@ def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
     except KeyboardInterrupt:
         raise Abort(exitcodes.INTERRUPTED, f"interrupted: the sweep was stopped; nothing was recorded in {repo} "
                                            f"(points that had finished are kept under {spill_root})") from None
-    except sweep.BenchAbort as exc:
+    except config.BenchAbort as exc:
         raise Abort(exc.exit_code, f"{exc}\n{publish_partial(p, exc, spill_root)}") from None
     except RemoteError as exc:
         raise Abort(exc.exit_code, f"{exc} (sweep aborted; {publish_partial(p, exc, spill_root)})") from None
@@ -307,7 +288,7 @@ def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
     except results_repo.ResultsRepoError as exc:
         raise Abort(exitcodes.TOOL_FAILED, f"{exc} (nothing was recorded in {repo}; the sweep is kept in "
                                            f"{spilled}: `dsv4kit records publish {spilled}` publishes it)") from None
-    sweep.Spill(spilled).remove()
+    spill.Spill(spilled).remove()
     if published.worktree_warning:
         progress(f"warning: {recorded_line(result, published, repo)}, but the work tree of {repo} was not updated "
                  f"(`git -C {repo} reset --hard` brings it along): {published.worktree_warning}")
@@ -333,7 +314,11 @@ def summary(p: BenchPlan, outcome: BenchOutcome) -> dict:
         "validity_passed": record["validity_passed"], "invalid_points": record["invalid_points"],
         "points": [{"max_concurrency": pt["max_concurrency"], "repetition": pt["repetition"],
                     "valid": pt["validity"]["passed"], "failed_gates": pt["validity"]["failed"],
-                    "decode_tok_s": pt["derived"]["decode_tok_s"], "arm": pt.get("arm")} for pt in record["points"]],
+                    "decode_tok_s": pt["derived"]["decode_tok_s"],
+                    "forward_passes_per_s": pt["derived"].get("forward_passes_per_s"),
+                    "acceptance_length": pt["derived"].get("acceptance_length"), "arm": pt.get("arm")}
+                   for pt in record["points"]],
+        "prefill": record.get("prefill"),
         "summary": record["summary"],
         "comparison": outcome.comparison.to_dict() if outcome.comparison is not None else None,
         "ab": record.get("ab"),

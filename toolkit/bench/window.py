@@ -17,12 +17,21 @@ rebuilt exactly, relative to the start of the measured run:
   NOT ``C x 1000 / median TPOT`` (which assumes ``C`` requests decode together; kept as
   ``tpot_formula_tok_s`` for reference only).
 
-The server's own account comes from ``/metrics`` samples scraped on the box during the point
-(``box_helper.py run-point``). The window is placed on the box's monotonic clock (a step of the
-wall clock moves nothing) at the client's
-"Starting main benchmark run" line plus the 1 s pause the client sleeps after the flush, and
-shrunk by ``EDGE_TRIM`` of its length at each end to absorb that placement's error. In it the
-decode server's ``sglang:num_running_reqs`` must have held ``>= ratio x C`` (median of samples).
+The headline is the server's own account, not the client's: ``occupancy`` below. The decode
+server's ``/metrics`` is scraped on the box during the point (``box_helper.py run-point``); from
+the client's "Starting main benchmark run" line plus the 1 s pause to the client's exit, each
+scrape of the decode server is at **exact occupancy** when it runs exactly C requests
+(``num_running_reqs``), queues none (``num_queue_reqs``), computed no prompt tokens since the
+previous scrape (``realtime_tokens_total{mode="prefill_compute"}``) and finished no request since
+then (``num_requests_total``). An **admissible window** is a stretch of consecutive scrapes, from
+one exact scrape to another, of which at least ``min_exact_share`` are exact, and at least
+``min_window_scrapes`` long. The longest one is the point's window; ``decode_tok_s`` is the decode
+server's generated tokens (``realtime_tokens_total{mode="decode"}``) over the time between
+consecutive exact scrapes in it, and ``forward_passes_per_s`` its forward passes
+(``cuda_graph_passes_total``) likewise. No admissible window: no headline, and ``occupancy`` says
+what the server ran instead. In PD only the decode server's scrapes count, so a KV transfer is
+never decode time (the request is not running on the decode server while its KV arrives).
+The client-side rate above is kept beside it as ``client_decode_tok_s``.
 """
 
 from __future__ import annotations
@@ -33,10 +42,10 @@ import math
 import statistics
 from typing import Optional, Sequence
 
+from dsv4kit.records.record import decode_info
+
 #: The client sleeps this long after the flush, before the measured run (serving.py).
 CLIENT_PAUSE_S = 1.0
-#: Fraction of the window left out at each end when picking /metrics samples.
-EDGE_TRIM = 0.1
 #: Fewer /metrics samples than this in the window is no evidence.
 MIN_SAMPLES = 2
 
@@ -135,68 +144,215 @@ def steady_window(requests: list[dict], concurrency: int) -> Optional[tuple[floa
     return (a, b) if b > a else None
 
 
-def analyze(line: dict, concurrency: int, evidence: Optional[dict], decode_port: Optional[int]) -> dict:
-    """The ``window`` block of a point: the client-side window and rate, and the server's samples in it."""
+def _exact(prev: dict, cur: dict, concurrency: int) -> tuple[bool, Optional[str]]:
+    """Whether scrape ``cur`` is at exact occupancy (module doc); else what was off, in words."""
+    running, queued = cur.get("num_running_reqs"), cur.get("num_queue_reqs")
+    if running is None or queued is None:
+        return False, "no running/queued count"
+    if running != concurrency or queued:
+        return False, None
+    for name, what in (("prefill_tokens_total", "prompt tokens computed"), ("num_requests_total", "a request finished")):
+        a, b = prev.get(name), cur.get(name)
+        if a is None or b is None:
+            return False, f"no {name} counter"
+        if b != a:
+            return False, None
+    if cur.get("decode_tokens_total") is None or prev.get("decode_tokens_total") is None:
+        return False, "no decode_tokens_total counter"
+    return True, None
+
+
+def _segments(samples: list, t0: float) -> list:
+    """The running/queued counts over time, run-length encoded: ``[start_s, running, queued, scrapes]``."""
+    out: list = []
+    for s in samples:
+        state = (s.get("num_running_reqs"), s.get("num_queue_reqs"))
+        if out and (out[-1][1], out[-1][2]) == state:
+            out[-1][3] += 1
+        else:
+            out.append([round(s["t"] - t0, 3), state[0], state[1], 1])
+    return out
+
+
+def _best_window(exact: list, min_share: float) -> Optional[tuple[int, int]]:
+    """(i, j) of the longest stretch ``exact[i..j]`` that starts and ends exact and has at least
+    ``min_share`` exact entries; None when no entry is exact."""
+    runs, start = [], None
+    for k, ok in enumerate(exact + [False]):
+        if ok and start is None:
+            start = k
+        elif not ok and start is not None:
+            runs.append((start, k - 1))
+            start = None
+    prefix = [0]
+    for ok in exact:
+        prefix.append(prefix[-1] + (1 if ok else 0))
+    best = None
+    for a in range(len(runs)):
+        for b in range(len(runs) - 1, a - 1, -1):
+            i, j = runs[a][0], runs[b][1]
+            if best is not None and j - i <= best[1] - best[0]:
+                break
+            if prefix[j + 1] - prefix[i] >= min_share * (j - i + 1):
+                best = (i, j)
+                break
+    return best
+
+
+def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrapes: int) -> dict:
+    """The ``occupancy`` block: the decode server's scrapes of the measured run (time order) judged
+    by the module doc's rule. ``admissible`` says whether a window qualified; ``decode_tok_s``,
+    ``forward_passes_per_s`` and ``acceptance_length`` come from it; ``detail`` says in words what
+    the server did."""
+    out: dict = {"rule": {"concurrency": concurrency, "min_exact_share": min_share, "min_window_scrapes": min_scrapes},
+                 "scrapes": len(samples), "admissible": False, "window_scrapes": 0, "exact_share": None,
+                 "decode_tok_s": None, "forward_passes_per_s": None, "acceptance_length": None,
+                 "tokens_per_pass_per_request": None, "foreign_scrapes": 0, "foreign_max": 0}
+    if len(samples) < 2:
+        out["detail"] = f"{len(samples)} scrape(s) of the decode server in the measured run: no evidence"
+        return out
+    t0 = samples[0]["t"]
+    flags, missing = [False], set()
+    for prev, cur in zip(samples, samples[1:]):
+        ok, why = _exact(prev, cur, concurrency)
+        flags.append(ok)
+        if why and why.startswith("no "):
+            missing.add(why)
+    load = [(s.get("num_running_reqs") or 0) + (s.get("num_queue_reqs") or 0) for s in samples]
+    foreign = [x - concurrency for x in load if x > concurrency]
+    out.update(foreign_scrapes=len(foreign), foreign_max=max(foreign, default=0),
+               timeline=_segments(samples, t0)[:200])
+    best = _best_window(flags, min_share)
+    if best is not None:
+        i, j = best
+        n_exact = sum(flags[i:j + 1])
+        out.update(window_scrapes=j - i + 1, exact_scrapes=n_exact, exact_share=round(n_exact / (j - i + 1), 4),
+                   window_s=[round(samples[i]["t"] - t0, 3), round(samples[j]["t"] - t0, 3)],
+                   window_wall=[samples[i].get("wall"), samples[j].get("wall")])
+        pairs = [(samples[k - 1], samples[k]) for k in range(i + 1, j + 1) if flags[k] and flags[k - 1]]
+        seconds = sum(b["t"] - a["t"] for a, b in pairs)
+        tokens = sum(b["decode_tokens_total"] - a["decode_tokens_total"] for a, b in pairs)
+        have_passes = all(a.get("decode_passes_total") is not None and b.get("decode_passes_total") is not None
+                          for a, b in pairs)
+        passes = sum(b["decode_passes_total"] - a["decode_passes_total"] for a, b in pairs) if have_passes else None
+        accept = [samples[k]["spec_accept_length"] for k in range(i, j + 1)
+                  if flags[k] and samples[k].get("spec_accept_length")]
+        out.update(decode_seconds=round(seconds, 4), decode_tokens=tokens, forward_passes=passes)
+        if seconds > 0:
+            out["decode_tok_s"] = tokens / seconds
+            out["forward_passes_per_s"] = passes / seconds if passes is not None else None
+        if passes:
+            out["tokens_per_pass_per_request"] = tokens / passes / concurrency
+        out["acceptance_length"] = statistics.fmean(accept) if accept else None
+        out["admissible"] = (j - i + 1 >= min_scrapes and n_exact >= min_share * (j - i + 1) and seconds > 0)
+    out["detail"] = _occupancy_detail(out, samples, concurrency, missing)
+    return out
+
+
+def _occupancy_detail(out: dict, samples: list, concurrency: int, missing: set) -> str:
+    rule = (f"exactly {concurrency} running, none queued, no prompt tokens computed and no request finished "
+            f"between scrapes, in at least {100 * out['rule']['min_exact_share']:g}% of at least "
+            f"{out['rule']['min_window_scrapes']} consecutive scrapes")
+    if out["admissible"]:
+        return (f"admissible window: {out['window_scrapes']} scrapes ({100 * out['exact_share']:.1f}% at exact "
+                f"occupancy) over {out['window_s'][1] - out['window_s'][0]:.2f} s of the decode server ({rule})")
+    running = [s.get("num_running_reqs") for s in samples if s.get("num_running_reqs") is not None]
+    queued = [s.get("num_queue_reqs") for s in samples if s.get("num_queue_reqs") is not None]
+    told = (f"no admissible window ({rule}): the longest stretch was {out['window_scrapes']} scrapes"
+            + (f" ({100 * out['exact_share']:.1f}% exact)" if out["exact_share"] is not None else "")
+            + f" of {len(samples)}")
+    if missing:
+        told += "; the decode server's /metrics lacks " + ", ".join(sorted(m[3:] for m in missing))
+    if running:
+        told += (f"; the server ran {min(running):g} to {max(running):g} requests (median "
+                 f"{statistics.median(running):g}) for C={concurrency}")
+    if queued:
+        told += f" and queued up to {max(queued):g}"
+    if out["foreign_scrapes"]:
+        told += (f"; foreign load: in {out['foreign_scrapes']} scrape(s) the server held up to "
+                 f"{out['foreign_max']:g} request(s) more than the bench's C={concurrency} (another client)")
+    segments = out.get("timeline") or []
+    if segments:
+        shown = ", ".join(f"{seg[0]:.2f}s: {seg[1]} running/{seg[2]} queued x{seg[3]}" for seg in segments[:8])
+        told += f"; over time: {shown}" + (" ..." if len(segments) > 8 else "")
+    return told
+
+
+def analyze(line: dict, concurrency: int, evidence: Optional[dict], decode_port: Optional[int],
+            gates=None) -> dict:
+    """The ``window`` block of a point: the client-side window and rate, and the decode server's
+    exact-occupancy window (``occupancy``), whose rate is the headline ``decode_tok_s``."""
+    min_share = getattr(gates, "min_exact_share", 0.98)
+    min_scrapes = getattr(gates, "min_window_scrapes", 20)
     ttfts = line.get("ttfts")
     itls = line.get("itls")
     out: dict = {"start_s": None, "end_s": None, "duration_s": None, "tokens": None, "decode_tok_s": None,
-                 "window_tok_s": None, "decoding_s": None,
+                 "client_decode_tok_s": None, "window_tok_s": None, "decoding_s": None,
                  "run_duration_s": None, "samples": 0, "running": None, "queue": None, "token_usage_max": None,
-                 "server_gen_throughput_mean": None, "evidence": None}
+                 "server_gen_throughput_mean": None, "occupancy": None, "evidence": None}
     if ttfts is None or itls is None:
         out["evidence"] = "the client line has no per-request TTFTs/ITLs (run with --output-details)"
         return out
+    states = decode_info(line.get("server_info") or {}).get("internal_states") or []
+    accepts = [st.get("avg_spec_accept_length") for st in states if isinstance(st, dict)
+               and isinstance(st.get("avg_spec_accept_length"), (int, float))]
+    out["server_info_accept_length"] = statistics.fmean(accepts) if accepts else None
     requests = token_timeline(ttfts, itls, concurrency, line.get("output_lens"))
     out["run_duration_s"] = max((r["finish"] for r in requests), default=0.0)
     window = steady_window(requests, concurrency)
-    if window is None:
-        out["evidence"] = "no steady-state window: no request produced a token"
-        return out
-    a, b = window
-    in_window = sum(n for r in requests for t, n in zip(r["tokens"], r["counts"]) if a < t <= b)
-    intervals = full_decode_intervals(requests, concurrency)
-    decoding = sum(e - s for s, e in intervals)
-    starts = [s for s, _ in intervals]
+    if window is not None:
+        a, b = window
+        in_window = sum(n for r in requests for t, n in zip(r["tokens"], r["counts"]) if a < t <= b)
+        intervals = full_decode_intervals(requests, concurrency)
+        decoding = sum(e - s for s, e in intervals)
+        starts = [s for s, _ in intervals]
 
-    def decoding_all(t: float) -> bool:
-        i = bisect.bisect_left(starts, t) - 1
-        return i >= 0 and t <= intervals[i][1]
+        def decoding_all(t: float) -> bool:
+            i = bisect.bisect_left(starts, t) - 1
+            return i >= 0 and t <= intervals[i][1]
 
-    decode_tokens = sum(n for r in requests for t, n in zip(r["tokens"], r["counts"]) if decoding_all(t))
-    out.update(start_s=round(a, 4), end_s=round(b, 4), duration_s=round(b - a, 4), tokens=in_window,
-               window_tok_s=in_window / (b - a), decoding_s=round(decoding, 4), decode_tokens=decode_tokens,
-               decode_intervals=len(intervals), decode_tok_s=decode_tokens / decoding if decoding > 0 else None,
-               decoding_fraction=round(decoding / (b - a), 4))
-    if decoding <= 0:
-        out["decode_evidence"] = (prefill_ramp(requests, concurrency)
-                                  or f"the client never had all {concurrency} requests decoding at once")
+        decode_tokens = sum(n for r in requests for t, n in zip(r["tokens"], r["counts"]) if decoding_all(t))
+        out.update(start_s=round(a, 4), end_s=round(b, 4), duration_s=round(b - a, 4), tokens=in_window,
+                   window_tok_s=in_window / (b - a), decoding_s=round(decoding, 4), decode_tokens=decode_tokens,
+                   decode_intervals=len(intervals),
+                   client_decode_tok_s=decode_tokens / decoding if decoding > 0 else None,
+                   decoding_fraction=round(decoding / (b - a), 4))
+        if decoding <= 0:
+            out["decode_evidence"] = (prefill_ramp(requests, concurrency)
+                                      or f"the client never had all {concurrency} requests decoding at once")
     if not evidence:
         out["evidence"] = "no /metrics evidence was collected for this point"
         return out
     marker = evidence.get("main_run_marker_time")
     if marker is None:
-        out["evidence"] = "the client's 'Starting main benchmark run' line was not seen, so the window cannot be placed"
+        out["evidence"] = "the client's 'Starting main benchmark run' line was not seen, so the run cannot be placed"
         return out
     anchor = marker + CLIENT_PAUSE_S
     wall = evidence.get("main_run_marker_wall")
     out["run_start_box_clock"] = round((wall if wall is not None else marker) + CLIENT_PAUSE_S, 4)
     out["clock"] = evidence.get("clock") or "wall"
-    trim = EDGE_TRIM * (b - a)
-    lo, hi = anchor + a + trim, anchor + b - trim
-    placed = [s for s in evidence.get("samples") or () if s.get("port") == decode_port and lo <= s["t"] <= hi]
+    end = evidence.get("ended")
+    placed = [s for s in evidence.get("samples") or ()
+              if s.get("port") == decode_port and s["t"] >= anchor and (end is None or s["t"] <= end)]
     samples = [s for s in placed if s.get("num_running_reqs") is not None]
     out["samples"] = len(samples)
-    out["placed_on_box_clock"] = [round(lo, 3), round(hi, 3)]
-    problems = sorted({p for s in placed for k, p in (s.get("problems") or {}).items() if k == "num_running_reqs"})
+    problems = sorted({p for s in placed for k, p in (s.get("problems") or {}).items()
+                       if k in ("num_running_reqs", "num_queue_reqs", "realtime_tokens_total",
+                                "prefill_tokens_total", "decode_tokens_total", "num_requests_total")})
     if problems:
         out["metrics_problem"] = problems[0]
     if len(samples) < MIN_SAMPLES:
         errors = (evidence.get("scrape_errors") or {}).get(str(decode_port))
         out["evidence"] = ((f"{problems[0]}; " if problems else "")
-                           + f"{len(samples)} usable /metrics sample(s) of the decode server in the {b - a:.2f} s "
-                           f"window (need {MIN_SAMPLES})" + (f"; scrape errors: {errors['count']}x {errors['first']}"
-                                                             if errors else ""))
+                           + f"{len(samples)} usable /metrics sample(s) of the decode server in the measured run "
+                           f"(need {MIN_SAMPLES})" + (f"; scrape errors: {errors['count']}x {errors['first']}"
+                                                      if errors else ""))
         return out
+    occupancy = exact_occupancy(samples, concurrency, min_share, min_scrapes)
+    if problems:
+        occupancy["detail"] = f"{problems[0]}; {occupancy['detail']}"
+    out["occupancy"] = occupancy
+    out["decode_tok_s"] = occupancy["decode_tok_s"] if occupancy["admissible"] else None
     running = [s["num_running_reqs"] for s in samples]
     out["running"] = {"median": statistics.median(running), "min": min(running), "max": max(running),
                       "mean": statistics.fmean(running)}

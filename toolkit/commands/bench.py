@@ -47,7 +47,7 @@ def bench(
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress stays on stderr)."),
     point_timeout: float = typer.Option(3600.0, "--point-timeout", min=1.0, help="Seconds one point may run before its remote process group is killed (the sweep then aborts)."),
     server_timeout: float = typer.Option(1800.0, "--server-timeout", min=1.0, help="Seconds to wait for the servers after a restart."),
-    metrics_interval: float = typer.Option(0.25, "--metrics-interval", min=0.01, max=10.0, help="Seconds between two scrapes of the servers' /metrics during a point (the running-batch gate and the record's samples)."),
+    metrics_interval: float = typer.Option(0.1, "--metrics-interval", min=0.01, max=10.0, help="Seconds between two scrapes of the servers' /metrics during a point (the exact-occupancy window needs 20 of them; the record keeps them all)."),
     restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart the serving units when their context length differs (default), or fail."),
     min_concurrency_ratio: float = typer.Option(0.8, "--min-concurrency-ratio", min=0.0, max=1.0, help="Gate: achieved/requested concurrency at least this."),
     max_cache_hit_pct: float = typer.Option(1.0, "--max-cache-hit-pct", min=0.0, max=100.0, help="Gate: prefix-cache hit rate at most this (%) on a flushed cache."),
@@ -57,15 +57,18 @@ def bench(
     idle_timeout: float = typer.Option(120.0, "--idle-timeout", min=0.0, help="Seconds to wait before each point for the servers to run and queue nothing; still busy (another client's load) fails the point (gate idle)."),
     trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key (a changed key is always refused)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the client's own output."),
+    prefill: bool = typer.Option(False, "--prefill", help="Also measure cold prefill tokens/s at each --prefill-lengths prompt length (one request at a time, the cache flushed before each), from the prefill server's own counters, into the same record."),
+    prefill_lengths: Optional[str] = typer.Option(None, "--prefill-lengths", help="With --prefill: comma-separated prompt lengths. Default: 1024, 8192, 32768 and ctx - 1024, those that fit the context."),
     profile: Optional[int] = typer.Option(None, "--profile", metavar="STEPS", min=1, max=256, help="After the points, profile STEPS decode steps at the largest concurrency and keep the breakdown in the record (docs/profiling.md)."),
     max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="With --profile: exit 1 when CLASS takes more than PCT% of decode kernel time (e.g. indexer=2%)."),
 ) -> None:
     """Run the throughput sweep with the real sglang.benchmark.serving client on the box.
 
-    The headline is the decode tok/s the server delivered in each point's steady-state window.
-    Each point is gated (completed, errors, retokenized output, TTFT > 0, input lengths, achieved
-    concurrency, the server's running batch from /metrics, max_running_requests, KV capacity,
-    cold cache, same server); a gate without its evidence fails. The sweep becomes one record:
+    The headline is the decode server's own generated tokens per second, taken only while it ran
+    exactly C requests, queued none and prefilled nothing (its /metrics). Each point is gated
+    (completed, errors, retokenized output, TTFT > 0, input lengths, achieved concurrency, exact
+    occupancy, the served model, max_running_requests, KV capacity, cold cache, same server); a
+    gate without its evidence fails. The sweep becomes one record:
     one commit and one annotated tag (bench/<host>/<ctx>/<UTC stamp>) in the results repository.
     Finished points are spilled locally at once; a sweep that fails after some points publishes
     them as an incomplete record.

@@ -293,7 +293,11 @@ def publish_cmd(
         _fail(exc.exit_code, str(exc))
     if json_out:
         typer.echo(json.dumps({"run_id": record["run_id"], "tag": published.tag, "commit": published.commit,
+                               "already_published": published.already,
                                "incomplete": bool(record.get("incomplete")), "results_repo": str(repo)}, indent=2))
+    elif published.already:
+        typer.echo(f"{record['run_id']} was already published (commit {published.commit[:12]}, tag {published.tag} "
+                   f"in {repo}); its spill {spill_dir} was removed")
     else:
         typer.echo(f"published {record['run_id']}{' (INCOMPLETE)' if record.get('incomplete') else ''}: commit "
                    f"{published.commit[:12]}, tag {published.tag} in {repo}")

@@ -120,7 +120,7 @@ def _tasks_source(value: str) -> Optional[dict]:
 
 def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     """Every check that needs no box, in the order the user meets them; Abort naming the first problem."""
-    from dsv4kit.bench import sweep
+    from dsv4kit.bench import arms, config
     from dsv4kit.bench.run import _check_repo
     from dsv4kit.core.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.records import results_repo
@@ -130,13 +130,13 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     if req.questions is not None and req.questions < 1:
         raise Abort(exitcodes.USAGE, f"--questions {req.questions}: give at least 1")
     tasks = _tasks_source(req.tasks)
-    ab_spec = sweep.parse_ab(req.ab) if req.ab is not None else None
+    ab_spec = arms.parse_ab(req.ab) if req.ab is not None else None
     repo = req.results_repo or results_repo.default_path()
     _check_repo(repo)
     inventory_path = req.inventory or default_inventory_path()
     try:
         target = load_inventory(inventory_path).host(req.host)
-        sweep.check_host(target)
+        config.check_host(target)
         if req.ctx is not None:
             host_limits.check_context(target, req.ctx)
     except InventoryError as exc:
@@ -145,7 +145,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
         from dsv4kit.provision import playbook
 
         try:  # every arm restarts the serving units through the playbook
-            playbook.check_tags(playbook.check_tools(), tags=sweep.arm_extra_vars(
+            playbook.check_tags(playbook.check_tools(), tags=arms.arm_extra_vars(
                 target, int(target.get("dsv4_context_length") or 0), ab_spec, "A")[0])
         except playbook.ProvisionError as exc:
             raise Abort(exc.exit_code, f"--ab restarts the serving units for every arm: {exc}") from None
@@ -158,7 +158,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
 
 # ------------------------------------------------------------------------------ on the box
 class BoxEval:
-    """``box_eval.py`` on the box, beside the bench's helper (``dsv4kit.bench.sweep.Remote``)."""
+    """``box_eval.py`` on the box, beside the bench's helper (``dsv4kit.bench.remote.Remote``)."""
 
     def __init__(self, remote, url: str, env: Optional[dict], progress: Say):
         self.remote, self.url, self.env, self.progress = remote, url, env, progress
@@ -275,7 +275,7 @@ def execute(p: EvalPlan, progress: Say, argv: list[str]) -> EvalOutcome:
 def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dict, dict]:
     import os
 
-    from dsv4kit.bench import sweep
+    from dsv4kit.bench import arms, remote as bench_remote
     from dsv4kit.records.provenance import sections, toolkit_info
     from dsv4kit.records.record import decode_info
     from dsv4kit.rollout.remote import remote_report
@@ -286,7 +286,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
     decode_port = int(host["dsv4_decode_port"])
     serving_ports = sorted({int(x) for x in (router_port, host.get("dsv4_prefill_port"), decode_port) if x})
     env = {"OPENAI_API_KEY": os.environ["DSV4KIT_API_KEY"]} if os.environ.get("DSV4KIT_API_KEY") else None
-    remote = sweep.Remote(session, host, progress)
+    remote = bench_remote.Remote(session, host, progress)
     try:
         remote.setup()
         box = BoxEval(remote, f"http://127.0.0.1:{router_port}", env, progress)
@@ -308,7 +308,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         for arm in names:
             if p.ab_spec is not None:
                 progress(f"arm {arm}: restarting the serving units with {_arm_setting(p.ab_spec, arm)}...")
-                sweep.default_apply_arm(p.inventory_path, host, served, p.ab_spec, arm, progress, req.server_timeout)
+                arms.default_apply_arm(p.inventory_path, host, served, p.ab_spec, arm, progress, req.server_timeout)
                 remote.wait_health(serving_ports, req.server_timeout, env)
             info = remote.server_info(decode_port, env)
             provenance[arm] = sections(host=host, probe=remote.probe(), server_info=info, context_length=served,
@@ -359,7 +359,7 @@ def _check_model(host, probe: dict) -> None:
 
 def _build(p: EvalPlan, argv, created, started, ctx: int, spec: dict, provenance: dict, arms: dict, checks: list,
            outcome: str, decode: dict, toolkit: dict) -> dict:
-    from dsv4kit.bench.sweep import run_names, safe_name, utc_stamp
+    from dsv4kit.bench.config import run_names, safe_name, utc_stamp
     from dsv4kit.core.scrub import scrub
     from dsv4kit.records import eval_record
     from dsv4kit.records.record import sha256_json

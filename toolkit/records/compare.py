@@ -85,6 +85,8 @@ class Row:
     ci_pct: Optional[tuple[float, float]]
     threshold_pct: Optional[float]
     verdict: str
+    #: Why the verdict is invalid or inconclusive, in words (None for a verdict the numbers gave).
+    cause: Optional[str] = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__, ci_pct=list(self.ci_pct) if self.ci_pct else None)
@@ -311,8 +313,32 @@ def compare(old: dict, new: dict, *, ignore: Iterable[str] = (), metrics: Iterab
             row = verdict_for(metric, c, *values[c])
             if c in result.invalid_detail:
                 row.verdict = "invalid"  # an invalid repetition (or a missing C) makes the concurrency invalid
+                row.cause = result.invalid_detail[c]
+            else:
+                _word_cause(row, _valid_count(old, c), _valid_count(new, c))
             result.rows.append(row)
     return result
+
+
+def _valid_count(record: dict, concurrency: int) -> int:
+    return sum(1 for p in record["points"] if int(p["max_concurrency"]) == concurrency and p["validity"]["passed"])
+
+
+def _word_cause(row: Row, old_valid: int, new_valid: int) -> None:
+    """Every point at this concurrency is valid: name why a verdict is inconclusive. A valid point
+    without the metric's value is never called invalid, and valid repetitions are counted as such."""
+    missing = [f"{side} side: {valid - n} of {valid} valid repetitions have no {row.metric}"
+               for side, n, valid in (("old", row.old_n, old_valid), ("new", row.new_n, new_valid)) if n < valid]
+    few = [f"{side} side: {valid} valid repetition(s)" for side, valid in (("old", old_valid), ("new", new_valid))
+           if valid < MIN_REPETITIONS]
+    if row.verdict == "invalid":  # no value on a side, though its points are valid
+        row.verdict = "inconclusive"
+    if missing:
+        row.cause = "; ".join(missing)
+    elif few and row.verdict == "inconclusive":
+        row.cause = "; ".join(few) + f" (a verdict needs {MIN_REPETITIONS}; run with --repeat {MIN_REPETITIONS} or more)"
+    elif row.verdict == "inconclusive":
+        row.cause = "the change is within the noise of these repetitions"
 
 
 def _invalid_at(record: dict, concurrency: int) -> Optional[str]:
@@ -370,10 +396,12 @@ def format_comparison(result: Comparison) -> str:
             )
         lines.append("")
         lines.append(f"summary: {result.summary()}")
-        few = sorted({r.concurrency for r in result.rows if 0 < min(r.old_n, r.new_n) < MIN_REPETITIONS})
-        if few:
-            lines.append(f"fewer than {MIN_REPETITIONS} valid repetitions on a side at C={', '.join(map(str, few))}: "
-                         f"inconclusive there (run with --repeat {MIN_REPETITIONS} or more)")
+        causes: dict = {}
+        for r in result.rows:
+            if r.cause and r.verdict in ("invalid", "inconclusive"):
+                causes.setdefault((r.concurrency, r.verdict, r.cause), []).append(r.metric)
+        for (c, verdict, cause), names in causes.items():
+            lines.append(f"C={c} {verdict} ({', '.join(names)}): {cause}")
         lines.append({"invalid": "INVALID: a concurrency has invalid or missing points (listed above); no verdict "
                                  "there, and this is not a pass",
                       "regressed": f"{len(result.regressions)} regression(s)",

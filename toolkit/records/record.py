@@ -50,7 +50,7 @@ VOLATILE_SERVER_KEYS = {"startup_time", "internal_states", "kv_events", "host", 
 #: Metrics summarised per concurrency (over the valid repetitions) and compared.
 SUMMARY_METRICS = ("decode_tok_s", "decode_tok_s_per_gpu", "output_throughput", "total_throughput",
                    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
-                   "concurrency", "goodput_req_s")
+                   "concurrency", "goodput_req_s", "forward_passes_per_s", "acceptance_length")
 #: Fields of the comparability key (a verdict needs them all equal, see dsv4kit.records.compare).
 KEY_FIELDS = ("model", "model_revision", "gpu_model", "gpu_count", "context_length", "dataset",
               "input_len", "output_len", "range_ratio", "tokenize_prompt", "seed", "concurrency",
@@ -101,7 +101,26 @@ def derive(raw: dict, serving_gpus: Optional[int], window: Optional[dict] = None
         "achieved_concurrency_ratio": (raw.get("concurrency") / concurrency)
         if (raw.get("concurrency") is not None and concurrency) else None,
         "per_gpu_divisor": serving_gpus,
-    } | (_latency_metrics(latency) if latency is not None else {})
+    } | _engine_metrics(window) | (_latency_metrics(latency) if latency is not None else {})
+
+
+def _engine_metrics(window: Optional[dict]) -> dict:
+    """Beside tok/s, what the engine did (a speculative kernel A/B compares the engine, not the
+    drafts): ``forward_passes_per_s`` of the decode server in the headline's window, and the
+    ``acceptance_length`` it reports (``sglang:spec_accept_length`` in that window, else
+    ``/server_info``'s lifetime ``avg_spec_accept_length``; None without speculative decoding)."""
+    window = window or {}
+    occupancy = window.get("occupancy") or {}
+    admissible = bool(occupancy.get("admissible"))
+    accept, source = occupancy.get("acceptance_length") if admissible else None, "/metrics sglang:spec_accept_length"
+    if accept is None and window.get("server_info_accept_length"):
+        accept, source = window["server_info_accept_length"], "/server_info avg_spec_accept_length (server lifetime)"
+    return {
+        "forward_passes_per_s": occupancy.get("forward_passes_per_s") if admissible else None,
+        "acceptance_length": accept,
+        "acceptance_length_source": source if accept is not None else None,
+        "tokens_per_pass_per_request": occupancy.get("tokens_per_pass_per_request") if admissible else None,
+    }
 
 
 def _latency_metrics(latency: dict) -> dict:

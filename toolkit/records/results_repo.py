@@ -21,6 +21,12 @@ Ctrl-C is held back (and the git processes run in their own session, out of the 
 
 ``check_writable`` runs before a sweep: it finds git and makes sure the repository can be
 created or written, so that a bad path never costs a sweep.
+
+Records are written and read on ONE named branch, ``main`` (``BRANCH``): a repository whose HEAD
+is detached (a checked-out record tag) or on another branch is refused before any work, naming
+what is checked out, so new records never go where ``records list`` cannot see them, nor onto a
+user's branch. A publish killed after its commit point (the work tree not yet brought along)
+leaves the index one record behind; ``catch_up`` finishes that step before anything else runs.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ GIT_TIMEOUT_S = 120
 PUBLISH_ATTEMPTS = 5
 
 DEFAULT_PATH = Path("results/bench")
+#: The one branch records live on.
+BRANCH = "main"
+BRANCH_REF = f"refs/heads/{BRANCH}"
 
 
 def default_path() -> Path:
@@ -85,6 +94,8 @@ class Published:
     worktree_warning: Optional[str] = None
     #: How many times the transaction ran (more than 1: another publish moved the branch first).
     attempts: int = 1
+    #: Nothing was committed: the record was already published under this tag (``published_as``).
+    already: bool = False
 
 
 @dataclass
@@ -198,6 +209,7 @@ def check_writable(path: os.PathLike | str) -> bool:
                 _probe_dir(directory, "results repository directory")
         if not _bare(path):
             _probe_dir(path, "results repository work tree")
+        check_branch(path)
         return True
     if path.is_dir():  # empty: git init writes into it
         _probe_dir(path, "results repository directory")
@@ -211,6 +223,47 @@ def check_writable(path: os.PathLike | str) -> bool:
                                f"file, not a directory")
     _probe_dir(ancestor, f"cannot create the results repository {str(path)!r}: directory")
     return False
+
+
+def check_branch(repo: Path) -> None:
+    """Raise unless HEAD is the records branch (``BRANCH``), by name: a detached HEAD or another
+    branch is refused, naming it and the command that puts HEAD back."""
+    symbolic = _git(repo, "symbolic-ref", "-q", "HEAD", check=False)
+    name = _out(symbolic)
+    if symbolic.returncode == 0 and name == BRANCH_REF:
+        return
+    if symbolic.returncode == 0:
+        what = f"HEAD is on branch {name.removeprefix('refs/heads/')!r}"
+    else:
+        at = _out(_git(repo, "describe", "--tags", "--always", "HEAD", check=False)) or "?"
+        what = f"HEAD is detached at {at} (a checked-out record tag?)"
+    raise ResultsRepoError(f"results repository {str(repo)!r}: {what}; records are written and read on branch "
+                           f"{BRANCH!r} only (`git -C {repo} checkout {BRANCH}` puts it back): nothing was run")
+
+
+def catch_up(repo: Path) -> Optional[str]:
+    """Bring the index and work tree of a non-bare ``repo`` to the branch when a publish was killed
+    after its commit point (the index is still the previous commit's tree, the work tree matches
+    the index). Returns what was done, in words, or None when nothing needed doing."""
+    if _bare(repo):
+        return None
+    head = _git(repo, "rev-parse", "-q", "--verify", f"{BRANCH_REF}^{{tree}}", check=False)
+    if head.returncode != 0:
+        return None
+    index_tree = _git(repo, "write-tree", check=False)
+    if index_tree.returncode != 0 or _out(index_tree) == _out(head):
+        return None
+    if _git(repo, "diff-files", "--quiet", check=False).returncode != 0:
+        return None  # the user changed files: not ours to move
+    behind = _out(index_tree)
+    # Only a catch-up: the index must be the tree of one of the branch's recent commits.
+    if not any(_out(_git(repo, "rev-parse", "-q", "--verify", f"{BRANCH_REF}~{k}^{{tree}}", check=False)) == behind
+               for k in range(1, 21)):
+        return None
+    moved = _git(repo, "read-tree", "-m", "-u", behind, BRANCH_REF, check=False, own_session=True)
+    if moved.returncode != 0:
+        return None
+    return f"the work tree of {repo} was brought up to {BRANCH} (an earlier publish stopped after its commit)"
 
 
 def ensure_repo(path: os.PathLike | str) -> Path:
@@ -255,6 +308,18 @@ def tag_exists(repo: Path, tag: str) -> bool:
     return _git(repo, "rev-parse", "-q", "--verify", f"refs/tags/{tag}", check=False).returncode == 0
 
 
+def published_as(repo: Path, run_id: str, tag: str) -> Optional[str]:
+    """The commit that published ``run_id`` under ``tag`` on the records branch, or None: the record is
+    already there when the tag exists, names a commit on the branch, and that commit holds
+    ``records/<run_id>/record.json``."""
+    if not Path(repo).exists() or not tag_exists(repo, tag):
+        return None
+    commit = _out(_git(repo, "rev-parse", f"refs/tags/{tag}^{{commit}}"))
+    on_branch = _git(repo, "merge-base", "--is-ancestor", commit, BRANCH_REF, check=False).returncode == 0
+    holds = _git(repo, "cat-file", "-e", f"{commit}:{RECORDS_DIR}/{run_id}/record.json", check=False).returncode == 0
+    return commit if on_branch and holds else None
+
+
 def publish(repo: os.PathLike | str, *, run_id: str, tag: str, files: dict[str, bytes], message: str) -> Published:
     """Commit ``files`` (paths relative to the repo) and tag the commit, atomically."""
     repo = ensure_repo(repo)
@@ -262,7 +327,9 @@ def publish(repo: os.PathLike | str, *, run_id: str, tag: str, files: dict[str, 
         raise ResultsRepoError(f"{tag!r} is not a valid git tag name")
     if tag_exists(repo, tag):
         raise ResultsRepoError(f"tag {tag!r} already exists in {repo}; published tags are never moved")
-    branch = _out(_git(repo, "symbolic-ref", "-q", "HEAD", check=False)) or "refs/heads/main"
+    check_branch(repo)
+    catch_up(repo)
+    branch = BRANCH_REF
     env = _identity_env(repo)
     bare = _bare(repo)
     published = Published(commit="", tag=tag, run_id=run_id, paths=sorted(files))
@@ -355,10 +422,10 @@ def list_records(repo: os.PathLike | str) -> list[RecordEntry]:
     repo = Path(repo)
     if not repo.exists():
         raise ResultsRepoError(f"results repository {str(repo)!r} does not exist")
-    head = _git(repo, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False)
+    head = _git(repo, "rev-parse", "-q", "--verify", f"{BRANCH_REF}^{{commit}}", check=False)
     if head.returncode != 0:
         return []
-    names = _out(_git(repo, "ls-tree", "-r", "--name-only", "HEAD", "--", f"{RECORDS_DIR}/")).splitlines()
+    names = _out(_git(repo, "ls-tree", "-r", "--name-only", BRANCH_REF, "--", f"{RECORDS_DIR}/")).splitlines()
     tags = {}
     refs = _out(_git(repo, "for-each-ref", "--format=%(refname:strip=2) %(*objectname)", f"refs/tags/{TAG_PREFIX}",
                      f"refs/tags/{eval_record.TAG_PREFIX}"))
@@ -371,7 +438,7 @@ def list_records(repo: os.PathLike | str) -> list[RecordEntry]:
         if not match:
             continue
         run_id = match.group(1)
-        commit = _out(_git(repo, "log", "-1", "--format=%H", "HEAD", "--", name))
+        commit = _out(_git(repo, "log", "-1", "--format=%H", BRANCH_REF, "--", name))
         entries.append(RecordEntry(run_id=run_id, tag=tags.get(commit), path=name))
     entries.sort(key=lambda e: (re.findall(r"\d{8}T\d{6}Z", e.run_id) or [""])[-1] + e.run_id)
     return entries
@@ -402,7 +469,7 @@ def read_record(repo: os.PathLike | str, ident: str) -> dict:
 def read_entry(repo: os.PathLike | str, entry: RecordEntry) -> dict:
     """Load the record of an entry ``list_records`` returned (no second listing)."""
     repo = Path(repo)
-    text = _git(repo, "show", f"HEAD:{entry.path}").stdout.decode()
+    text = _git(repo, "show", f"{BRANCH_REF}:{entry.path}").stdout.decode()
     try:
         return check(json.loads(text), f"{repo}:{entry.path}")
     except ValueError as exc:
@@ -412,5 +479,5 @@ def read_entry(repo: os.PathLike | str, entry: RecordEntry) -> dict:
 def read_details(repo: os.PathLike | str, run_id: str, details_file: str) -> dict:
     import gzip
 
-    data = _git(Path(repo), "show", f"HEAD:{RECORDS_DIR}/{run_id}/{details_file}").stdout
+    data = _git(Path(repo), "show", f"{BRANCH_REF}:{RECORDS_DIR}/{run_id}/{details_file}").stdout
     return json.loads(gzip.decompress(data))

@@ -39,6 +39,7 @@ def read_spill(directory: Path) -> tuple[dict, dict[str, bytes]]:
     except (ValueError, RecordError) as exc:
         raise SpillPublishError(exitcodes.USAGE, f"{source}: {exc}") from None
     if source.name == PARTIAL:
+        record = _with_spilled_points(directory, record)
         record = dict(record, incomplete=True, validity_passed=False,
                       incomplete_reason=f"the sweep did not finish; its {len(record['points'])} finished point(s) "
                                         f"were published from its spill")
@@ -54,15 +55,58 @@ def read_spill(directory: Path) -> tuple[dict, dict[str, bytes]]:
     return record, files
 
 
+def _point_key(point: dict) -> tuple:
+    return (point.get("max_concurrency"), point.get("repetition"), point.get("arm"))
+
+
+def _with_spilled_points(directory: Path, record: dict) -> dict:
+    """The partial record plus the finished points whose own file was written after it (a write of
+    ``record.partial.json`` that failed after the point's file: a full disk): no finished point is lost."""
+    from dsv4kit.records.record import summarize_points
+
+    have = {_point_key(p) for p in record["points"]}
+    extra = []
+    for path in sorted(directory.glob("point-*.json")):
+        try:
+            point = json.loads(path.read_text())
+        except ValueError:
+            continue  # a point file is written whole or not at all (write_durably); this is not ours
+        if isinstance(point, dict) and "validity" in point and _point_key(point) not in have:
+            extra.append(point)
+            have.add(_point_key(point))
+    if not extra:
+        return record
+    points = list(record["points"]) + extra
+    invalid = sum(1 for p in points if not p["validity"]["passed"])
+    return dict(record, points=points, invalid_points=invalid,
+                summary=summarize_points(points) if not record.get("ab") else record["summary"])
+
+
 def publish_spill(directory: Path, repo: Path):
-    """Publish the spill in ``directory`` into ``repo``; returns (Published, record)."""
+    """Publish the spill in ``directory`` into ``repo``; returns (Published, record). A spill whose
+    record is already published (a bench killed after its commit) is removed, and ``Published.already``
+    says so: nothing is committed twice."""
     record, files = read_spill(directory)
+    if not record["points"]:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise SpillPublishError(exitcodes.USAGE, f"{directory} held a sweep that stopped before its first point "
+                                                 f"finished: there is nothing to publish, and the spill was removed")
     try:
         results_repo.check_writable(repo)
     except results_repo.GitNotFound as exc:
         raise SpillPublishError(exitcodes.ENVIRONMENT, str(exc)) from None
     except results_repo.ResultsRepoError as exc:
         raise SpillPublishError(exitcodes.USAGE, f"--results-repo: {exc}") from None
+    try:
+        commit = results_repo.published_as(Path(repo), record["run_id"], record["tag"])
+        if commit is not None:
+            results_repo.catch_up(Path(repo))
+    except results_repo.ResultsRepoError as exc:
+        raise SpillPublishError(exitcodes.TOOL_FAILED, f"{exc} (the spill is kept in {directory})") from None
+    if commit is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+        return results_repo.Published(commit=commit, tag=record["tag"], run_id=record["run_id"],
+                                      paths=sorted(files), already=True), record
     try:
         published = results_repo.publish(repo, run_id=record["run_id"], tag=record["tag"], files=files,
                                          message=f"bench {record['run_id']} (published from its spill)\n\n"

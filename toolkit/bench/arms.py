@@ -1,0 +1,108 @@
+"""A/B arms (``bench --ab KEY=A,B``): the spec, the restart settings of each arm, the verdict.
+
+``dsv4kit eval`` uses the same pieces, so they live here under these names: ``ABSpec``,
+``parse_ab``, ``arm_extra_vars``, ``default_apply_arm``, ``arm_comparison``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from dsv4kit.bench.config import RESTART_TAG, BenchAbort
+from dsv4kit.core import exitcodes
+
+
+@dataclass(frozen=True)
+class ABSpec:
+    """``--ab KEY=A,B``: an environment variable of the serving units (an upper-case name, e.g.
+    ``SGLANG_SM120_TRITON_INDEXER``) or a ``sglang.launch_server`` flag (``--attention-backend``)
+    and its two values. Arm ``A`` runs with the first value, ``B`` with the second."""
+    key: str
+    values: dict  # {"A": value, "B": value}
+
+    arms = ("A", "B")
+
+    @property
+    def kind(self) -> str:
+        return "server_flag" if self.key.startswith("--") else "env"
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "kind": self.kind, "values": dict(self.values), "order": "interleaved A B A B, "
+                "a server restart before every arm"}
+
+
+def parse_ab(text: str) -> ABSpec:
+    """``KEY=A,B`` -> ABSpec; bad input is BenchAbort(USAGE)."""
+    key, sep, values = text.partition("=")
+    key = key.strip()
+    parts = [v.strip() for v in values.split(",")] if sep else []
+    problems = []
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*|--[a-z0-9][a-z0-9-]*", key):
+        problems.append(f"KEY must be an environment variable (upper case, e.g. SGLANG_SM120_TRITON_INDEXER) or a "
+                        f"server flag (e.g. --attention-backend), got {key!r}")
+    if len(parts) != 2 or not all(parts):
+        problems.append(f"give exactly two comma-separated values, got {values!r}")
+    elif parts[0] == parts[1]:
+        problems.append(f"the two values are the same ({parts[0]!r}): nothing to compare")
+    if problems:
+        raise BenchAbort(exitcodes.USAGE, f"--ab {text!r}: " + "; ".join(problems))
+    return ABSpec(key=key, values={"A": parts[0], "B": parts[1]})
+
+
+def arm_extra_vars(host, context_length: int, ab: ABSpec, arm: str) -> tuple[list[str], dict]:
+    """(playbook tags, extra vars) that restart the serving units as arm ``arm`` wants: an env
+    variable goes into ``dsv4_kernel_flags`` (the units' environment file; tags kernel_rollout and
+    sglang_service), a flag replaces its value in ``dsv4_server_extra_args`` (tag sglang_service).
+    The inventory is not changed: the next ``dsv4kit provision`` restores its values."""
+    value = ab.values[arm]
+    extra = {"dsv4_context_length": context_length}
+    if ab.kind == "env":
+        extra["dsv4_kernel_flags"] = {**(host.get("dsv4_kernel_flags") or {}), ab.key: value}
+        return ["kernel_rollout", RESTART_TAG], extra
+    args = [str(a) for a in host.get("dsv4_server_extra_args") or []]
+    kept, skip = [], False
+    for item in args:
+        if skip:
+            skip = False
+            continue
+        if item == ab.key:
+            skip = True
+            continue
+        if item.startswith(ab.key + "="):
+            continue
+        kept.append(item)
+    extra["dsv4_server_extra_args"] = kept + [ab.key, value]
+    return [RESTART_TAG], extra
+
+
+def default_apply_arm(inventory_path, host, context_length: int, ab: ABSpec, arm: str,
+                      progress: Callable[[str], None], timeout: float) -> None:
+    """Restart the serving units with arm ``arm``'s setting (``arm_extra_vars``) via the playbook."""
+    from dsv4kit.provision import playbook as provision
+
+    tags, extra = arm_extra_vars(host, context_length, ab, arm)
+    try:
+        summary = provision.run_playbook(inventory_path, limit=host.name, tags=tags, extra_vars=extra,
+                                         progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
+    except provision.ProvisionError as exc:
+        raise BenchAbort(exc.exit_code, f"cannot restart the serving units for arm {arm} "
+                                        f"({ab.key}={ab.values[arm]}): {exc}") from None
+    if summary.failed:
+        raise BenchAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
+                         f"restarting the serving units for arm {arm} ({ab.key}={ab.values[arm]}) failed "
+                         f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
+
+
+def arm_comparison(record: dict):
+    """The A/B verdicts: arm B against arm A, from the one record's points (``dsv4kit.records.compare``)."""
+    from dsv4kit.records.compare import compare, select_arm
+
+    sides = {arm: select_arm(record, arm) for arm in ABSpec.arms}
+    # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both).
+    # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both,
+    # and a server flag changes the launch arguments).
+    return compare(sides["A"], sides["B"], ignore=("kernel_flags", "launch_args"))
+
+

@@ -1,0 +1,59 @@
+"""``bench --prefill``: cold prefill tokens per second at each prompt length, from the prefill server.
+
+For each length, ``box_helper.py prefill-point`` sends ``PREFILL_REQUESTS`` requests of that many
+fresh token ids and one new token, one at a time through the router, with the cache flushed before
+each. The prefill server's own ``sglang:realtime_tokens_total`` says what it did: prompt tokens
+computed (mode ``prefill_compute``) and reused (``prefill_cache``). A length is valid when every
+request had exactly its prompt computed and nothing reused (cold, and no other client's prompt
+in between); its ``tokens_per_s`` is the computed tokens over the wall time around each request
+on the box (one new token and the HTTP round trip included, a small share at long prompts).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Optional
+
+
+def judge(length: int, answer: dict) -> dict:
+    """One length's entry of the record's ``prefill`` section."""
+    samples = answer.get("samples") or []
+    problems = [] if answer.get("ok") else [str(answer.get("error"))]
+    for i, sample in enumerate(samples, 1):
+        if sample.get("problem"):
+            problems.append(f"request {i}: {sample['problem']}")
+        elif sample.get("prefill_cached_tokens"):
+            problems.append(f"request {i}: {sample['prefill_cached_tokens']:g} prompt tokens came from the cache: "
+                            f"not a cold prefill")
+        elif sample.get("prefill_tokens") != length:
+            computed = sample.get("prefill_tokens")
+            problems.append(f"request {i}: the prefill server computed "
+                            f"{'no count of' if computed is None else format(computed, 'g')} prompt tokens, not "
+                            f"{length} (another client's prompt in between?)")
+    rates = [s["prefill_tokens"] / s["seconds"] for s in samples
+             if s.get("prefill_tokens") and s.get("seconds") and not s.get("problem")]
+    valid = bool(samples) and not problems
+    return {"length": length, "requests": len(samples), "valid": valid, "problems": problems,
+            "tokens_per_s": statistics.fmean(rates) if valid else None,
+            "tokens_per_s_min": min(rates) if valid else None, "tokens_per_s_max": max(rates) if valid else None,
+            "samples": samples}
+
+
+def run(remote, lengths: list, *, router_port: int, prefill_port: int, requests: int, seed: int,
+        timeout: float, env: Optional[dict], progress: Callable[[str], None]) -> dict:
+    """The record's ``prefill`` section: per length (as a string key), ``judge``'s entry."""
+    out = {"source": "the prefill server's sglang:realtime_tokens_total (prefill_compute, prefill_cache) around "
+                     "each request; the cache flushed before each", "port": prefill_port,
+           "requests_per_length": requests, "per_length": {}}
+    for n, length in enumerate(lengths, 1):
+        progress(f"prefill [{n}/{len(lengths)}]: {requests} cold request(s) of {length} prompt tokens...")
+        answer = remote.helper("prefill-point", "--router-port", str(router_port), "--prefill-port", str(prefill_port),
+                               "--length", str(length), "--requests", str(requests), "--seed", str(seed),
+                               "--timeout", f"{timeout:g}", timeout=timeout * requests + 120, env=env)
+        entry = judge(length, answer)
+        out["per_length"][str(length)] = entry
+        rate = entry["tokens_per_s"]
+        progress(f"prefill [{n}/{len(lengths)}]: {length} tokens: "
+                 + (f"{rate:.1f} prompt tok/s (cold)" if rate is not None else "INVALID: " + "; ".join(entry["problems"])))
+    out["valid"] = all(e["valid"] for e in out["per_length"].values())
+    return out

@@ -1,0 +1,145 @@
+"""The box-side steps of a sweep over one SSH session (``Remote``), and the context-length restart.
+
+Each remote step has a timeout. ``Remote.setup`` copies ``box_helper.py`` (and
+``core/unit_env.py``) into a scratch directory on the box; the other methods run its commands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+from dsv4kit.bench.config import PROBE_TIMEOUT_S, RESTART_TAG, SMALL_TIMEOUT_S, BenchAbort
+from dsv4kit.core import exitcodes
+
+
+class Remote:
+    """The box-side steps over one SSH session."""
+
+    def __init__(self, session, host, progress: Callable[[str], None]):
+        self.session = session
+        self.host = host
+        self.progress = progress
+        self.python = host.venv_python
+        self.workdir: Optional[str] = None
+
+    def setup(self) -> None:
+        check = self.session.run(f"test -x {shlex.quote(self.python)}", timeout=SMALL_TIMEOUT_S, check=False)
+        if check.exit_code != 0:
+            raise BenchAbort(exitcodes.ENVIRONMENT,
+                             f"{self.host.name}: no SGLang venv python at {self.python} (dsv4_venv_dir); "
+                             f"run `dsv4kit provision` first")
+        # <dsv4_state_dir>/scratch/bench-XXXXXXXX (as validate does), else the box's temp dir.
+        scratch = f"{str(self.host.get('dsv4_state_dir') or '/var/lib/dsv4kit').rstrip('/')}/scratch"
+        made = self.session.run(
+            f"mkdir -p {shlex.quote(scratch)} 2>/dev/null && mktemp -d {shlex.quote(scratch)}/bench-XXXXXXXX "
+            f"|| mktemp -d -t dsv4kit-bench.XXXXXXXX", timeout=SMALL_TIMEOUT_S)
+        self.workdir = made.stdout.strip().splitlines()[-1]
+        from dsv4kit.core import unit_env
+
+        for module in (Path(__file__).with_name("box_helper.py"), Path(unit_env.__file__)):
+            self.session.put(module, f"{self.workdir}/{module.name}")
+
+    def restart_units(self, progress: Callable[[str], None], timeout: float) -> None:
+        """``systemctl restart`` of the serving units the probe found (``sudo -n`` unless root):
+        a plain restart, nothing reconfigured (``--restarts``)."""
+        if not getattr(self, "units", None):
+            raise BenchAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: --restarts needs the dsv4-*.service units, and "
+                                                    f"none were found (run `dsv4kit provision`)")
+        names = " ".join(shlex.quote(f"{u}.service") for u in self.units)
+        result = self.session.run(f'if [ "$(id -u)" = 0 ]; then systemctl restart {names}; '
+                                  f'else sudo -n systemctl restart {names}; fi', timeout=timeout, check=False)
+        if result.exit_code != 0:
+            raise BenchAbort(exitcodes.TOOL_FAILED, f"{self.host.name}: restarting {names} failed (exit "
+                                                    f"{result.exit_code}): {(result.stderr or result.stdout)[-800:]}")
+
+    def cleanup(self) -> None:
+        if self.workdir and ".." not in self.workdir and re.fullmatch(
+                r"/[\w./-]*/(bench-|dsv4kit-bench\.)\w+", self.workdir):
+            try:
+                self.session.run(f"rm -rf {shlex.quote(self.workdir)}", timeout=SMALL_TIMEOUT_S, check=False)
+            except Exception as exc:  # best effort; the directory is in the box's temp dir
+                self.progress(f"warning: could not remove {self.workdir} on {self.host.name}: {exc}")
+        self.workdir = None
+
+    def helper(self, *args: str, timeout: float = SMALL_TIMEOUT_S, env: Optional[dict] = None) -> dict:
+        command = shlex.join([self.python, f"{self.workdir}/box_helper.py", *args])
+        result = self.session.run(command, timeout=timeout, env=env, check=False)
+        lines = [l for l in result.stdout.splitlines() if l.strip()]
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, ValueError):
+            raise BenchAbort(exitcodes.TOOL_FAILED,
+                             f"{self.host.name}: bench helper {args[0]} gave no JSON (exit {result.exit_code}): "
+                             f"{(result.stderr or result.stdout).strip()[-800:]}") from None
+
+    def server_info(self, port: int, env: Optional[dict]) -> dict:
+        answer = self.helper("server-info", "--port", str(port), env=env)
+        if not answer.get("ok"):
+            raise BenchAbort(exitcodes.ENVIRONMENT,
+                             f"{self.host.name}: {answer.get('error')}; is the serving unit running? "
+                             f"(`dsv4kit provision` starts it)")
+        return answer["server_info"]
+
+    def wait_health(self, ports: list[int], timeout: float, env: Optional[dict]) -> None:
+        answer = self.helper("wait-health", "--ports", ",".join(str(p) for p in ports), "--timeout",
+                             str(timeout), timeout=timeout + SMALL_TIMEOUT_S, env=env)
+        if not answer.get("ok"):
+            raise BenchAbort(exitcodes.TIMEOUT,
+                             f"{self.host.name}: serving ports {answer.get('pending')} not healthy after "
+                             f"{timeout:g}s: {answer.get('last_error')}")
+
+    def probe(self) -> dict:
+        prefix = str(self.host.get("dsv4_prefix") or "/").rstrip("/")
+        return self.helper("probe", "--model-path", str(self.host.get("dsv4_model_path") or ""),
+                           "--state-dir", str(self.host.get("dsv4_state_dir") or ""),
+                           "--unit-dir", f"{prefix}/etc/systemd/system",
+                           "--decision-file", f"{prefix}/etc/dsv4kit/kernel-decision.json", timeout=PROBE_TIMEOUT_S)
+
+    def fetch_json(self, remote_file: str, label: str) -> dict:
+        with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
+            local = Path(tmp) / "evidence.json"
+            try:
+                self.session.get(remote_file, local)
+                return json.loads(local.read_text())
+            except (OSError, ValueError) as exc:
+                raise BenchAbort(exitcodes.TOOL_FAILED, f"{label}: the box-side evidence file {remote_file} "
+                                                        f"could not be read: {exc}") from None
+
+    def fetch_line(self, remote_file: str, label: str) -> dict:
+        with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
+            local = Path(tmp) / "point.jsonl"
+            self.session.get(remote_file, local)
+            lines = [l for l in local.read_text().splitlines() if l.strip()]
+        if len(lines) != 1:
+            raise BenchAbort(exitcodes.TOOL_FAILED,
+                             f"{label}: expected one result line in {remote_file}, found {len(lines)}")
+        try:
+            return json.loads(lines[0])
+        except ValueError as exc:
+            raise BenchAbort(exitcodes.TOOL_FAILED, f"{label}: the client's result line is not JSON: {exc}") from None
+
+
+
+def default_restart(inventory_path, host, context_length: int, progress: Callable[[str], None],
+                    timeout: float) -> None:
+    """Re-run the playbook's serving tag with the new context length (same settings as provision)."""
+    from dsv4kit.provision import playbook as provision
+
+    try:
+        summary = provision.run_playbook(inventory_path, limit=host.name, tags=[RESTART_TAG],
+                                         extra_vars={"dsv4_context_length": context_length},
+                                         progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
+    except provision.ProvisionError as exc:  # no ansible-playbook, no playbook: nothing ran
+        raise BenchAbort(exc.exit_code, f"cannot restart the serving units with context length "
+                                        f"{context_length}: {exc}") from None
+    if summary.failed:
+        raise BenchAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
+                         f"restarting the serving units with context length {context_length} failed "
+                         f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
+
+
