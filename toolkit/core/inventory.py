@@ -470,6 +470,10 @@ def _check_layout(host: Host) -> None:
         gpus = values.get(name)
         if gpus is None or isinstance(gpus, VaultedValue):
             continue
+        if not gpus:  # the units would start SGLang with --tp 0
+            raise InventoryError(f"{host.origin(name)}: host {name_of!r}: {name} is empty: dsv4kit serves with "
+                                 f"prefill and decode disaggregated (PD), one server on each GPU set, so each needs "
+                                 f"at least one GPU (one TP={count} server without PD is not supported)")
         for gpu in gpus:
             if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0 or (count is not None and gpu >= count):
                 raise InventoryError(f"{host.origin(name)}: host {name_of!r}: {name} has {gpu!r}, "
