@@ -190,15 +190,17 @@ def test_secure_boot_without_signed_modules_stops_before_any_change(gpu_box):
 
 
 def unattended_upgrades_would_install(box: FakeGPUBox) -> set[str]:
-    """What unattended-upgrades would install, by its rule for Package-Blacklist, through apt itself:
-    each upgradable package is marked alone (apt-get -s install), and kept back when it or anything
-    apt would change with it matches a blacklist entry (re.match, as unattended-upgrades applies it)."""
+    """What unattended-upgrades would install, by its rule for Package-Blacklist, through apt itself
+    (unattended-upgrades is not installed here): each installed package with an upgrade is marked
+    alone (apt-get -s install), and kept back when it or anything apt would change with it matches
+    a blacklist entry (re.match, as unattended-upgrades applies it)."""
     import re
 
     dump = box.run("apt-config", "dump", "Unattended-Upgrade::Package-Blacklist").stdout
     blacklist = [re.compile(m) for m in re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', dump, re.M)]
+    # the installed packages with an upgrade ("Inst name [installed version] (candidate ...)")
     upgradable = [line.split()[1] for line in box.run("apt-get", "-s", "dist-upgrade").stdout.splitlines()
-                  if line.startswith("Inst ")]
+                  if line.startswith("Inst ") and line.split()[2].startswith("[")]
     taken: set[str] = set()
     for name in upgradable:
         plan = box.run("apt-get", "-s", "install", name, check=False)
