@@ -130,9 +130,10 @@ class FakeGPUBox:
 
     # --- apt/dpkg ---------------------------------------------------------------------------------
     def environment(self) -> dict:
+        # DPKG_FORCE replaces dpkg's default forces: keep them (downgrade, security-mac), as a real box has them.
         path = f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         return {"PATH": path, "APT_CONFIG": str(self.apt_conf), "DPKG_ROOT": str(self.root),
-                "DPKG_ADMINDIR": str(self.root / "var/lib/dpkg"), "DPKG_FORCE": "script-chrootless",
+                "DPKG_ADMINDIR": str(self.root / "var/lib/dpkg"), "DPKG_FORCE": "script-chrootless,security-mac,downgrade",
                 "DEBIAN_FRONTEND": "noninteractive"}
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
