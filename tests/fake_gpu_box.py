@@ -17,20 +17,23 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import platform
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KERNEL = platform.release()
-# A kernel update of the same flavour: the third number of the version one higher.
-NEWER_KERNEL = re.sub(r"^(\d+)\.(\d+)\.(\d+)", lambda m: f"{m[1]}.{m[2]}.{int(m[3]) + 1}", KERNEL)
+# The box's running kernel, an Ubuntu noble kernel name (the tests hand it to the playbook as
+# ansible_kernel: this machine's own kernel name is no Ubuntu flavour's), and the kernel update of
+# the same flavour, its ABI number one higher. FakeGPUBox(kernel=None) keeps this machine's.
+KERNEL = "6.8.0-90-generic"
+NEWER_KERNEL = "6.8.0-91-generic"
 FLAVOUR_META = "generic-hwe-24.04"  # the box's linux-image metapackage: linux-image-generic-hwe-24.04
 BRANCH = "580"
 CUDA_VERSION = "580.95.05-0ubuntu1"
 NEWER_CUDA_VERSION = "580.105.08-0ubuntu1"  # what an unattended upgrade would pull
 UBUNTU_VERSION = "580.126.09-0ubuntu0.24.04.1"  # Ubuntu's build of the same names, a higher version
+SERVER_VERSION = "580.95.05-0ubuntu0.24.04.2"  # Ubuntu's -server build of the branch
 UNBRANCHED = "595"  # NVIDIA's 590+ naming: no branch in the names
 UNBRANCHED_VERSION = "595.58.03-1"
 OPEN_MODULE = f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {CUDA_VERSION.split('-')[0]}  Release Build"
@@ -59,13 +62,48 @@ class Deb:
     files: dict[str, str | bytes] = field(default_factory=dict)
     depends: str = ""
     postinst: str | None = None
+    provides: str = ""
+    conflicts: str = ""  # also written as Replaces:, as the driver packages pair them
+
+
+# The dependency shapes of Ubuntu noble's nvidia-graphics-drivers-580 binaries (the same packaging
+# NVIDIA's CUDA repository carries for branches up to 589), written from the archive's metadata
+# as we know it (`apt-cache show` on noble), kept to the fields that decide what apt does: each
+# driver package provides and conflicts with its branch-less virtual name, so two branches, or a
+# branch and its -server build, never stay installed together; the headless metapackage needs
+# exactly its own version of the no-DKMS set and of the DKMS module.
+def driver_debs(version: str, suffix: str = "", dkms_postinst: str | None = None) -> list[Deb]:
+    """Branch 580's driver packages at ``version``; ``suffix`` "-server": Ubuntu's server build."""
+    b, v = BRANCH + suffix, version
+    virtual = lambda name: dict(provides=name, conflicts=name)  # noqa: E731
+    return [
+        Deb(f"nvidia-kernel-common-{b}", v, **virtual("nvidia-kernel-common")),
+        Deb(f"libnvidia-compute-{b}", v, **virtual("libnvidia-compute")),
+        Deb(f"nvidia-utils-{b}", v, depends=f"libnvidia-compute-{b} (= {v})", **virtual("nvidia-utils")),
+        Deb(f"nvidia-dkms-{b}-open", v, depends=f"nvidia-kernel-common-{b} (= {v})", postinst=dkms_postinst,
+            **virtual("nvidia-dkms-kernel")),
+        Deb(f"nvidia-headless-no-dkms-{b}-open", v, depends=f"nvidia-kernel-common-{b} (= {v}), libnvidia-compute-{b} (= {v})",
+            **virtual("nvidia-headless-no-dkms")),
+        Deb(f"nvidia-headless-{b}-open", v, depends=f"nvidia-headless-no-dkms-{b}-open (= {v}), nvidia-dkms-{b}-open (= {v})",
+            **virtual("nvidia-headless")),
+    ]
+
+
+def nvswitch_debs(branch: str, version: str) -> list[Deb]:
+    """Fabric manager and NSCQ of ``branch`` (NVSwitch systems), in the same provides/conflicts shape."""
+    return [Deb(f"nvidia-fabricmanager-{branch}", version, provides="nvidia-fabricmanager", conflicts="nvidia-fabricmanager"),
+            Deb(f"libnvidia-nscq-{branch}", version, provides="libnvidia-nscq", conflicts="libnvidia-nscq")]
 
 
 class FakeGPUBox:
-    """Scratch root ``root`` (the inventory's dsv4_prefix) with apt, dpkg and driver tools stood in."""
+    """Scratch root ``root`` (the inventory's dsv4_prefix) with apt, dpkg and driver tools stood in.
 
-    def __init__(self, work: Path, root: Path, gpus: int = 8):
+    ``kernel``: the box's running kernel (KERNEL, handed to the playbook as ansible_kernel by the
+    caller); None: this machine's, which is what ansible_kernel is without one."""
+
+    def __init__(self, work: Path, root: Path, gpus: int = 8, kernel: str | None = None):
         self.work, self.root, self.gpus = work, root, gpus
+        self.kernel = kernel or platform.release()
         self.bin, self.state = work / "bin", work / "state"
         self.gnupg = work / "gnupg"
         for d in (self.bin, self.state, root / "var/lib/dpkg/updates", root / "var/lib/dpkg/info",
@@ -92,9 +130,10 @@ class FakeGPUBox:
 
     # --- apt/dpkg ---------------------------------------------------------------------------------
     def environment(self) -> dict:
+        # DPKG_FORCE replaces dpkg's default forces: keep them (downgrade, security-mac), as a real box has them.
         path = f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         return {"PATH": path, "APT_CONFIG": str(self.apt_conf), "DPKG_ROOT": str(self.root),
-                "DPKG_ADMINDIR": str(self.root / "var/lib/dpkg"), "DPKG_FORCE": "script-chrootless",
+                "DPKG_ADMINDIR": str(self.root / "var/lib/dpkg"), "DPKG_FORCE": "script-chrootless,security-mac,downgrade",
                 "DEBIAN_FRONTEND": "noninteractive"}
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -117,6 +156,10 @@ class FakeGPUBox:
                    "Maintainer: dsv4kit tests <tests@invalid>", f"Description: stand-in for {deb.name}"]
         if deb.depends:
             control.append(f"Depends: {deb.depends}")
+        if deb.provides:
+            control.append(f"Provides: {deb.provides}")
+        if deb.conflicts:
+            control += [f"Conflicts: {deb.conflicts}", f"Replaces: {deb.conflicts}"]
         (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
         conffiles = [path for path in deb.files if path.startswith("/etc/")]  # as debhelper marks them
         if conffiles:
@@ -159,24 +202,22 @@ class FakeGPUBox:
         v = CUDA_VERSION
         debs = [
             self.cuda_keyring(),
-            Deb(f"nvidia-headless-{BRANCH}-open", v, depends=f"nvidia-dkms-{BRANCH}-open (= {v}), nvidia-kernel-common-{BRANCH} (= {v})"),
-            Deb(f"nvidia-dkms-{BRANCH}-open", v, postinst=DKMS_POSTINST.format(kernel=KERNEL, version=v.split("-")[0])),
-            Deb(f"nvidia-kernel-common-{BRANCH}", v),
-            Deb(f"nvidia-utils-{BRANCH}", v),
+            *driver_debs(v, dkms_postinst=DKMS_POSTINST.format(kernel=self.kernel, version=v.split("-")[0])),
             Deb("cuda-toolkit-13-0", "13.0.2-1", files={
                 "/usr/local/cuda-13.0/bin/nvcc": "#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
                                                  "echo 'Cuda compilation tools, release 13.0, V13.0.88'\n"}),
         ]
         if newer:  # a point release of the branch and a newer branch: what unattended-upgrades would take
-            debs += [Deb(f"nvidia-utils-{BRANCH}", NEWER_CUDA_VERSION), Deb("nvidia-utils-590", "590.48.01-0ubuntu1"),
-                     Deb("nvidia-headless-590-open", "590.48.01-0ubuntu1")]
+            n = NEWER_CUDA_VERSION
+            debs += [*driver_debs(n, dkms_postinst=DKMS_POSTINST.format(kernel=self.kernel, version=n.split("-")[0])),
+                     Deb("nvidia-utils-590", "590.48.01-0ubuntu1"), Deb("nvidia-headless-590-open", "590.48.01-0ubuntu1")]
         if unbranched:
             u = UNBRANCHED_VERSION
             debs += [
                 Deb(f"nvidia-driver-pinning-{UNBRANCHED}", u),
                 Deb("nvidia-driver-cuda", u, depends=f"nvidia-smi (= {u}), libcuda1 (= {u}), nvidia-persistenced (= {u})"),
                 Deb("nvidia-kernel-open-dkms", u, depends=f"nvidia-kernel-common (= {u})",
-                    postinst=DKMS_POSTINST.format(kernel=KERNEL, version=u.split("-")[0])),
+                    postinst=DKMS_POSTINST.format(kernel=self.kernel, version=u.split("-")[0])),
                 Deb("nvidia-kernel-common", u), Deb("nvidia-smi", u), Deb("libcuda1", u), Deb("nvidia-persistenced", u),
                 # the next branch, in the same names: only the pin keeps it out
                 Deb("nvidia-driver-cuda", "600.10-1"), Deb("nvidia-smi", "600.10-1"),
@@ -187,11 +228,12 @@ class FakeGPUBox:
                      Deb("libnvidia-container-tools", container, depends=f"libnvidia-container1 (= {container})")]
         self.publish(self.cuda_repo, debs, origin="NVIDIA", label="NVIDIA CUDA")
 
-    def install_now(self, debs: list[Deb]) -> None:
-        """What the box already has: packages installed with dpkg before any provision."""
+    def install_now(self, debs: list[Deb], check: bool = True) -> None:
+        """What the box already has: packages installed with dpkg before any provision (``check``
+        False: a failing maintainer script leaves its package half-configured, as on a real box)."""
         paths = [str(self.build_deb(deb, self.work / "preinstalled")) for deb in debs]
         self.run("dpkg", "--root", str(self.root), "--admindir", str(self.root / "var/lib/dpkg"),
-                 "--force-script-chrootless", "--force-depends", "-i", *paths)
+                 "--force-script-chrootless", "--force-depends", "-i", *paths, check=check)
 
     def kernel_debs(self, kernel: str) -> list[Deb]:
         return [Deb(f"linux-image-{kernel}", "1.0-1"),
@@ -207,23 +249,26 @@ class FakeGPUBox:
         (directory / "InRelease").unlink(missing_ok=True)
         self._gpg("--clearsign", "-o", str(directory / "InRelease"), str(directory / "Release"))
 
-    def publish_ubuntu(self, *, headers: bool = True, signed_modules: bool = False, newest: str = KERNEL,
-                       old_kernels: tuple[str, ...] = (), unbranched: bool = False) -> None:
+    def publish_ubuntu(self, *, headers: bool = True, signed_modules: bool = False, newest: str | None = None,
+                       old_kernels: tuple[str, ...] = (), unbranched: bool = False,
+                       newest_driver: str | None = None) -> None:
         """Ubuntu's archive: kernels of the flavour up to ``newest`` with their flavour metapackages, the
         same driver names at a higher version, and (``signed_modules``) Canonical's signed modules in
         their real shape: linux-modules-nvidia-580-open-<kernel> needs exactly the nvidia-kernel-common-580
         it was built against, so the packages of ``old_kernels`` need a version no longer published,
-        and the flavour metapackage linux-modules-nvidia-580-open-<flavour> names the newest kernel's."""
+        and the flavour metapackage linux-modules-nvidia-580-open-<flavour> names the newest kernel's.
+        ``newest_driver``: a driver point release published with the newest kernel, whose signed module
+        was built against it (Canonical rebuilds a kernel update's modules against the current driver)."""
         v = UBUNTU_VERSION
-        debs = [Deb(f"nvidia-utils-{BRANCH}", v), Deb(f"nvidia-kernel-common-{BRANCH}", v, files={
-                    # Ubuntu's driver packages blacklist nouveau themselves
-                    "/usr/lib/modprobe.d/nvidia-graphics-drivers.conf": "blacklist nouveau\nblacklist lbm-nouveau\n"
-                                                                        "options nouveau modeset=0\nalias nouveau off\n"}),
-                Deb(f"nvidia-headless-no-dkms-{BRANCH}-open", v, depends=f"nvidia-kernel-common-{BRANCH} (= {v})")]
+        debs = driver_debs(v) + driver_debs(SERVER_VERSION, "-server") + (driver_debs(newest_driver) if newest_driver else [])
+        # Ubuntu's driver packages blacklist nouveau themselves
+        debs[0].files["/usr/lib/modprobe.d/nvidia-graphics-drivers.conf"] = (
+            "blacklist nouveau\nblacklist lbm-nouveau\noptions nouveau modeset=0\nalias nouveau off\n")
         if unbranched:  # Ubuntu's own 595 build, names with the branch
             debs += [Deb(f"nvidia-utils-{UNBRANCHED}", "595.71.05-0ubuntu0.24.04.1"),
                      Deb(f"nvidia-headless-{UNBRANCHED}-open", "595.71.05-0ubuntu0.24.04.1")]
-        kernels = sorted({KERNEL, newest, *old_kernels})
+        newest = newest or self.kernel
+        kernels = sorted({self.kernel, newest, *old_kernels})
         for kernel in kernels:
             debs += [deb for deb in self.kernel_debs(kernel) if headers or not deb.name.startswith("linux-headers")]
         debs += [Deb(f"linux-image-{FLAVOUR_META}", newest, depends=f"linux-image-{newest}")]
@@ -232,6 +277,8 @@ class FakeGPUBox:
         if signed_modules:
             for kernel in kernels:
                 common = "580.82.07-0ubuntu0.24.04.2" if kernel in old_kernels else v  # an old build, since superseded
+                if newest_driver and kernel == newest and kernel != self.kernel:
+                    common = newest_driver
                 debs += [Deb(f"linux-modules-nvidia-{BRANCH}-open-{kernel}", "1.0-1",
                              depends=f"linux-image-{kernel}, linux-signatures-nvidia-{kernel} (= 1.0-1), "
                                      f"nvidia-kernel-common-{BRANCH} (>= {common}), nvidia-kernel-common-{BRANCH} (<= {common}.1)",
@@ -245,8 +292,9 @@ class FakeGPUBox:
         (self.root / "etc/apt/sources.list.d/ubuntu.sources").write_text(
             f"Types: deb\nURIs: file://{self.ubuntu_repo}/\nSuites: /\nSigned-By: {ubuntu_key}\n")
 
-    def boot_kernel(self, kernel: str = KERNEL) -> None:
+    def boot_kernel(self, kernel: str | None = None) -> None:
         """The running kernel and its flavour metapackage, installed as on any Ubuntu box."""
+        kernel = kernel or self.kernel
         self.install_now([Deb(f"linux-image-{kernel}", "1.0-1"),
                           Deb(f"linux-image-{FLAVOUR_META}", kernel, depends=f"linux-image-{kernel}")])
 
@@ -288,19 +336,22 @@ class FakeGPUBox:
                     f'if cat {root}/etc/modprobe.d/*.conf 2>/dev/null | grep -q "^options nvidia_uvm.*uvm_disable_hmm=1"; '
                     f'then echo Y; else echo N; fi > {mods}/nvidia_uvm/parameters/uvm_disable_hmm\n')
         tools = {
-            "mokutil": f'[ "$1" = --sb-state ] && cat {state}/sb-state 2>/dev/null || echo "SecureBoot disabled"\n',
+            "mokutil": (f'if [ "$1" = --test-key ]; then if [ -e "$2" ] && grep -qxF "$2" {state}/mok-enrolled 2>/dev/null; '
+                        'then echo "$2 is already enrolled"; exit 0; fi\n'
+                        '  [ -e "$2" ] || { echo "Failed to read $2" >&2; exit 255; }; echo "$2 is not enrolled"; exit 1; fi\n'
+                        f'[ "$1" = --sb-state ] && cat {state}/sb-state 2>/dev/null || echo "SecureBoot disabled"\n'),
             "dmesg": f"cat {state}/dmesg 2>/dev/null\n",
             "update-initramfs": f'echo "update-initramfs $*" >> {state}/initramfs.log; echo "update-initramfs: Generating /boot/initrd.img"\n',
-            "modinfo": ('k=' + KERNEL + '; [ "$1" = -k ] && { k="$2"; shift 2; }\n' + find_ko +
+            "modinfo": ('k=' + self.kernel + '; [ "$1" = -k ] && { k="$2"; shift 2; }\n' + find_ko +
                         'if [ -z "$ko" ]; then echo "modinfo: ERROR: Module nvidia not found." >&2; exit 1; fi\n'
                         'if [ "$1" = -F ]; then echo "$ko"; exit 0; fi\n'
                         'echo "filename:       $ko"; echo "version:        580.95.05"\n'
                         'grep -q signed "$ko" && ! grep -q unsigned "$ko" && echo "signer:         Canonical Ltd. Kernel Module Signing"\n'
                         'exit 0\n'),
-            "dkms": (f'[ -e {root}/lib/modules/{KERNEL}/updates/dkms/nvidia.ko ] && echo "nvidia/580.95.05, {KERNEL}, x86_64: installed"\n'
-                     f'[ -e {root}/lib/modules/{KERNEL}/updates/dkms/nvidia.ko ] || echo "nvidia/580.95.05: added"\nexit 0\n'),
+            "dkms": (f'[ -e {root}/lib/modules/{self.kernel}/updates/dkms/nvidia.ko ] && echo "nvidia/580.95.05, {self.kernel}, x86_64: installed"\n'
+                     f'[ -e {root}/lib/modules/{self.kernel}/updates/dkms/nvidia.ko ] || echo "nvidia/580.95.05: added"\nexit 0\n'),
             "modprobe": (
-                'k=' + KERNEL + '\n'
+                'k=' + self.kernel + '\n'
                 'case "$*" in\n'
                 f'"-r nouveau") [ -d {mods}/nouveau ] || exit 0\n'
                 f'  if [ "$(cat {mods}/nouveau/refcnt)" != 0 ]; then echo "modprobe: FATAL: Module nouveau is in use." >&2; exit 1; fi\n'
@@ -310,7 +361,7 @@ class FakeGPUBox:
                 f'  rm -rf {mods}/nvidia_uvm; exit 0 ;;\n'
                 f'nvidia_uvm|nvidia-uvm) [ -e {self.proc_version} ] || exit 1; [ -d {mods}/nvidia_uvm ] && exit 0\n' + uvm_load +
                 '  exit 0 ;;\nesac\n' + find_ko +
-                f'if [ -z "$ko" ]; then echo "modprobe: FATAL: Module nvidia not found in directory /lib/modules/{KERNEL}" >&2; exit 1; fi\n'
+                f'if [ -z "$ko" ]; then echo "modprobe: FATAL: Module nvidia not found in directory /lib/modules/{self.kernel}" >&2; exit 1; fi\n'
                 f'if grep -q "SecureBoot enabled" {state}/sb-state 2>/dev/null && grep -q unsigned "$ko"; then\n'
                 f'  echo "Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7" >> {state}/dmesg\n'
                 '  echo "modprobe: ERROR: could not insert \'nvidia\': Key was rejected by service" >&2; exit 1\nfi\n'

@@ -137,3 +137,12 @@ def test_a_context_length_beyond_the_models_maximum_is_named(tmp_path):
     with pytest.raises(InventoryError, match=r"hosts.yml:\d+: host 'box1': dsv4_context_length 2097152 exceeds the "
                                              r"model's maximum, dsv4_model_max_context_length 1048576 \(.*group_vars/all.yml:\d+\)"):
         load_inventory(path)
+
+
+@pytest.mark.parametrize("empty", ["dsv4_prefill_gpus", "dsv4_decode_gpus"])
+def test_tp8_without_pd_is_refused_as_input(tmp_path, empty):
+    """All eight GPUs in one set: the other server's unit would start SGLang with --tp 0."""
+    other = "dsv4_decode_gpus" if empty == "dsv4_prefill_gpus" else "dsv4_prefill_gpus"
+    path = write_inventory(tmp_path, {"box1": {empty: [], other: list(range(8))}})
+    with pytest.raises(InventoryError, match=f"{empty} is empty: dsv4kit serves with prefill and decode disaggregated"):
+        load_inventory(path)

@@ -202,3 +202,30 @@ def test_the_users_own_variables_pass_and_a_misspelt_connection_variable_does_no
     with pytest.raises(InventoryError, match=r"host_vars/box1.yml:1: host 'box1': unknown field 'ansbile_user' "
                                              r"\(did you mean 'ansible_user'\?\)"):
         load_inventory(path)
+
+
+def test_a_host_outside_dsv4_boxes_is_not_targeted(tmp_path):
+    """A bastion in `all` (dsv4kit's variables kept in group_vars/dsv4_boxes.yml) is not one of the
+    boxes: Ansible's meaning, since playbooks/site.yml targets dsv4_boxes only."""
+    inv_dir = tmp_path / "inv"
+    (inv_dir / "group_vars").mkdir(parents=True)
+    (inv_dir / "group_vars/dsv4_boxes.yml").write_text((REPO / "inventory/group_vars/all.yml").read_text())
+    path = inv_dir / "hosts.yml"
+    path.write_text(yaml.safe_dump({"all": {"hosts": {"bastion": {"ansible_host": "192.0.2.99"}},
+                                            "children": {"dsv4_boxes": {"hosts": {"gpu01": {"ansible_host": "192.0.2.10"}}}}}}))
+    inv = load_inventory(path)
+    assert list(inv.hosts) == ["gpu01"] and inv.host().name == "gpu01"
+    listed = subprocess.run([str(BIN / "ansible-inventory"), "-i", str(path), "--graph", "dsv4_boxes"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "gpu01" in listed and "bastion" not in listed  # what the play targets
+
+
+def test_ini_group_vars_connection_values_are_converted_as_ansible_does(tmp_path):
+    """`[group:vars]` values are strings in an INI inventory; Ansible converts its own connection
+    variables (ansible_become=true, ansible_port=2222) when it uses them."""
+    text = "[dsv4_boxes]\nbox1 ansible_host=10.0.0.5\n\n[dsv4_boxes:vars]\nansible_become=true\nansible_port=2222\n"
+    host = load_inventory(inventory_dir(tmp_path, "hosts.ini", text)).host()
+    assert host["ansible_become"] is True and host.port == 2222
+    bad = inventory_dir(tmp_path / "bad", "hosts.ini", text.replace("=true", "=maybe"))
+    with pytest.raises(InventoryError, match="ansible_become' must be bool, got str 'maybe'"):
+        load_inventory(bad)

@@ -3,6 +3,7 @@ ansible-playbook runs (Ansible itself would silently run, or skip, nothing for i
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,29 @@ def test_known_tags_reach_ansible(inventory):
     proc = dsv4kit("provision", "-i", str(inventory), "--tags", "preflight", "--skip-tags", "flash_attn,never")
     assert proc.returncode == exitcodes.UNREACHABLE, proc.stdout + proc.stderr
     assert "PLAY RECAP" in proc.stdout
+
+
+def test_ansibles_short_flags_mean_what_they_mean_to_ansible_playbook(inventory, tmp_path):
+    """-C, -e and -v reach the real ansible-playbook with Ansible's meaning (the host is unreachable,
+    so the play ends at exit 3 after Ansible read them)."""
+    extra = tmp_path / "extra.yml"
+    extra.write_text("dsv4_context_length: 65536\nprobe_from_file: yes-file\n")
+    proc = dsv4kit("provision", "-i", str(inventory), "--tags", "preflight", "-C", "-vvv", "-e", "probe=from-cli",
+                   "-e", f"@{extra}", "-e", '{"dsv4_max_running_requests": 32}', "--json")
+    assert proc.returncode == exitcodes.UNREACHABLE, proc.stdout + proc.stderr
+    command = json.loads(proc.stdout)["command"]
+    assert "--check" in command and "-vvv" in command
+    assert command[command.index("probe=from-cli") - 1] == "--extra-vars" and f"@{extra}" in command
+    assert "PLAYBOOK: site.yml" in proc.stderr  # Ansible's own -v output
+
+
+@pytest.mark.parametrize("value,words", [
+    ("dsv4_contxt_length=8192", "unknown field 'dsv4_contxt_length' (did you mean 'dsv4_context_length'?)"),
+    ("dsv4_context_length=8192", "dsv4_context_length must be int, got str '8192'"),
+    ('{"dsv4_router_open": "yes"}', "dsv4_router_open must be bool"),
+    ("[1, 2]", "not key=value pairs nor a JSON/YAML mapping"),
+])
+def test_bad_extra_vars_are_refused_before_ansible_runs(inventory, value, words):
+    proc = dsv4kit("provision", "-i", str(inventory), "-e", value)
+    assert proc.returncode == exitcodes.USAGE, proc.stdout + proc.stderr
+    assert words in proc.stderr and "PLAY" not in proc.stdout and "Traceback" not in proc.stderr

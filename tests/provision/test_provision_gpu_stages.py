@@ -10,6 +10,7 @@ unattended-upgrades. Only the nvidia_driver and cuda_toolkit stages run (over th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_gpu_box import (BRANCH, CUDA_VERSION, FLAVOUR_META, KERNEL, NEWER_CUDA_VERSION, NEWER_KERNEL, UBUNTU_VERSION,
-                                UNBRANCHED, UNBRANCHED_VERSION, Deb, FakeGPUBox)
+from tests.fake_gpu_box import (BRANCH, CUDA_VERSION, FLAVOUR_META, KERNEL, NEWER_CUDA_VERSION, NEWER_KERNEL, SERVER_VERSION,
+                                UBUNTU_VERSION, UNBRANCHED, UNBRANCHED_VERSION, Deb, FakeGPUBox, driver_debs, nvswitch_debs)
 from tests.provision_inventory import write_loopback_inventory
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def gpu_box(tmp_path, loopback_ssh):
     if os.geteuid() != 0:
         pytest.skip("dpkg installs into the scratch root as root")
     prefix = tmp_path / "prefix"
-    box = FakeGPUBox(tmp_path / "fake", prefix)
+    box = FakeGPUBox(tmp_path / "fake", prefix, kernel=KERNEL)
     box.secure_boot(False)
     box.publish_cuda(newer=False)
     box.publish_ubuntu()
@@ -66,8 +67,9 @@ def reinventory(box: FakeGPUBox, **overrides) -> None:
 
 def provision(box: FakeGPUBox, *args: str, stages: tuple[str, ...] = STAGES) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
-    return subprocess.run([sys.executable, "-m", "dsv4kit.cli", "provision", "-i", str(box.inventory), *stages, *args],
-                          env=env, capture_output=True, text=True, timeout=900)
+    # The box runs an Ubuntu kernel (KERNEL): the playbook gets its name, as the facts of such a box give it.
+    return subprocess.run([sys.executable, "-m", "dsv4kit.cli", "provision", "-i", str(box.inventory), *stages,
+                           "-e", f"ansible_kernel={box.kernel}", *args], env=env, capture_output=True, text=True, timeout=900)
 
 
 def changed_tasks(stdout: str) -> list[str]:
@@ -174,6 +176,39 @@ def test_secure_boot_without_signed_modules_stops_before_any_change(gpu_box):
     assert not (box.root / "etc/apt/preferences.d/dsv4-nvidia-driver").exists()
     assert not (box.root / "etc/apt/sources.list.d/cuda-debian12-x86_64.list").exists()
 
+    # The MOK flag set, the key created and queued (mokutil --import) but never confirmed at boot.
+    cert = box.root / "var/lib/shim-signed/mok/MOK.der"
+    cert.parent.mkdir(parents=True)
+    cert.write_bytes(b"0\x82")
+    box.role_vars["nvidia_driver_secure_boot_mok_enrolled"] = True
+    reinventory(box)
+    mok = provision(box)
+    assert mok.returncode == 6, mok.stdout[-6000:]
+    assert "nvidia_driver_secure_boot_mok_enrolled is true, but `mokutil --test-key" in mok.stdout
+    assert f"{cert} is not enrolled" in mok.stdout
+    assert not any(name.startswith(("nvidia-", "linux-headers", "cuda-keyring")) for name in installed(box))
+
+
+def unattended_upgrades_would_install(box: FakeGPUBox) -> set[str]:
+    """What unattended-upgrades would install, by its rule for Package-Blacklist, through apt itself
+    (unattended-upgrades is not installed here): each installed package with an upgrade is marked
+    alone (apt-get -s install), and kept back when it or anything apt would change with it matches
+    a blacklist entry (re.match, as unattended-upgrades applies it)."""
+    import re
+
+    dump = box.run("apt-config", "dump", "Unattended-Upgrade::Package-Blacklist").stdout
+    blacklist = [re.compile(m) for m in re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', dump, re.M)]
+    # the installed packages with an upgrade ("Inst name [installed version] (candidate ...)")
+    upgradable = [line.split()[1] for line in box.run("apt-get", "-s", "dist-upgrade").stdout.splitlines()
+                  if line.startswith("Inst ") and line.split()[2].startswith("[")]
+    taken: set[str] = set()
+    for name in upgradable:
+        plan = box.run("apt-get", "-s", "install", name, check=False)
+        changed = {line.split()[1] for line in plan.stdout.splitlines() if line.startswith(("Inst ", "Remv "))}
+        if plan.returncode == 0 and not any(rule.match(n) for rule in blacklist for n in changed | {name}):
+            taken |= changed
+    return taken
+
 
 def test_secure_boot_uses_the_flavour_metapackage_and_follows_a_kernel_update(gpu_box):
     """ubuntu-drivers' route: linux-modules-nvidia-580-open-<flavour of the running kernel's metapackage>;
@@ -194,6 +229,13 @@ def test_secure_boot_uses_the_flavour_metapackage_and_follows_a_kernel_update(gp
     assert box.proc_version.is_file()
     # Ubuntu's nvidia-kernel-common blacklists nouveau: no second blacklist of dsv4kit's.
     assert not (box.root / "etc/modprobe.d/dsv4-blacklist-nouveau.conf").exists()
+
+    # Ubuntu publishes a kernel update whose signed module was built against a newer driver point
+    # release, which the driver's pin keeps from unattended-upgrades: it must not take the kernel alone.
+    box.publish_ubuntu(signed_modules=True, newest=NEWER_KERNEL, newest_driver="580.126.20-0ubuntu0.24.04.1")
+    box.run("apt-get", "update")
+    taken = unattended_upgrades_would_install(box)
+    assert f"linux-image-{NEWER_KERNEL}" not in taken or f"linux-modules-nvidia-{BRANCH}-open-{NEWER_KERNEL}" in taken, taken
 
     # Ubuntu publishes a kernel update with its signed module; the box takes it with apt.
     box.publish_ubuntu(signed_modules=True, newest=NEWER_KERNEL)
@@ -226,9 +268,11 @@ def test_secure_boot_on_a_kernel_older_than_the_newest(gpu_box):
 def test_missing_headers_stop_before_the_driver(gpu_box):
     box = gpu_box
     box.publish_ubuntu(headers=False)
+    box.install_now([Deb(f"linux-image-{NEWER_KERNEL}", "1.0-1")])  # a kernel update waiting for a reboot
     result = provision(box)
     assert result.returncode == 6
     assert f"apt has no linux-headers-{KERNEL}" in result.stdout
+    assert f"A newer kernel, {NEWER_KERNEL}, is already installed and waits for a reboot" in " ".join(result.stdout.split())
     assert not any(name.startswith("nvidia-") for name in installed(box))
 
 
@@ -299,22 +343,34 @@ def test_nouveau_in_use_is_a_reboot_not_a_failed_modprobe(gpu_box):
     assert "`modprobe nvidia` failed" not in result.stdout
 
 
-def test_release_upgraded_box_ends_with_one_cuda_source_and_a_point_release(gpu_box):
+def test_release_upgraded_box_ends_with_one_cuda_source_and_a_changed_point_release_is_applied(gpu_box):
     """22.04 -> 24.04: cuda-keyring 1.1-1 of ubuntu2204 stays installed with its source; the new
-    distribution's cuda-keyring has the same version. dsv4_driver_version pins a point release."""
+    distribution's cuda-keyring has the same version. Then dsv4_driver_version pins an older point
+    release than the installed one: every driver package of the branch moves down to it (the
+    packages' real shape: exact-version dependencies among them), held there."""
     box = gpu_box
     old_repo = box.work / "compute/cuda/repos/ubuntu2204/x86_64"
     box.publish(old_repo, [], origin="NVIDIA", label="NVIDIA CUDA")
     box.keyring.parent.mkdir(parents=True, exist_ok=True)
     box.install_now([box.cuda_keyring("ubuntu2204", old_repo)])
     box.publish_cuda(newer=True)  # a newer point release of the branch is there from the start
-    reinventory(box, dsv4_driver_version=CUDA_VERSION.split("-")[0])
-    result = provision(box)
+    result = provision(box)  # no point release pinned: the newest of the branch
     assert result.returncode == 0, result.stdout[-8000:]
     sources = sorted(p.name for p in (box.root / "etc/apt/sources.list.d").iterdir())
     assert sources == ["cuda-debian12-x86_64.list", "ubuntu.sources"], sources
-    assert installed(box)[f"nvidia-utils-{BRANCH}"] == (CUDA_VERSION, "hold")  # not NEWER_CUDA_VERSION
+    assert installed(box)[f"nvidia-utils-{BRANCH}"] == (NEWER_CUDA_VERSION, "hold")
     assert "Check there is exactly one CUDA source" in result.stdout
+
+    reinventory(box, dsv4_driver_version=CUDA_VERSION.split("-")[0])
+    pinned = provision(box)
+    # The module loaded is the newer one: the downgrade needs a reboot, which the test box skips.
+    assert pinned.returncode == 6 and "A reboot is pending (the driver install changed under a loaded module" in pinned.stdout, \
+        pinned.stdout[-8000:]
+    packages = installed(box)
+    driver = [name for name in packages if name.startswith(("nvidia-", "libnvidia-")) and name != "nvidia-utils-590"]
+    assert len(driver) == 6, driver
+    for name in driver:
+        assert packages[name] == (CUDA_VERSION, "hold"), (name, packages[name])
 
 
 def test_branch_595_in_nvidias_new_naming(gpu_box):
@@ -345,13 +401,60 @@ def test_refusals_before_any_change(gpu_box):
     assert run.returncode == 6 and "installed from NVIDIA's .run file" in run.stdout, run.stdout[-4000:]
     assert not (box.root / "etc/apt/preferences.d/dsv4-nvidia-driver").exists()
     assert not any(name.startswith(("nvidia-", "cuda-keyring")) for name in installed(box))
+    (box.root / "usr/bin/nvidia-uninstall").unlink()
+
+
+def test_refusals_of_what_the_box_already_has(gpu_box):
+    """A dpkg half-configured (--check says so), Ubuntu's -server branch with a fabric manager and
+    NSCQ of another branch (reported), and dpkg's lock held by another process (named)."""
+    box = gpu_box
+    box.install_now([Deb("broken-tool", "1.0-1", postinst="#!/bin/sh\nexit 1\n")], check=False)
+    check = provision(box, "--check")
+    assert check.returncode == 6, check.stdout[-4000:]
+    assert "dpkg left broken-tool half-configured unfinished" in check.stdout and "--check cannot predict" in check.stdout
+    box.run("dpkg", "--root", str(box.root), "--admindir", str(box.root / "var/lib/dpkg"), "--force-script-chrootless",
+            "--purge", "broken-tool")
+
+    # Ubuntu's -server build of the branch as DeepOps installs it (the same names with -server, each
+    # providing and conflicting with the same virtual name): apt would remove every one of them.
+    server = [deb for deb in driver_debs(SERVER_VERSION, "-server")]
+    box.install_now(server + nvswitch_debs("570", "570.172.08-0ubuntu1"))
+    box.run("apt-get", "update")
+    removals = box.run("apt-get", "-s", "install", f"nvidia-headless-no-dkms-{BRANCH}-open").stdout
+    assert {deb.name for deb in server} <= {line.split()[1] for line in removals.splitlines() if line.startswith("Remv ")}
+    refused = provision(box)
+    assert refused.returncode == 6, refused.stdout[-4000:]
+    assert "The -server driver branch is installed" in refused.stdout and "apt would remove all 6 of them" in refused.stdout
+    assert all(deb.name in refused.stdout for deb in server)
+    assert "WARNING: libnvidia-nscq-570 570.172.08-0ubuntu1, nvidia-fabricmanager-570 570.172.08-0ubuntu1 are of another branch" \
+        in " ".join(refused.stdout.split())
+    assert all(installed(box)[deb.name][0] == SERVER_VERSION for deb in server)  # nothing changed
+    box.run("dpkg", "--root", str(box.root), "--admindir", str(box.root / "var/lib/dpkg"), "--force-script-chrootless",
+            "--force-depends", "--purge", *(deb.name for deb in server))
+
+    # unattended-upgrades holds dpkg's lock: cuda-keyring's dpkg waits (bounded), then names it.
+    lock = box.root / "var/lib/dpkg/lock-frontend"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+                               " fcntl.lockf(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(600)",
+                               str(lock), "/usr/bin/unattended-upgrade"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        reinventory(box, dsv4_dpkg_lock_timeout=3)
+        waited = provision(box)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert waited.returncode == 6, waited.stdout[-4000:]
+    assert f"dpkg's lock {lock} is still held after 3 s" in waited.stdout
+    assert f"by process {holder.pid} (" in waited.stdout and "/usr/bin/unattended-upgrade" in waited.stdout
+    assert "cuda-keyring" not in installed(box)
 
 
 @pytest.mark.parametrize("secure_boot", [True, False])
 def test_diagnosis_names_nouveau_holding_the_gpus(tmp_path, secure_boot):
     """Canonical's signed module present, NVRM saying another driver owns the devices: the cause is
     nouveau, with Secure Boot on or off (never "Secure Boot rejects" nor "unknown")."""
-    box = FakeGPUBox(tmp_path / "fake", tmp_path / "root")
+    box = FakeGPUBox(tmp_path / "fake", tmp_path / "root", kernel=KERNEL)
     try:
         box.secure_boot(secure_boot)
         ko = box.root / f"lib/modules/{KERNEL}/kernel/nvidia-{BRANCH}-open/nvidia.ko"
@@ -365,3 +468,39 @@ def test_diagnosis_names_nouveau_holding_the_gpus(tmp_path, secure_boot):
         assert out.splitlines()[0].startswith("Cause: nouveau holds the GPUs"), out
     finally:
         box.close()
+
+
+def test_an_hwe_box_with_a_kernel_update_pending_keeps_its_hwe_flavour(tmp_path):
+    """The HWE metapackage names the pending kernel, not the running one: the flavour is still
+    HWE's (generic-hwe-24.04), never the GA metapackage's that also names a "generic" kernel."""
+    if os.geteuid() != 0:
+        pytest.skip("dpkg installs into the scratch root as root")
+    running, pending, ga = "6.11.0-28-generic", "6.11.0-29-generic", "6.8.0-90-generic"
+    box = FakeGPUBox(tmp_path / "fake", tmp_path / "root", kernel=running)
+    try:
+        box.install_now([Deb(f"linux-image-{k}", "1.0-1") for k in (running, pending, ga)]
+                        + [Deb("linux-image-generic-hwe-24.04", pending, depends=f"linux-image-{pending}"),
+                           Deb("linux-image-generic", ga, depends=f"linux-image-{ga}")])
+        script = REPO / "playbooks/roles/nvidia_driver/files/driver_box_state.py"
+        out = subprocess.run([sys.executable, str(script), f"{box.root}/", str(box.sys_module), running,
+                              str(box.root / "etc/modprobe.d/x.conf")], capture_output=True, text=True, check=True).stdout
+        state = json.loads(out)
+        assert state["kernel_meta"] == "linux-image-generic-hwe-24.04", state
+        assert state["newest_kernel"] == pending
+    finally:
+        box.close()
+
+
+def test_the_dpkg_lock_wait_runs_the_command_once_the_holder_lets_go(tmp_path):
+    """dpkg_lock_wait.py: a lock released within the limit is waited for, then the command runs."""
+    lock = tmp_path / "var/lib/dpkg/lock-frontend"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+                               " fcntl.lockf(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(2)", str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    script = REPO / "playbooks/roles/nvidia_driver/files/dpkg_lock_wait.py"
+    done = subprocess.run([sys.executable, str(script), f"{tmp_path}/", "60", "--", "sh", "-c", "echo installed"],
+                          capture_output=True, text=True, timeout=90)
+    holder.wait()
+    assert done.returncode == 0 and done.stdout == "installed\n", done.stderr

@@ -42,6 +42,22 @@ def test_syntax_check():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_the_first_provision_runs_the_p2p_check_once_the_venv_has_torch_and_dsv4kit():
+    """ansible-playbook --list-tasks: in a full play the P2P measurement comes after kernel_rollout
+    installed dsv4kit into the venv sglang_venv built (host_tuning runs before both), and before
+    the servers take the GPUs."""
+    proc = subprocess.run([_tool("ansible-playbook"), "--list-tasks", "-i", "inventory/fleet.yml", "playbooks/site.yml"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tasks = [line.strip() for line in proc.stdout.splitlines()]
+    wheel = tasks.index(next(t for t in tasks if t.startswith("kernel_rollout : Record the installed wheel")))
+    venv = max(i for i, t in enumerate(tasks) if t.startswith("sglang_venv :"))
+    served = min(i for i, t in enumerate(tasks) if t.startswith("sglang_service :"))
+    p2p = [i for i, t in enumerate(tasks) if "GPU-to-GPU" in t and i > wheel]
+    assert p2p and venv < wheel < p2p[0] < served, tasks[wheel:served + 1]
+
+
 def test_a_failed_run_never_flushes_handlers():
     """force_handlers would restart the servers into what a failed run left half-done: a restart is
     kept in dsv4_restart_flag for the next successful run instead (tests/provision/test_provision_run.py)."""

@@ -25,7 +25,13 @@ def provision(
         "all/always/never/tagged/untagged) is refused (exit 2).",
     ),
     skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn; checked like --tags)."),
-    check: bool = typer.Option(False, "--check", help="Dry run: report what would change, change nothing."),
+    check: bool = typer.Option(False, "--check", "-C", help="Dry run: report what would change, change nothing (as ansible-playbook -C)."),
+    extra_vars: Optional[List[str]] = typer.Option(
+        None, "--extra-vars", "-e",
+        help="Variables over the inventory, as ansible-playbook -e takes them: key=value (strings), JSON/YAML, or "
+        "@FILE; repeatable. dsv4_* names and types are checked against the schema (exit 2).",
+    ),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More of Ansible's output (-vvv: connection debugging), as ansible-playbook -v."),
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports: 'auto' kernel flags follow the host's latest (docs/rollout.md). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
@@ -48,7 +54,7 @@ def provision(
     path = inventory if inventory is not None else default_inventory_path()
     summary = run_provision(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
                             results_dir=results_dir, results_repo=results_repo, ask_become_pass=ask_become_pass,
-                            ask_vault_pass=ask_vault_pass, vault_id=vault_id,
+                            ask_vault_pass=ask_vault_pass, vault_id=vault_id, extra_vars=extra_vars, verbosity=verbose,
                             say=(lambda line: typer.echo(line, err=True)) if json_out else typer.echo)
     table = format_summary(summary)
     if json_out:

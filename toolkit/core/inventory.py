@@ -27,6 +27,9 @@ from dsv4kit.core import speculative
 from dsv4kit.core.inventory_schema import CONNECTION_FIELDS, FIELDS, REQUIRED
 
 DEFAULT_INVENTORY = Path("inventory/hosts.yml")
+#: The group playbooks/site.yml targets. When the inventory has it, hosts outside it (a bastion in
+#: ``all``) are not dsv4kit's boxes: not read, not checked, not targeted, as for ansible-playbook.
+BOX_GROUP = "dsv4_boxes"
 _KNOWN = {**FIELDS, **CONNECTION_FIELDS}
 
 
@@ -163,7 +166,7 @@ def _read(path: Path, loader, notes: list, secrets: list) -> Inventory:
     variables = VariableManager(loader=loader, inventory=manager)
     inventory = Inventory(path=path)
     order = {name: index for index, name in enumerate(manager.groups)}
-    for entry in manager.get_hosts():
+    for entry in manager.get_hosts(BOX_GROUP if BOX_GROUP in manager.groups else "all"):
         context = variables.get_vars(host=entry, include_hostvars=True, stage="all")
         names = [n for n in context if n not in C.INTERNAL_STATIC_VARS and n not in ("hostvars", "omit")]
         templar = Templar(loader=loader, variables=context)
@@ -179,7 +182,8 @@ def _read(path: Path, loader, notes: list, secrets: list) -> Inventory:
         _check_vars(host)
         inventory.hosts[host.name] = host
     if not inventory.hosts:
-        raise InventoryError(f"{path}: no hosts defined")
+        raise InventoryError(f"{path}: no hosts defined" + (f" in group {BOX_GROUP}, the group the playbook targets"
+                                                            if BOX_GROUP in manager.groups else ""))
     return inventory
 
 
@@ -428,6 +432,8 @@ def _check_vars(host: Host) -> None:
         kind = _KNOWN[name][0]
         if isinstance(value, VaultedValue):
             continue
+        if name in CONNECTION_FIELDS and isinstance(value, str):
+            value = values[name] = _connection_value(value, kind)
         kinds = kind if isinstance(kind, tuple) else (kind,)
         # bool is an int in Python; a YAML 'true' for an int field is a mistake worth naming.
         if not isinstance(value, kind) or (isinstance(value, bool) and bool not in kinds):
@@ -441,6 +447,22 @@ def _check_vars(host: Host) -> None:
     _check_layout(host)
 
 
+def _connection_value(value: str, kind) -> Any:
+    """An INI ``[group:vars]`` value is a string; Ansible converts its own connection variables as
+    it uses them (``ansible_become=true``, ``ansible_port=2222``), and so does this. Left as is
+    when Ansible would not convert it either (the type check then names it)."""
+    from ansible.module_utils.parsing.convert_bool import boolean
+
+    try:
+        if kind is bool:
+            return boolean(value, strict=True)
+        if kind is int:
+            return int(value)
+    except (TypeError, ValueError):
+        pass
+    return value
+
+
 def _check_layout(host: Host) -> None:
     values, name_of = host.vars, host.name
     count = values.get("dsv4_gpu_count")
@@ -449,6 +471,10 @@ def _check_layout(host: Host) -> None:
         gpus = values.get(name)
         if gpus is None or isinstance(gpus, VaultedValue):
             continue
+        if not gpus:  # the units would start SGLang with --tp 0
+            raise InventoryError(f"{host.origin(name)}: host {name_of!r}: {name} is empty: dsv4kit serves with "
+                                 f"prefill and decode disaggregated (PD), one server on each GPU set, so each needs "
+                                 f"at least one GPU (one TP={count} server without PD is not supported)")
         for gpu in gpus:
             if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0 or (count is not None and gpu >= count):
                 raise InventoryError(f"{host.origin(name)}: host {name_of!r}: {name} has {gpu!r}, "

@@ -75,6 +75,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_service_user": (str, "System user that runs the serving units (created when missing; an existing user is left as is)."),
     "dsv4_health_timeout": (int, "Seconds the playbook waits for /server_info after (re)starting the serving units."),
     "dsv4_package_timeout": (int, "Seconds an apt, pip or package-repository task may run before Ansible stops it."),
+    "dsv4_dpkg_lock_timeout": (int, "Seconds an apt or dpkg step waits for dpkg's lock (held by unattended-upgrades, say) before it stops naming the holder."),
     # --- paths on the box ---
     "dsv4_prefix": (str, "Root under which every dsv4kit path lives ('/' on a real box, a scratch dir in tests)."),
     "dsv4_venv_dir": (str, "The SGLang venv (absolute path)."),

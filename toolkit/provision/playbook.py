@@ -200,10 +200,55 @@ def check_limit(inventory_path: os.PathLike | str, limit: Optional[Iterable[str]
             raise InventoryError(f"{inventory.path}: --limit {name!r} matches no host or group")
 
 
+def check_extra_vars(values: Optional[Iterable[str]]) -> list[str]:
+    """``-e``/``--extra-vars`` as ansible-playbook takes them (``k=v ...``, JSON/YAML, ``@file``), checked.
+
+    A ``dsv4_*`` name the schema does not know, or a value of the wrong type, is a ProvisionError
+    (exit 2) naming it: extra vars win over the inventory, past its checks. ``k=v`` values are
+    strings to Ansible, so a number or a list goes in the JSON form. Returns the values unchanged.
+    """
+    import yaml
+    from ansible.parsing.splitter import parse_kv
+
+    from dsv4kit.core.inventory_schema import FIELDS
+
+    for value in values or []:
+        text, parsed = str(value).strip(), None
+        try:
+            if text.startswith("@"):  # a YAML or JSON file
+                parsed = yaml.safe_load(Path(os.path.expanduser(text[1:])).read_text())
+            elif text[:1] in "{[":
+                parsed = yaml.safe_load(text)
+            else:
+                parsed = parse_kv(text)
+        except (OSError, yaml.YAMLError, ValueError) as exc:
+            raise ProvisionError(f"-e {value!r}: cannot read it ({exc})", exit_code=exitcodes.USAGE) from None
+        if not isinstance(parsed, dict):
+            raise ProvisionError(f"-e {value!r}: not key=value pairs nor a JSON/YAML mapping",
+                                 exit_code=exitcodes.USAGE)
+        for name, item in parsed.items():
+            if not str(name).startswith("dsv4_"):
+                continue  # role knobs and Ansible's own variables: Ansible's to check
+            if name not in FIELDS:
+                hint = difflib.get_close_matches(str(name), FIELDS, n=1)
+                raise ProvisionError(f"-e {value!r}: unknown field {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                                     + "; the schema is in toolkit/core/inventory_schema.py", exit_code=exitcodes.USAGE)
+            kind = FIELDS[name][0]
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            if not isinstance(item, kinds) or (isinstance(item, bool) and bool not in kinds):
+                raise ProvisionError(
+                    f"-e {value!r}: {name} must be {' or '.join(k.__name__ for k in kinds)}, got "
+                    f"{type(item).__name__} {item!r} (Ansible reads k=v values as strings: write "
+                    f"-e '{{\"{name}\": ...}}' for a number, a boolean or a list)", exit_code=exitcodes.USAGE)
+    return list(values or [])
+
+
 def build_command(inventory_path, playbook, *, limit=None, tags=None, skip_tags=None, extra_vars=None,
                   check=False, diff=False, vault_ids=None, become_password_file=None,
-                  vault_password_file=None) -> list[str]:
+                  vault_password_file=None, user_extra_vars=None, verbosity=0) -> list[str]:
     command = [ansible_playbook_executable(), "-i", str(inventory_path), str(playbook)]
+    if verbosity:
+        command.append("-" + "v" * min(int(verbosity), 6))
     for vault_id in vault_ids or []:
         command += ["--vault-id", str(vault_id)]
     if vault_password_file is not None:
@@ -218,6 +263,8 @@ def build_command(inventory_path, playbook, *, limit=None, tags=None, skip_tags=
         command += ["--skip-tags", ",".join(_split(skip_tags))]
     if extra_vars:
         command += ["--extra-vars", json.dumps(extra_vars)]
+    for value in user_extra_vars or []:  # after dsv4kit's own: the user's word wins, as on Ansible's command line
+        command += ["--extra-vars", str(value)]
     if check:
         command.append("--check")
     if diff:
@@ -238,6 +285,8 @@ def run_playbook(
     playbook: Optional[os.PathLike | str] = None,
     timeout: Optional[float] = None,
     secrets: Optional["PlaybookSecrets"] = None,
+    user_extra_vars: Optional[Iterable[str]] = None,
+    verbosity: int = 0,
 ) -> PlaybookSummary:
     """Run the playbook; stream its output to ``progress``; return the per-host summary.
 
@@ -246,14 +295,18 @@ def run_playbook(
     KeyboardInterrupt (after stopping ansible-playbook).
     A ``timeout`` (seconds) stops the whole run; the summary then fails with the timeout named.
     ``secrets`` (dsv4kit.provision.secrets) passes a become password and Vault secrets to Ansible.
+    ``user_extra_vars``: the user's ``-e`` values (``check_extra_vars``), after ``extra_vars``;
+    ``verbosity``: Ansible's ``-v`` count.
     """
     load_inventory(inventory_path)  # early, clear errors for a malformed inventory
     check_limit(inventory_path, limit)
     playbook = check_tools(playbook)
     check_tags(playbook, tags=tags, skip_tags=skip_tags)
+    user_extra_vars = check_extra_vars(user_extra_vars)
     secret_args = secrets.command_args() if secrets is not None else {}
     command = build_command(inventory_path, playbook, limit=limit, tags=tags, skip_tags=skip_tags,
-                            extra_vars=extra_vars, check=check, diff=diff, **secret_args)
+                            extra_vars=extra_vars, check=check, diff=diff, user_extra_vars=user_extra_vars,
+                            verbosity=verbosity, **secret_args)
     env = dict(os.environ)
     env.setdefault("ANSIBLE_CONFIG", str(REPO_ROOT / "ansible.cfg"))
     env.update({"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1"})

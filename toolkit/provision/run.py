@@ -18,10 +18,16 @@ from dsv4kit.core.exitcodes import Abort
 def provision(path: Path, *, limit: Optional[Sequence[str]], tags: Optional[Sequence[str]],
               skip_tags: Optional[Sequence[str]], check: bool, diff: bool, results_dir: Optional[Path],
               ask_become_pass: bool, ask_vault_pass: bool, vault_id: Optional[Sequence[str]],
-              say: Callable[[str], None], results_repo: Optional[Path] = None):
-    """Run playbooks/site.yml on the inventory at ``path``; the play's ``Summary``."""
+              say: Callable[[str], None], results_repo: Optional[Path] = None,
+              extra_vars: Optional[Sequence[str]] = None, verbosity: int = 0):
+    """Run playbooks/site.yml on the inventory at ``path``; the play's ``Summary``.
+
+    ``results_repo``: where the quality records 'auto' needs are; ``extra_vars``: the user's ``-e``
+    values, checked before anything runs; ``verbosity``: ``-v`` count.
+    """
     from dsv4kit.core.inventory import InventoryError, load_inventory
-    from dsv4kit.provision.playbook import ProvisionError, check_limit, check_tags, check_tools, run_playbook
+    from dsv4kit.provision.playbook import (ProvisionError, check_extra_vars, check_limit, check_tags, check_tools,
+                                            run_playbook)
     from dsv4kit.provision.secrets import PlaybookSecrets
     from dsv4kit.records.quality_evidence import finder
     from dsv4kit.rollout.plan import PlanError, resolve_for_provision
@@ -31,17 +37,19 @@ def provision(path: Path, *, limit: Optional[Sequence[str]], tags: Optional[Sequ
         load_inventory(path)
         check_limit(path, limit)
         check_tags(check_tools(), tags=tags, skip_tags=skip_tags)
+        check_extra_vars(extra_vars)
         # The same checks as validate and bench: inventory, key files, known_hosts (exit 2 or 3).
         check_hosts(path, limit=limit or [], trust_new_host_key=None)
         doing("resolving 'auto' kernel flags from the hosts' validation reports and quality records")
-        extra_vars = resolve_for_provision(path, limit=limit, results_dir=results_dir, tags=tags,
-                                           skip_tags=skip_tags, say=say, quality=finder(results_repo))
+        resolved = resolve_for_provision(path, limit=limit, results_dir=results_dir, tags=tags,
+                                         skip_tags=skip_tags, say=say, quality=finder(results_repo))
         doing("running ansible-playbook", "ansible-playbook was stopped; the box may be partly provisioned "
                                           "(every stage is idempotent: run provision again)")
         secrets = PlaybookSecrets.ask(ask_become_pass=ask_become_pass, ask_vault_pass=ask_vault_pass,
                                       vault_ids=vault_id)
         return run_playbook(path, limit=limit, tags=tags, skip_tags=skip_tags, check=check, diff=diff,
-                            progress=say, extra_vars=extra_vars, secrets=secrets)
+                            progress=say, extra_vars=resolved, secrets=secrets, user_extra_vars=extra_vars,
+                            verbosity=verbosity)
     except (PlanError, ProvisionError) as exc:
         raise Abort(exc.exit_code, str(exc)) from None
     except InventoryError as exc:
