@@ -120,7 +120,7 @@ def _tasks_source(value: str) -> Optional[dict]:
 
 def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     """Every check that needs no box, in the order the user meets them; Abort naming the first problem."""
-    from dsv4kit.bench import arms, config
+    from dsv4kit.bench import arms as bench_arms, config
     from dsv4kit.bench.run import _check_repo
     from dsv4kit.core.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.records import results_repo
@@ -130,7 +130,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     if req.questions is not None and req.questions < 1:
         raise Abort(exitcodes.USAGE, f"--questions {req.questions}: give at least 1")
     tasks = _tasks_source(req.tasks)
-    ab_spec = arms.parse_ab(req.ab) if req.ab is not None else None
+    ab_spec = bench_arms.parse_ab(req.ab) if req.ab is not None else None
     repo = req.results_repo or results_repo.default_path()
     _check_repo(repo)
     inventory_path = req.inventory or default_inventory_path()
@@ -145,7 +145,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
         from dsv4kit.provision import playbook
 
         try:  # every arm restarts the serving units through the playbook
-            playbook.check_tags(playbook.check_tools(), tags=arms.arm_extra_vars(
+            playbook.check_tags(playbook.check_tools(), tags=bench_arms.arm_extra_vars(
                 target, int(target.get("dsv4_context_length") or 0), ab_spec, "A")[0])
         except playbook.ProvisionError as exc:
             raise Abort(exc.exit_code, f"--ab restarts the serving units for every arm: {exc}") from None
@@ -275,7 +275,7 @@ def execute(p: EvalPlan, progress: Say, argv: list[str]) -> EvalOutcome:
 def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dict, dict]:
     import os
 
-    from dsv4kit.bench import arms, remote as bench_remote
+    from dsv4kit.bench import arms as bench_arms, remote as bench_remote
     from dsv4kit.records.provenance import sections, toolkit_info
     from dsv4kit.records.record import decode_info
     from dsv4kit.rollout.remote import remote_report
@@ -308,7 +308,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         for arm in names:
             if p.ab_spec is not None:
                 progress(f"arm {arm}: restarting the serving units with {_arm_setting(p.ab_spec, arm)}...")
-                arms.default_apply_arm(p.inventory_path, host, served, p.ab_spec, arm, progress, req.server_timeout)
+                bench_arms.default_apply_arm(p.inventory_path, host, served, p.ab_spec, arm, progress, req.server_timeout)
                 remote.wait_health(serving_ports, req.server_timeout, env)
             info = remote.server_info(decode_port, env)
             provenance[arm] = sections(host=host, probe=remote.probe(), server_info=info, context_length=served,
