@@ -40,9 +40,13 @@ def _argv(unit: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    return {value: render_units(tmp_path_factory.mktemp(f"fp4-{value}") / "prefix",
-                                {"dsv4_fp4_indexer": value})
-            for value in (True, False)}
+    """True, False, and 'auto' as `dsv4kit provision` passes it resolved (the plan's extra var)."""
+    out = {value: render_units(tmp_path_factory.mktemp(f"fp4-{value}") / "prefix", {"dsv4_fp4_indexer": value})
+           for value in (True, False)}
+    out["auto"] = render_units(tmp_path_factory.mktemp("fp4-auto") / "prefix",
+                               {"sglang_service_fp4_indexer_plan": {"localhost": True}},
+                               inventory_vars={"dsv4_fp4_indexer": "auto"})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +69,7 @@ def test_the_tracked_default_is_off():
 def test_sglang_resolves_the_setting_on_both_servers(resolved, name):
     assert resolved[f"True:{name}"]["fp4"] is True
     assert resolved[f"False:{name}"]["fp4"] is False
+    assert resolved[f"auto:{name}"]["fp4"] is True  # resolved by provision to true
     assert resolved[f"True:{name}"]["mode"] == name.split("-")[1].split(".")[0]
 
 

@@ -146,3 +146,17 @@ def test_provision_passes_the_resolved_value_to_the_serving_role(tmp_path, monke
 def test_provision_leaves_a_host_without_auto_alone(tmp_path, facts):
     inventory = write_inventory(tmp_path / "inv", {INDEXER: "1", ATTENTION: "0"}, dsv4_fp4_indexer=False)
     assert kernel_plan.resolve_for_provision(inventory, results_dir=tmp_path) is None
+
+
+def test_rollout_status_shows_the_decided_setting(tmp_path, monkeypatch, facts, quality_repo):
+    from dsv4kit.rollout import status
+
+    path = report_with(tmp_path, monkeypatch, fp4_target())
+    keep_quality(quality_repo, tmp_path)
+    inventory = write_inventory(tmp_path / "inv-plan", {INDEXER: "1", ATTENTION: "0"}, dsv4_fp4_indexer="auto")
+    extra = kernel_plan.resolve_for_provision(inventory, results_dir=path.parent, quality=quality_evidence.finder())
+    decision_file = tmp_path / "kernel-decision.json"  # as kernel_rollout writes it (to_nice_json)
+    decision_file.write_text(json.dumps(extra["kernel_rollout_plan"]["box1"]["decision"], indent=4))
+    report = status.status_report(environ={INDEXER: "1"}, decision_path=str(decision_file))
+    assert report["decision"]["settings"][SETTING]["value"] is True
+    assert f"Setting {SETTING}: on (decided by report + quality record: " in status.render(report)
