@@ -160,3 +160,17 @@ def test_rollout_status_shows_the_decided_setting(tmp_path, monkeypatch, facts, 
     report = status.status_report(environ={INDEXER: "1"}, decision_path=str(decision_file))
     assert report["decision"]["settings"][SETTING]["value"] is True
     assert f"Setting {SETTING}: on (decided by report + quality record: " in status.render(report)
+
+
+def test_a_record_with_the_arms_reversed_is_not_the_fp8_against_fp4_ab(tmp_path, monkeypatch, facts, quality_repo):
+    from dsv4kit.core.inventory import load_inventory
+    from tests import quality_support, verdict_standins as standins
+
+    path = report_with(tmp_path, monkeypatch, fp4_target())
+    host = load_inventory(write_inventory(tmp_path / "inv-plan", {INDEXER: "1", ATTENTION: "0"},
+                                          dsv4_fp4_indexer="auto")).host("box1")
+    record = quality_support.quality_record(host, SETTING, gpu=standins.GPU, driver=standins.DRIVER)
+    assert record["ab"] == {"key": SETTING, "kind": "setting", "values": {"A": "false", "B": "true"}}
+    record["ab"]["values"] = {"A": "true", "B": "false"}
+    quality_support.keep_quality(tmp_path / "results-repo", record)  # where quality_repo points the lookup
+    assert "no quality record" in decide(tmp_path, path)["settings"][SETTING]["why"]

@@ -34,6 +34,14 @@ def ab_values(key: str) -> tuple[str, str]:
     return fp4_plan.AB_VALUES if key == fp4_plan.SETTING else ("0", "1")
 
 
+def _arms_match(key: str, values: dict) -> bool:
+    """A kernel flag's record has arms 0 and 1 (either order); the setting's has A=false, B=true."""
+    off, on = ab_values(key)
+    if off == "0":
+        return set(values.values()) == {off, on}
+    return values == {"A": off, "B": on}
+
+
 def _records_for(repo: Path, host_name: str, flag: str) -> list[dict]:
     found = []
     for entry in results_repo.list_records(repo):
@@ -45,7 +53,7 @@ def _records_for(repo: Path, host_name: str, flag: str) -> list[dict]:
             continue
         ab = record.get("ab") or {}
         if ((record.get("host") or {}).get("name") == host_name and ab.get("key") == flag
-                and set((ab.get("values") or {}).values()) == set(ab_values(flag))):
+                and _arms_match(flag, ab.get("values") or {})):
             found.append(record)
     return found
 

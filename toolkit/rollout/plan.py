@@ -398,9 +398,8 @@ def extra_vars(plans: list[dict]) -> dict:
     resolved FP4 setting (true/false, never 'auto') to sglang_service, per host."""
     out = {"kernel_rollout_plan": {p["host"]: {"flags": p["flags"], "decision": {
         "report": p.get("report"), "flags": p["decisions"], "settings": p.get("settings") or {}}} for p in plans}}
-    fp4 = {p["host"]: bool(p["settings"][fp4_plan.SETTING]["value"]) for p in plans
-           if (p.get("settings") or {}).get(fp4_plan.SETTING, {}).get("source") != "inventory"
-           and fp4_plan.SETTING in (p.get("settings") or {})}
+    decided = {p["host"]: (p.get("settings") or {}).get(fp4_plan.SETTING) for p in plans}
+    fp4 = {host: bool(d["value"]) for host, d in decided.items() if d and d.get("source") != "inventory"}
     if fp4:
         out[FP4_PLAN_VAR] = fp4
     return out
