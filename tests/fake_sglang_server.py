@@ -423,12 +423,16 @@ def make_handler(state: State):
                         state.prefill_tokens += prompt_tokens - cached
                         state.prefill_cached += cached
                 try:
+                    done_passes = 0
                     while len(ids) < max_new:
                         with state.lock:
                             step = delay * (1.0 + state.batch_slowdown * max(state.running - 1, 0))
-                            # One forward pass: 1 token, or the accepted drafts plus one with speculation.
-                            per_pass = max(1, int(round(state.spec_accept_length or 1)))
+                            # One forward pass: 1 token, or the accepted drafts plus one with speculation
+                            # (a fractional acceptance length is the mean over this request's passes).
+                            accept = max(1.0, float(state.spec_accept_length or 1))
                         time.sleep(step)
+                        done_passes += 1
+                        per_pass = int(done_passes * accept + 1e-9) - int((done_passes - 1) * accept + 1e-9)
                         new = min(per_pass, max_new - len(ids))
                         for _ in range(new):
                             token = (index * 7 + len(ids)) % state.vocab_size
@@ -505,7 +509,7 @@ def main(argv=None) -> int:
     parser.add_argument("--enable-metrics-for-all-schedulers", action="store_true",
                         help="/metrics: one copy of each scheduler gauge per TP rank")
     parser.add_argument("--spec-accept-length", type=float, default=0.0,
-                        help="speculative decoding: each forward pass emits this many tokens per request, "
+                        help="speculative decoding: a forward pass emits this many tokens per request (the mean), "
                              "reported as sglang:spec_accept_length and avg_spec_accept_length")
     parser.add_argument("--served-model-path", default="",
                         help="/server_info names this model path and served name (another model served)")

@@ -35,7 +35,8 @@ def harness(argv: list[str]) -> int:
     from dsv4kit.validation import harness as real, verdict_run
     from tests import verdict_standins
 
-    verdict_run.run = verdict_standins.stand_in_run()
+    ctx = int(argv[argv.index("--ctx") + 1]) if "--ctx" in argv else 8192  # the verdict's shapes' context
+    verdict_run.run = verdict_standins.stand_in_run(verdict_standins.issue_table(ctx))
     argv = [*argv, "--interpret", "--cases", CASES] if "--cases" not in argv else [*argv, "--interpret"]
     code = real.main(argv)
     path = Path(argv[argv.index("--json") + 1])

@@ -32,13 +32,13 @@ def main(argv: list[str]) -> int:
               "launch_command": args.launch_command}  # SGLang's own record of the argv it was given
     plain = fake.State.server_info
     fake.State.server_info = lambda self: {**plain(self), **parsed}
-    if args.speculative_algorithm:
-        _speculative(fake, _accept_length(args))
     if args.disaggregation_mode == "prefill":
         _prefill_only(fake)
     if args.api_key:
         _require_key(fake, args.api_key)
-    return fake.main(["--port", str(args.port), "--model-path", args.model_path,
+    # With a drafter, the fake's own acceptance: its /metrics, /server_info and tokens per forward pass.
+    accept = ["--spec-accept-length", str(_accept_length(args))] if args.speculative_algorithm else []
+    return fake.main(["--port", str(args.port), "--model-path", args.model_path, *accept,
                       "--context-length", str(args.context_length),
                       "--max-running-requests", str(args.max_running_requests or 256),
                       # and holds to it: requests beyond it queue, as SGLang's scheduler makes them
@@ -73,18 +73,6 @@ def _accept_length(args) -> float:
         return float(json.loads(path.read_text()).get("dsv4kit_standin_accept_length", HEALTHY_ACCEPT_LENGTH))
     except (OSError, ValueError):
         return HEALTHY_ACCEPT_LENGTH
-
-
-def _speculative(fake, accept_length: float) -> None:
-    """SGLang's /server_info with a drafter: internal_states[i].avg_spec_accept_length."""
-    served = fake.State.server_info
-
-    def server_info(self):
-        info = served(self)
-        states = info.get("internal_states") or [{}]
-        return {**info, "internal_states": [{**state, "avg_spec_accept_length": accept_length} for state in states]}
-
-    fake.State.server_info = server_info
 
 
 def _prefill_only(fake) -> None:

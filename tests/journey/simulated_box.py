@@ -4,8 +4,10 @@ started by the ``systemctl`` stand-in, with SGLang's and sglang-router's own par
 Under ``prefix`` (the inventory's dsv4_prefix): the units, their environment files, the role's bin
 directory, and a venv whose ``bin/python`` is this interpreter with the SGLang 0.5.23 wheel's site
 on its path, except that ``-m sglang.launch_server`` runs tests/journey/launch_server_standin.py
-and the router launcher runs under tests/journey/router_standin.py. ``nvidia-smi`` in the venv's
-bin (first on the units' PATH) sees 8 GPUs; ``modprobe``/``nvidia-modprobe`` record their calls.
+and the router launcher runs under tests/journey/router_standin.py; ``sglang.benchmark.serving``
+there is SGLang's own client, with torchvision (which a CPU torch cannot load) a stand-in
+(tests/standins.py), as in the bench tests' client venv. ``nvidia-smi`` in the venv's bin (first on
+the units' PATH) sees 8 GPUs; ``modprobe``/``nvidia-modprobe`` record their calls.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import yaml
 from tests.journey import systemctl_standin
 from tests.provision.test_provision_scripts import FAKE_NVIDIA_SMI
 from tests.service_units import UNITS, render_units, role_defaults
-from tests.sglang_wheel import sglang_site
+from tests.sglang_wheel import CLIENT_STANDINS, sglang_site
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -48,7 +50,7 @@ class SimulatedBox:
 
     def __post_init__(self):
         self.prefix = self.root / "prefix"
-        self.model = self.prefix / "models/DeepSeek-V4-Flash"
+        self.model = self.prefix / "models" / self.overrides.get("dsv4_model", "DeepSeek-V4-Flash")  # as all.yml
         self.tools = self.root / "tools"
         ports = _free_ports(5)
         self.vars = {"dsv4_model_path": str(self.model), "dsv4_router_port": ports[0], "dsv4_prefill_port": ports[1],
@@ -73,10 +75,14 @@ class SimulatedBox:
         self.model.mkdir(parents=True, exist_ok=True)
         (self.model / "config.json").write_text('{"architectures": ["DeepseekV4ForCausalLM"]}\n')
         site = sglang_site()
+        standins = self.venv / "standins"
+        standins.mkdir(parents=True, exist_ok=True)
+        (standins / "sitecustomize.py").write_text(f"from tests.standins import install\ninstall({CLIENT_STANDINS!r})\n")
         python = self.venv / "bin/python"
         python.write_text(
             "#!/bin/sh\n"
-            f"export PYTHONPATH={shlex.quote(str(site))}:{shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+            f"export PYTHONPATH={shlex.quote(str(standins))}:{shlex.quote(str(site))}:{shlex.quote(str(REPO))}"
+            "${PYTHONPATH:+:$PYTHONPATH}\n"
             f'if [ "$1" = -m ] && [ "$2" = sglang.launch_server ]; then shift 2; '
             f'exec {shlex.quote(sys.executable)} {shlex.quote(str(HERE / "launch_server_standin.py"))} "$@"; fi\n'
             f'case "$1" in */dsv4-router-launch) '

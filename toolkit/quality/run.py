@@ -123,7 +123,7 @@ def _tasks_source(value: str) -> Optional[dict]:
 
 def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     """Every check that needs no box, in the order the user meets them; Abort naming the first problem."""
-    from dsv4kit.bench import arms, config
+    from dsv4kit.bench import arms as bench_arms, config
     from dsv4kit.bench.run import _check_repo
     from dsv4kit.core.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.records import results_repo
@@ -133,7 +133,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     if req.questions is not None and req.questions < 1:
         raise Abort(exitcodes.USAGE, f"--questions {req.questions}: give at least 1")
     tasks = _tasks_source(req.tasks)
-    ab_spec = arms.parse_ab(req.ab) if req.ab is not None else None
+    ab_spec = bench_arms.parse_ab(req.ab) if req.ab is not None else None
     repo = req.results_repo or results_repo.default_path()
     _check_repo(repo)
     inventory_path = req.inventory or default_inventory_path()
@@ -148,7 +148,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
         from dsv4kit.provision import playbook
 
         try:  # every arm restarts the serving units through the playbook
-            playbook.check_tags(playbook.check_tools(), tags=arms.arm_extra_vars(
+            playbook.check_tags(playbook.check_tools(), tags=bench_arms.arm_extra_vars(
                 target, int(target.get("dsv4_context_length") or 0), ab_spec, "A")[0])
         except playbook.ProvisionError as exc:
             raise Abort(exc.exit_code, f"--ab restarts the serving units for every arm: {exc}") from None
