@@ -34,14 +34,16 @@ def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pa
     from dsv4kit.records.record import sha256_json
     from dsv4kit.validation.verdict_run import kernels_digest
 
-    served = eval_record.served_config(host)
+    setting = flag in eval_record.SETTING_KEYS  # an inventory setting's A/B: arms false/true, left out of the fingerprint
+    served = eval_record.served_config(host, without_var=flag if setting else None)
     record = {
         "schema_version": eval_record.SCHEMA_VERSION, "kind": eval_record.KIND,
         "run_id": f"{host.name}-eval-ctx{ctx or host.get('dsv4_context_length')}-{when}",
         "tag": f"eval/{host.name}/{ctx or host.get('dsv4_context_length')}/{when}", "created_at_utc": when,
         "host": {"name": host.name}, "gpus": {"model": gpu, "driver": driver},
         "eval": {"context_length": ctx or host.get("dsv4_context_length"), "thresholds": {}},
-        "ab": {"key": flag, "kind": "env", "values": {"A": "0", "B": "1"}},
+        "ab": {"key": flag, "kind": "setting" if setting else "env",
+               "values": {"A": "false", "B": "true"} if setting else {"A": "0", "B": "1"}},
         "arms": {"A": {}, "B": {}}, "outcome": outcome,
         "checks": [{"check": c, "outcome": outcome if i == 0 else "pass", "why": f"{c} {outcome}"}
                    for i, c in enumerate(checks)],

@@ -25,8 +25,12 @@ def role_defaults() -> dict:
 UNITS = [role_defaults()["sglang_service_uvm_unit"], *role_defaults()["sglang_service_unit_names"]]
 
 
-def render_units(prefix: Path, overrides: dict | None = None, *, scripts: bool = False) -> Path:
+def render_units(prefix: Path, overrides: dict | None = None, *, scripts: bool = False,
+                 inventory_vars: dict | None = None) -> Path:
     """Render every unit of the role under ``prefix``; returns the unit directory.
+
+    ``overrides`` are extra vars (as `dsv4kit provision`'s own); ``inventory_vars`` go in at the
+    inventory's precedence (below the role's set_fact, e.g. dsv4_fp4_indexer: auto).
 
     ``scripts``: also the environment files of the other roles the units read (nccl.env,
     kernel-flags.env) and the role's real box-side scripts in its bin directory (the preflight
@@ -41,9 +45,13 @@ def render_units(prefix: Path, overrides: dict | None = None, *, scripts: bool =
              "dsv4_state_dir": str(prefix / "var/lib/dsv4kit"), "ansible_managed": "managed by dsv4kit", "ansible_python_interpreter": sys.executable,
              **(overrides or {})}
     servers = "{{ sglang_service_servers }}"
+    for name in inventory_vars or {}:
+        extra.pop(name, None)
     play = [{"hosts": "localhost", "connection": "local", "gather_facts": False,
-             "vars_files": [str(ROLE / "defaults/main.yml")], "tasks": []}]
+             "vars_files": [str(ROLE / "defaults/main.yml")], "vars": dict(inventory_vars or {}), "tasks": []}]
     tasks = [
+        # the role's own first step: dsv4_fp4_indexer as provision resolved it (never a literal 'auto')
+        {"ansible.builtin.import_tasks": str(ROLE / "tasks/fp4_indexer.yml")},
         {"ansible.builtin.file": {"path": "{{ item }}", "state": "directory", "mode": "0755"},
          "loop": ["{{ sglang_service_unit_dir }}", "{{ sglang_service_bin_dir }}", "{{ dsv4_venv_dir }}/bin",
                   "{{ sglang_service_home }}"]},

@@ -462,7 +462,7 @@ def test_ab_argument_and_what_each_arm_restarts_with():
     tags, extra = arm_extra_vars(host, 8192, flag, "A")
     assert tags == ["sglang_service"]
     assert extra["dsv4_server_extra_args"] == ["--enable-metrics", "--attention-backend", "triton"]
-    for bad, words in [("X=1", "exactly two"), ("lower=0,1", "KEY must be"), ("K=1,1", "the same"),
+    for bad, words in [("X=1", "exactly two"), ("lower=0,1", "not an inventory setting"), ("Lower-x=0,1", "KEY must be"), ("K=1,1", "the same"),
                        ("K=1,2,3", "exactly two")]:
         with pytest.raises(BenchAbort) as info:
             parse_ab(bad)

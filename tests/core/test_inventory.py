@@ -126,6 +126,21 @@ def test_unusable_paths_and_timeouts_are_named(tmp_path, field, value, message):
         load_inventory(path)
 
 
+@pytest.mark.parametrize("value", [True, False, "auto"])
+def test_the_fp4_indexer_setting_takes_true_false_or_auto(tmp_path, value):
+    assert load_inventory(write_inventory(tmp_path, {"box1": {"dsv4_fp4_indexer": value}})).host("box1")[
+        "dsv4_fp4_indexer"] == value
+
+
+@pytest.mark.parametrize("value, message", [
+    ("on", r"hosts.yml:\d+: host 'box1': dsv4_fp4_indexer must be true, false or 'auto', got 'on'"),
+    (1, "'dsv4_fp4_indexer' must be bool or str, got int 1"),
+])
+def test_another_fp4_indexer_value_is_refused_naming_the_file(tmp_path, value, message):
+    with pytest.raises(InventoryError, match=message):
+        load_inventory(write_inventory(tmp_path, {"box1": {"dsv4_fp4_indexer": value}}))
+
+
 def test_bad_key_path(tmp_path):
     inv = load_inventory(write_inventory(tmp_path, {"box1": {"ansible_ssh_private_key_file": str(tmp_path / "nokey")}}))
     with pytest.raises(InventoryError, match="does not exist"):

@@ -14,10 +14,16 @@ from dsv4kit.bench.config import RESTART_TAG, BenchAbort
 from dsv4kit.core import exitcodes
 
 
+#: Inventory settings of the serving units an A/B may change (lower-case keys), with their values.
+SETTINGS = {"dsv4_fp4_indexer": ("false", "true")}
+_BOOL_SPELLINGS = {"true": "true", "1": "true", "false": "false", "0": "false"}
+
+
 @dataclass(frozen=True)
 class ABSpec:
     """``--ab KEY=A,B``: an environment variable of the serving units (an upper-case name, e.g.
-    ``SGLANG_SM120_TRITON_INDEXER``) or a ``sglang.launch_server`` flag (``--attention-backend``)
+    ``SGLANG_SM120_TRITON_INDEXER``), a ``sglang.launch_server`` flag (``--attention-backend``) or an
+    inventory setting of the serving units (``SETTINGS``: ``dsv4_fp4_indexer``, values ``true``/``false``)
     and its two values. Arm ``A`` runs with the first value, ``B`` with the second."""
     key: str
     values: dict  # {"A": value, "B": value}
@@ -26,6 +32,8 @@ class ABSpec:
 
     @property
     def kind(self) -> str:
+        if self.key in SETTINGS:
+            return "setting"
         return "server_flag" if self.key.startswith("--") else "env"
 
     def to_dict(self) -> dict:
@@ -34,14 +42,26 @@ class ABSpec:
 
 
 def parse_ab(text: str) -> ABSpec:
-    """``KEY=A,B`` -> ABSpec; bad input is BenchAbort(USAGE)."""
+    """``KEY=A,B`` -> ABSpec; bad input is BenchAbort(USAGE). A setting's values are read as
+    booleans (true/false, 1/0, any case) and kept as ``true``/``false``."""
     key, sep, values = text.partition("=")
     key = key.strip()
     parts = [v.strip() for v in values.split(",")] if sep else []
     problems = []
-    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*|--[a-z0-9][a-z0-9-]*", key):
-        problems.append(f"KEY must be an environment variable (upper case, e.g. SGLANG_SM120_TRITON_INDEXER) or a "
-                        f"server flag (e.g. --attention-backend), got {key!r}")
+    if re.fullmatch(r"[a-z][a-z0-9_]*", key):
+        if key not in SETTINGS:
+            problems.append(f"{key!r} is not an inventory setting an A/B can change; the settings it can: "
+                            f"{', '.join(sorted(SETTINGS))}")
+        elif len(parts) == 2:
+            spelt = [_BOOL_SPELLINGS.get(p.lower()) for p in parts]
+            if None in spelt:
+                problems.append(f"{key} takes true or false (or 1/0), got {values!r}")
+            else:
+                parts = spelt
+    elif not re.fullmatch(r"[A-Z_][A-Z0-9_]*|--[a-z0-9][a-z0-9-]*", key):
+        problems.append(f"KEY must be an environment variable (upper case, e.g. SGLANG_SM120_TRITON_INDEXER), a "
+                        f"server flag (e.g. --attention-backend) or an inventory setting "
+                        f"({', '.join(sorted(SETTINGS))}), got {key!r}")
     if len(parts) != 2 or not all(parts):
         problems.append(f"give exactly two comma-separated values, got {values!r}")
     elif parts[0] == parts[1]:
@@ -54,10 +74,17 @@ def parse_ab(text: str) -> ABSpec:
 def arm_extra_vars(host, context_length: int, ab: ABSpec, arm: str) -> tuple[list[str], dict]:
     """(playbook tags, extra vars) that restart the serving units as arm ``arm`` wants: an env
     variable goes into ``dsv4_kernel_flags`` (the units' environment file; tags kernel_rollout and
-    sglang_service), a flag replaces its value in ``dsv4_server_extra_args`` (tag sglang_service).
-    The inventory is not changed: the next ``dsv4kit provision`` restores its values."""
+    sglang_service), a flag replaces its value in ``dsv4_server_extra_args`` (tag sglang_service), a
+    setting is passed as itself (a boolean; tag sglang_service restarts both servers). The inventory
+    is not changed: the next ``dsv4kit provision`` restores its values. Settings the arm leaves alone
+    go as the host holds them (``pin_running`` pins an ``auto`` one first)."""
+    from dsv4kit.bench.arm_pins import pinned_settings
+
     value = ab.values[arm]
-    extra = {"dsv4_context_length": context_length}
+    extra = {"dsv4_context_length": context_length, **pinned_settings(host)}
+    if ab.kind == "setting":
+        extra[ab.key] = value == "true"
+        return [RESTART_TAG], extra
     if ab.kind == "env":
         extra["dsv4_kernel_flags"] = {**(host.get("dsv4_kernel_flags") or {}), ab.key: value}
         return ["kernel_rollout", RESTART_TAG], extra

@@ -127,12 +127,14 @@ class Remote:
 
 def default_restart(inventory_path, host, context_length: int, progress: Callable[[str], None],
                     timeout: float) -> None:
-    """Re-run the playbook's serving tag with the new context length (same settings as provision)."""
+    """Re-run the playbook's serving tag with the new context length (same settings as provision;
+    an ``auto`` setting as ``dsv4kit.bench.arm_pins.pin_running`` pinned it)."""
+    from dsv4kit.bench.arm_pins import pinned_settings
     from dsv4kit.provision import playbook as provision
 
     try:
         summary = provision.run_playbook(inventory_path, limit=host.name, tags=[RESTART_TAG],
-                                         extra_vars={"dsv4_context_length": context_length},
+                                         extra_vars={"dsv4_context_length": context_length, **pinned_settings(host)},
                                          progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
     except provision.ProvisionError as exc:  # no ansible-playbook, no playbook: nothing ran
         raise BenchAbort(exc.exit_code, f"cannot restart the serving units with context length "

@@ -170,6 +170,7 @@ class _SweepLoop:
     def prepare(self, restart: Optional[Callable]) -> None:
         """Read the decode server (restarting it for ``--ctx`` when needed), the prefill server and
         the box's provenance."""
+        from dsv4kit.bench.arm_pins import pin_running
         from dsv4kit.records.provenance import sections, serving_gpu_count
 
         s, cfg, remote, host = self.s, self.s.cfg, self.remote, self.host
@@ -183,6 +184,7 @@ class _SweepLoop:
                                  f"{cfg.context_length}, and --no-restart was given")
             self.progress(f"decode server context length is {current}; restarting the serving units with "
                           f"{cfg.context_length}...")
+            pin_running(host, remote.probe(), current)  # the playbook cannot resolve 'auto'
             (restart or default_restart)(self.inventory_path, host, cfg.context_length, self.progress,
                                          cfg.server_timeout_s)
             remote.wait_health(self.serving_ports, cfg.server_timeout_s, self.helper_env)
@@ -202,6 +204,8 @@ class _SweepLoop:
             if prefill_info is None:
                 s.notes.append(f"prefill server /server_info unavailable: {answer.get('error')}")
         s.probe = probe = remote.probe()
+        if s.ab is not None:  # every arm restarts the units: each other 'auto' stays as they run it now
+            pin_running(host, probe, cfg.context_length, keep=s.ab.key)
         if not (probe.get("packages") or {}).get("sglang"):
             raise BenchAbort(exitcodes.ENVIRONMENT, f"{host.name}: sglang is not installed in {remote.python}")
         gpus_note = (probe.get("gpus") or {}).get("reason")

@@ -127,7 +127,7 @@ def plan(
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records (the quality evidence). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """The kernel flags provisioning would set on the host, and the evidence behind each.
+    """The kernel flags (and dsv4_fp4_indexer) provisioning would set on the host, and the evidence behind each.
 
     An 'auto' flag (dsv4_kernel_flags) is on only with both: the kernel verdict of the host's
     newest full validation report (or --from-report) recommends it, and a passing `dsv4kit eval

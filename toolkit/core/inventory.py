@@ -492,6 +492,10 @@ def _check_layout(host: Host) -> None:
         raise InventoryError(f"{host.origin('dsv4_context_length')}: host {name_of!r}: dsv4_context_length "
                              f"{context} exceeds the model's maximum, dsv4_model_max_context_length {most} "
                              f"({host.origin('dsv4_model_max_context_length')})")
+    fp4 = values.get("dsv4_fp4_indexer")
+    if isinstance(fp4, str) and fp4.strip().lower() != "auto":
+        raise InventoryError(f"{host.origin('dsv4_fp4_indexer')}: host {name_of!r}: dsv4_fp4_indexer must be true, "
+                             f"false or 'auto', got {fp4!r}")
     found = speculative.problem(values)  # the model and speculative choice, as SGLang 0.5.23 checks it
     if found:
         raise InventoryError(f"{host.origin(found[0])}: host {name_of!r}: {found[1]}")

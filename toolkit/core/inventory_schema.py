@@ -70,7 +70,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_bench_slo_ttft_ms": ((int, float, type(None)), "bench goodput: the p99 TTFT limit (ms), recorded in every record; null: none."),
     "dsv4_bench_slo_tpot_ms": ((int, float, type(None)), "bench goodput: the p99 TPOT limit (ms), recorded in every record; null: none."),
     "dsv4_kernel_flags": (dict, "Environment flags that turn the dsv4kit kernels on (name -> '0'/'1', or 'auto': the host's latest validation verdict)."),
-    "dsv4_fp4_indexer": (bool, "The FP4 index-K cache: --enable-deepseek-v4-fp4-indexer and SGLANG_OPT_USE_TILELANG_INDEXER=0 on both servers (docs/sglang-contract.md §2.10)."),
+    "dsv4_fp4_indexer": ((bool, str), "The FP4 index-K cache: true gives --enable-deepseek-v4-fp4-indexer and SGLANG_OPT_USE_TILELANG_INDEXER=0 on both servers (docs/sglang-contract.md §2.10); 'auto': on only with the host's indexer_fp4 verdict and a passing `eval --ab dsv4_fp4_indexer=false,true` (docs/rollout.md)."),
     "dsv4_server_extra_args": (list, "Extra sglang.launch_server arguments, one list item each."),
     "dsv4_service_user": (str, "System user that runs the serving units (created when missing; an existing user is left as is)."),
     "dsv4_health_timeout": (int, "Seconds the playbook waits for /server_info after (re)starting the serving units."),

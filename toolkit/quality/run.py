@@ -61,6 +61,9 @@ class EvalPlan:
     tasks: Optional[dict]  # {"name", "sha256", "lines", "local": Path | None, "url": str | None}
     ab_spec: Optional[object] = None
     thresholds: Thresholds = field(default_factory=Thresholds)
+    # The inventory's serving configuration as configured ('auto' as 'auto'), taken before the arms
+    # pin anything: quality evidence is matched against the inventory (dsv4kit.records.quality_evidence).
+    served: Optional[dict] = None
 
 
 @dataclass
@@ -153,7 +156,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
         warn("warning: --tasks none: the task-accuracy check is skipped, so this record cannot turn an "
              "'auto' kernel flag on")
     return EvalPlan(request=req, target=target, inventory_path=inventory_path, repo=repo, tasks=tasks,
-                    ab_spec=ab_spec)
+                    ab_spec=ab_spec, served=served_config(target, ab_spec))
 
 
 # ------------------------------------------------------------------------------ on the box
@@ -276,6 +279,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
     import os
 
     from dsv4kit.bench import arms as bench_arms, remote as bench_remote
+    from dsv4kit.bench.arm_pins import pin_running
     from dsv4kit.records.provenance import sections, toolkit_info
     from dsv4kit.records.record import decode_info
     from dsv4kit.rollout.remote import remote_report
@@ -302,8 +306,8 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         spec.update(url=box.url, model_path=str(host["dsv4_model_path"]), parallel=min(64, int(
             host.get("dsv4_max_running_requests") or 64)))
         arms, details, provenance = {}, {}, {}
-        if p.ab_spec is not None:
-            _pin_auto_flags(host, remote.probe(), served)
+        if p.ab_spec is not None:  # the playbook cannot resolve 'auto': the arms keep what runs now
+            pin_running(host, remote.probe(), served, keep=p.ab_spec.key)
         names = list(p.ab_spec.arms) if p.ab_spec is not None else ["A"]
         for arm in names:
             if p.ab_spec is not None:
@@ -336,16 +340,13 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         remote.cleanup()
 
 
-def _pin_auto_flags(host, probe: dict, served: int) -> None:
-    """The arms' restarts change only the A/B key: every other 'auto' kernel flag keeps the value the
-    serving units run now (read on the box), since the playbook cannot resolve 'auto' itself."""
-    from dsv4kit.records.provenance import sections
+def served_config(host, ab) -> dict:
+    """The record's ``evidence.served_config``: the A/B key under test (a server flag or a setting) left out."""
+    from dsv4kit.records import eval_record
 
-    running = (sections(host=host, probe=probe, server_info={}, context_length=served, restarted=False)
-               .get("software") or {}).get("kernel_flags") or {}
-    configured = dict(host.get("dsv4_kernel_flags") or {})
-    pinned = {k: str(running.get(k, "0")) if str(v).strip().lower() == "auto" else v for k, v in configured.items()}
-    host.vars = {**host.vars, "dsv4_kernel_flags": pinned}
+    kind = getattr(ab, "kind", None)
+    return eval_record.served_config(host, without_arg=ab.key if kind == "server_flag" else None,
+                                     without_var=ab.key if kind == "setting" else None)
 
 
 def _check_model(host, probe: dict) -> None:
@@ -368,8 +369,7 @@ def _build(p: EvalPlan, argv, created, started, ctx: int, spec: dict, provenance
     stamp = utc_stamp(created)
     host_name = p.target.name
     run_id = run_names(host_name, ctx, stamp)[0].replace("-ctx", "-eval-ctx", 1)
-    without = p.ab_spec.key if p.ab_spec is not None and p.ab_spec.kind == "server_flag" else None
-    served = eval_record.served_config(p.target, without_arg=without)
+    served = p.served if p.served is not None else served_config(p.target, p.ab_spec)
     tasks = None if p.tasks is None else {k: v for k, v in p.tasks.items() if k != "local"}
     record = {
         "schema_version": eval_record.SCHEMA_VERSION, "kind": eval_record.KIND, "run_id": run_id,

@@ -37,10 +37,16 @@ SERVED_PREFIXES = ("dsv4_model_drafter", "dsv4_draft", "dsv4_speculative", "dsv4
                    "dsv4_indexer")
 
 
-def served_config(host, *, without_arg: Optional[str] = None) -> dict:
+#: Inventory settings an A/B may change (``bench``/``eval --ab KEY=...``: dsv4kit.bench.arms).
+SETTING_KEYS = ("dsv4_fp4_indexer",)
+
+
+def served_config(host, *, without_arg: Optional[str] = None, without_var: Optional[str] = None) -> dict:
     """The inventory's serving configuration of ``host`` (``SERVED_VARS`` and ``SERVED_PREFIXES``).
-    ``without_arg``: a server flag left out of the extra arguments (the A/B key under test)."""
+    ``without_arg``: a server flag left out of the extra arguments; ``without_var``: an inventory
+    setting left out (either: the A/B key under test, whose value the arms set)."""
     names = set(SERVED_VARS) | {k for k in getattr(host, "vars", {}) if k.startswith(SERVED_PREFIXES)}
+    names.discard(without_var)
     config = {name: host.get(name) for name in sorted(names)}
     if without_arg:
         config["dsv4_server_extra_args"] = _without(config.get("dsv4_server_extra_args") or [], without_arg)

@@ -1,8 +1,9 @@
-"""Quality evidence for ``auto`` kernel flags: a passing ``dsv4kit eval --ab FLAG=0,1`` record.
+"""Quality evidence for ``auto``: a passing ``dsv4kit eval --ab FLAG=0,1`` record (a kernel flag) or
+``--ab dsv4_fp4_indexer=false,true`` (the FP4 setting).
 
 ``finder(repo)`` returns the lookup ``dsv4kit.rollout.plan.plan_host`` takes (``quality=``):
-``lookup(host, flag, facts) -> {"ok", "why", "record"}``. The newest eval record of the host whose
-A/B key is the flag (arms ``0`` and ``1``) decides. It counts only when it passed every check it
+``lookup(host, key, facts) -> {"ok", "why", "record"}``. The newest eval record of the host whose
+A/B key is ``key`` (arms ``0`` and ``1``, or ``false`` and ``true`` for the setting) decides. It counts only when it passed every check it
 had to run (decode against re-prefill, arm agreement, needles up to the served context, tasks),
 and was measured on the host's serving GPU model and driver, with the kernels this checkout ships
 and the inventory's serving configuration as it is now. Otherwise ``why`` names what is missing.
@@ -26,6 +27,21 @@ def serving_gpu_models(host, facts) -> set:
     return {gpus[i] for i in indices if i in gpus} or set(gpus.values())
 
 
+def ab_values(key: str) -> tuple[str, str]:
+    """The (off, on) arms an A/B of ``key`` must have to be its quality evidence."""
+    from dsv4kit.rollout import fp4_plan
+
+    return fp4_plan.AB_VALUES if key == fp4_plan.SETTING else ("0", "1")
+
+
+def _arms_match(key: str, values: dict) -> bool:
+    """A kernel flag's record has arms 0 and 1 (either order); the setting's has A=false, B=true."""
+    off, on = ab_values(key)
+    if off == "0":
+        return set(values.values()) == {off, on}
+    return values == {"A": off, "B": on}
+
+
 def _records_for(repo: Path, host_name: str, flag: str) -> list[dict]:
     found = []
     for entry in results_repo.list_records(repo):
@@ -37,7 +53,7 @@ def _records_for(repo: Path, host_name: str, flag: str) -> list[dict]:
             continue
         ab = record.get("ab") or {}
         if ((record.get("host") or {}).get("name") == host_name and ab.get("key") == flag
-                and set((ab.get("values") or {}).values()) == {"0", "1"}):
+                and _arms_match(flag, ab.get("values") or {})):
             found.append(record)
     return found
 
@@ -65,8 +81,9 @@ def problems(record: dict, host, facts, kernels_sha256: Optional[str]) -> list[s
     if evidence.get("kernels_sha256") != kernels_sha256:
         out.append(f"it measured other dsv4kit kernels ({str(evidence.get('kernels_sha256'))[:12]}) than this "
                    f"checkout ships ({str(kernels_sha256)[:12]})")
-    if evidence.get("served_config_sha256") != sha256_json(eval_record.served_config(host)):
-        now = eval_record.served_config(host)
+    key = (record.get("ab") or {}).get("key")
+    now = eval_record.served_config(host, without_var=key if key in eval_record.SETTING_KEYS else None)
+    if evidence.get("served_config_sha256") != sha256_json(now):
         then = evidence.get("served_config") or {}
         changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
         out.append(f"the serving configuration changed since ({', '.join(changed) or 'its fingerprint'})")
@@ -81,14 +98,15 @@ def finder(repo: Optional[Path] = None) -> Callable:
     repo = Path(repo) if repo is not None else results_repo.default_path()
 
     def lookup(host, flag: str, facts) -> dict:
-        advice = f"run `dsv4kit eval --ab {flag}=0,1 --host {host.name}` (docs/quality.md)"
+        values = ",".join(ab_values(flag))
+        advice = f"run `dsv4kit eval --ab {flag}={values} --host {host.name}` (docs/quality.md)"
         try:
             records = _records_for(repo, host.name, flag) if repo.exists() else []
         except results_repo.ResultsRepoError as exc:
             return {"ok": False, "record": None, "why": f"the results repository {repo} cannot be read ({exc}); {advice}"}
         if not records:
             return {"ok": False, "record": None,
-                    "why": f"no quality record: no `eval --ab {flag}=0,1` of {host.name} in {repo}; {advice}"}
+                    "why": f"no quality record: no `eval --ab {flag}={values}` of {host.name} in {repo}; {advice}"}
         newest = records[-1]
         found = problems(newest, host, facts, kernels_digest())
         if found:

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 from dsv4kit.core import exitcodes
 from dsv4kit.core.paths import results_dir_or_default
+from dsv4kit.rollout import fp4_plan
 
 AUTO = "auto"
 PROBE_TIMEOUT_S = 60.0
@@ -244,34 +245,55 @@ def auto_flags(flags: dict) -> list[str]:
 def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional[Path] = None,
               probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None,
               quality: Optional[Callable] = None) -> dict:
-    """The kernel flags for ``host`` (an inventory Host), each with where its value came from.
+    """The kernel flags and the FP4 setting for ``host`` (an inventory Host), each with where its value came from.
 
-    Returns {"host", "flags": {FLAG: value}, "decisions": {FLAG: {...}}, "report": {...} or None,
-    "skipped_reports": [...]}. ``quality(host, flag, facts)`` is the quality-evidence lookup
-    (``dsv4kit.records.quality_evidence.finder``); without it no ``auto`` flag turns on. Raises
-    PlanError for input that is not evidence (exit 2) or host facts that cannot be read (3, 5).
+    Returns {"host", "flags": {FLAG: value}, "decisions": {FLAG: {...}}, "settings": {"dsv4_fp4_indexer":
+    {"value": bool, ...}}, "report": {...} or None, "skipped_reports": [...]}. ``quality(host, key, facts)``
+    is the quality-evidence lookup (``dsv4kit.records.quality_evidence.finder``); without it nothing
+    ``auto`` turns on. Raises PlanError for input that is not evidence (exit 2) or host facts that
+    cannot be read (3, 5).
     """
     results_dir = results_dir_or_default(results_dir)
     configured = dict(host.get("dsv4_kernel_flags") or {})
     autos = auto_flags(configured)
-    plan = {"host": host.name, "flags": {}, "decisions": {}, "report": None, "skipped_reports": []}
+    fp4_auto = fp4_plan.is_auto(host.get(fp4_plan.SETTING))
+    plan = {"host": host.name, "flags": {}, "decisions": {}, "settings": {}, "report": None, "skipped_reports": []}
     for name, value in configured.items():
         if name not in autos:
             plan["flags"][name] = str(value)
             plan["decisions"][name] = {"value": str(value), "source": "inventory",
                                        "why": "set in dsv4_kernel_flags"}
-    if not autos and from_report is None:
+    if not fp4_auto:
+        plan["settings"][fp4_plan.SETTING] = fp4_plan.inventory_decision(host.get(fp4_plan.SETTING) or False)
+    if not autos and not fp4_auto and from_report is None:
         return plan
     unknown = [f for f in autos if _target_of(f) is None]
     if unknown:
         raise PlanError(exitcodes.USAGE, f"{host.name}: 'auto' is only known for the kernel flags "
                                          f"{', '.join(sorted(_flags()))}, not {', '.join(unknown)}")
+    report, path, facts, source, why = _evidence(host, plan, autos, results_dir, from_report, probe, say)
+    if why is not None:
+        return _stock(plan, autos, source, why, fp4_auto)
+    remote = report.get("remote") or {}
+    if remote.get("host") not in (None, host.name):
+        say(f"{host.name}: report {Path(path).name} was measured on {remote.get('host')} (same GPU, driver, SGLang)")
+    for name in autos:
+        plan["flags"][name], plan["decisions"][name] = _decide(host, name, report, path, facts, quality)
+    if fp4_auto:
+        plan["settings"][fp4_plan.SETTING] = fp4_plan.decide(host, report, path, facts, quality,
+                                                             plan["flags"].get(_indexer_flag(), "0"))
+    return plan
+
+
+def _evidence(host, plan: dict, autos: list[str], results_dir: Path, from_report, probe, say) -> tuple:
+    """(report, path, facts, None, None) when a report holds for the host as it is now, else
+    (None, None, None, source, why): every ``auto`` stays stock for that reason."""
     if from_report is not None:
         path, report = Path(from_report), load_report(Path(from_report))
         reason = partial(report)
         if reason:
-            return _stock(plan, autos, "report skipped", f"report {path} is partial: {reason}; only a full verdict is "
-                                                         f"evidence (run `dsv4kit validate --host {host.name}`)")
+            return None, None, None, "report skipped", (f"report {path} is partial: {reason}; only a full verdict is "
+                                                        f"evidence (run `dsv4kit validate --host {host.name}`)")
     else:
         path, plan["skipped_reports"] = choose_report(results_dir, host.name, say)
         if path is None:
@@ -279,7 +301,7 @@ def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional
                    (f" (skipped: {'; '.join(plan['skipped_reports'])})" if plan["skipped_reports"] else "") +
                    f": stock SGLang until `dsv4kit validate --host {host.name}` has measured the kernels")
             say(f"{host.name}: no full validation report in {results_dir}; auto kernel flags stay stock (0)")
-            return _stock(plan, autos, "no report", why)
+            return None, None, None, "no report", why
         report = load_report(path)
     problems = content_problems(report, [_target_of(f) for f in autos])
     facts = None
@@ -293,19 +315,22 @@ def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional
         why = (f"report {path} is not evidence for {host.name} as it is now: " + "; ".join(problems)
                + f". Stock until `dsv4kit validate --host {host.name}` measures the host as it is")
         say(f"{host.name}: {why}")
-        return _stock(plan, autos, "report not evidence", why)
-    remote = report.get("remote") or {}
-    if remote.get("host") not in (None, host.name):
-        say(f"{host.name}: report {Path(path).name} was measured on {remote.get('host')} (same GPU, driver, SGLang)")
-    for name in autos:
-        plan["flags"][name], plan["decisions"][name] = _decide(host, name, report, path, facts, quality)
-    return plan
+        return None, None, None, "report not evidence", why
+    return report, path, facts, None, None
 
 
-def _stock(plan: dict, autos: list[str], source: str, why: str) -> dict:
+def _indexer_flag() -> str:
+    from dsv4kit.rollout.targets import INDEXER_FLAG
+
+    return INDEXER_FLAG
+
+
+def _stock(plan: dict, autos: list[str], source: str, why: str, fp4_auto: bool = False) -> dict:
     for name in autos:
         plan["flags"][name] = "0"
         plan["decisions"][name] = {"value": "0", "source": source, "why": why}
+    if fp4_auto:
+        plan["settings"][fp4_plan.SETTING] = fp4_plan.off(source, why)
     return plan
 
 
@@ -362,19 +387,38 @@ def render(plan: dict) -> list[str]:
             stock = "-" if n["stock_us"] is None else f"{n['stock_us']:.1f}"
             lines.append(f"      {n['shape']:<28} dsv4kit {ours:>8} us  {d.get('stock_default')} {stock:>8} us  "
                          f"{n['outcome']}")
+    fp4 = (plan.get("settings") or {}).get(fp4_plan.SETTING)
+    if fp4:
+        lines.append(fp4_plan.render(fp4))
     return lines
 
 
 def extra_vars(plans: list[dict]) -> dict:
-    """The ansible extra-vars that carry the resolved flags and decisions to kernel_rollout, per host."""
-    return {"kernel_rollout_plan": {p["host"]: {"flags": p["flags"], "decision": {
-        "report": p.get("report"), "flags": p["decisions"]}} for p in plans}}
+    """The ansible extra-vars that carry the resolved flags and decisions to kernel_rollout, and the
+    resolved FP4 setting (true/false, never 'auto') to sglang_service, per host."""
+    out = {"kernel_rollout_plan": {p["host"]: {"flags": p["flags"], "decision": {
+        "report": p.get("report"), "flags": p["decisions"], "settings": p.get("settings") or {}}} for p in plans}}
+    decided = {p["host"]: (p.get("settings") or {}).get(fp4_plan.SETTING) for p in plans}
+    fp4 = {host: bool(d["value"]) for host, d in decided.items() if d and d.get("source") != "inventory"}
+    if fp4:
+        out[FP4_PLAN_VAR] = fp4
+    return out
+
+
+#: The sglang_service role's per-host FP4 setting resolved from 'auto' (playbooks/roles/sglang_service).
+FP4_PLAN_VAR = "sglang_service_fp4_indexer_plan"
+
+
+def _wants_plan(host, fp4_only: bool) -> bool:
+    fp4 = fp4_plan.is_auto(host.get(fp4_plan.SETTING))
+    return fp4 or (not fp4_only and bool(auto_flags(host.get("dsv4_kernel_flags") or {})))
 
 
 def plan_inventory(inventory_path, *, limit=None, results_dir: Optional[Path] = None,
                    probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None,
-                   quality: Optional[Callable] = None) -> list[dict]:
-    """A plan for every host (of ``limit``'s plain names, when given) whose kernel flags hold ``auto``."""
+                   quality: Optional[Callable] = None, fp4_only: bool = False) -> list[dict]:
+    """A plan for every host (of ``limit``'s plain names, when given) whose kernel flags or FP4 setting
+    hold ``auto`` (``fp4_only``: only hosts whose FP4 setting does)."""
     from dsv4kit.core.inventory import load_inventory
 
     inventory = load_inventory(inventory_path)
@@ -386,7 +430,7 @@ def plan_inventory(inventory_path, *, limit=None, results_dir: Optional[Path] = 
     for host in inventory.hosts.values():
         if names and not ({host.name, *host.groups} & set(names)):
             continue
-        if auto_flags(host.get("dsv4_kernel_flags") or {}):
+        if _wants_plan(host, fp4_only):
             plans.append(plan_host(host, results_dir=results_dir, probe=probe, say=say, quality=quality))
     return plans
 
@@ -394,37 +438,42 @@ def plan_inventory(inventory_path, *, limit=None, results_dir: Optional[Path] = 
 STAGE = "kernel_rollout"
 
 
-def stage_runs(tags=None, skip_tags=None) -> bool:
-    """Whether ``--tags``/``--skip-tags`` let the kernel_rollout stage (which writes the flags) run."""
+def stage_runs(tags=None, skip_tags=None, stage: str = STAGE) -> bool:
+    """Whether ``--tags``/``--skip-tags`` let ``stage`` run (default kernel_rollout, which writes the
+    flags; sglang_service renders the FP4 setting)."""
     def names(values):
         values = [values] if isinstance(values, str) else (values or [])
         return {n.strip() for v in values for n in v.split(",") if n.strip()}
 
     chosen, skipped = names(tags), names(skip_tags)
-    if STAGE in skipped:
+    if stage in skipped:
         return False
-    return not chosen or bool(chosen & {STAGE, "all", "untagged"} | (chosen - _KNOWN_NON_ROLLOUT))
+    return not chosen or bool(chosen & {stage, "all", "untagged"} | (chosen - (_KNOWN_STAGES - {stage})))
 
 
-# Tags that never select kernel_rollout (the other stages); anything else (a pattern, "tagged")
-# might, and is resolved to be safe.
-_KNOWN_NON_ROLLOUT = {"preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
-                      "sglang_service", "never", "always"}
+# Tags that select only their own stage; anything else (a pattern, "tagged") might select any, and
+# is resolved to be safe.
+_KNOWN_STAGES = {"preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
+                 "kernel_rollout", "sglang_service", "never", "always"}
+SERVING_STAGE = "sglang_service"
 
 
 def resolve_for_provision(inventory_path, *, limit=None, results_dir: Optional[Path] = None,
                           tags=None, skip_tags=None, probe: Optional[Callable] = None,
                           say: Callable[[str], None] = lambda s: None,
                           quality: Optional[Callable] = None) -> Optional[dict]:
-    """``dsv4kit provision``'s step before Ansible: the extra-vars for the hosts' ``auto`` flags, or None.
+    """``dsv4kit provision``'s step before Ansible: the extra-vars for the hosts' ``auto`` flags and
+    ``auto`` FP4 setting, or None.
 
-    Nothing is resolved (no report read, no SSH) when the tags leave kernel_rollout out: a driver
-    upgrade alone must not be stopped by a report that the new driver makes stale.
+    Nothing is resolved (no report read, no SSH) when the tags leave kernel_rollout and sglang_service
+    out: a driver upgrade alone must not be stopped by a report that the new driver makes stale. With
+    sglang_service alone, only hosts whose FP4 setting is ``auto`` are resolved (the units render it).
     """
-    if not stage_runs(tags, skip_tags):
+    rollout = stage_runs(tags, skip_tags)
+    if not rollout and not stage_runs(tags, skip_tags, SERVING_STAGE):
         return None
     plans = plan_inventory(inventory_path, limit=limit, results_dir=results_dir,
-                           probe=probe, say=say, quality=quality)
+                           probe=probe, say=say, quality=quality, fp4_only=not rollout)
     for plan in plans:
         for line in render(plan):
             say(line)

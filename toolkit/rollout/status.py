@@ -231,10 +231,11 @@ _ON = ("1", "true", "yes", "y")  # SGLang's true spellings, as rollout_targets r
 def read_decision(path: Optional[str], flags: dict) -> dict:
     """The kernel_rollout role's decision file: which report decided each flag, with its numbers.
 
-    Normalised to {"path", "report", "flags": {FLAG: {"value", "source", ...}}, "warnings"}; a flag
-    whose value in this environment differs from the decided one is a warning (a hand edit?).
+    Normalised to {"path", "report", "flags": {FLAG: {"value", "source", ...}}, "settings":
+    {"dsv4_fp4_indexer": {"value": bool, "source", "why", ...}}, "warnings"}; a flag whose value in
+    this environment differs from the decided one is a warning (a hand edit?).
     """
-    out = {"path": path, "report": None, "flags": {}, "warnings": []}
+    out = {"path": path, "report": None, "flags": {}, "settings": {}, "warnings": []}
     if not path:
         return out
     try:
@@ -247,6 +248,9 @@ def read_decision(path: Optional[str], flags: dict) -> dict:
         out["warnings"].append(f"the decision file {path} is unreadable: {exc}")
         return out
     out["report"] = data.get("report") if isinstance(data, dict) else None
+    settings = data.get("settings") if isinstance(data, dict) else None
+    out["settings"] = {k: e for k, e in (settings or {}).items() if isinstance(e, dict)} \
+        if isinstance(settings, dict) else {}
     for name, entry in ((data.get("flags") or {}) if isinstance(data, dict) else {}).items():
         if not isinstance(entry, dict):  # written from the inventory: name -> value
             entry = {"value": str(entry), "source": data.get("source", "inventory")}
@@ -380,6 +384,9 @@ def render(report: dict) -> str:
         state = "on" if f["enabled"] else ("INVALID" if f["error"] else "off")
         lines.append(f"Flag {name}: {state} ({value})")
         lines.extend(_decision_lines(decision, name))
+    for name, entry in (decision.get("settings") or {}).items():
+        lines.append(f"Setting {name}: {'on' if entry.get('value') is True else 'off'} (decided by "
+                     f"{entry.get('source')}: {entry.get('why')})")
     context = ", ".join(f"{k}={v}" for k, v in report.get("sglang_env", {}).items() if v is not None)
     lines.append(f"SGLang switches: {context or 'none set (SGLang sm_120 defaults: TileLang indexer)'}")
     for entry in report["targets"]:
