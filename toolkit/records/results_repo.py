@@ -253,6 +253,8 @@ def catch_up(repo: Path) -> Optional[str]:
     index_tree = _git(repo, "write-tree", check=False)
     if index_tree.returncode != 0 or _out(index_tree) == _out(head):
         return None
+    # Stat data only (a copied or restored repository) is no change: refresh before comparing.
+    _git(repo, "update-index", "-q", "--refresh", check=False, own_session=True)
     if _git(repo, "diff-files", "--quiet", check=False).returncode != 0:
         return None  # the user changed files: not ours to move
     behind = _out(index_tree)
