@@ -383,7 +383,11 @@ def _prepare(repo: Path, branch: str, head: Optional[str], run_id: str, tag: str
         existing = _out(_git(repo, "ls-tree", "-r", "--name-only", head, "--", prefix))
         if existing:
             raise ResultsRepoError(f"{prefix} already exists in {repo}; run ids are never reused")
-    with tempfile.TemporaryDirectory(prefix="dsv4kit-index-") as tmp:
+    try:
+        private = tempfile.TemporaryDirectory(prefix="dsv4kit-index-")
+    except OSError as exc:  # a full disk: nothing was changed yet
+        raise ResultsRepoError(f"cannot create the private index for {run_id}: {exc}") from None
+    with private as tmp:
         index_env = {**env, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if head:
             _git(repo, "read-tree", head, env=index_env)
