@@ -46,16 +46,19 @@ def subcommand(args) -> str:
     return args[0] if args else ""
 
 
-def assert_consistent(repo: Path, run_ids: list[str], clean: bool = True, fsck: bool = True) -> None:
-    """The repository holds exactly ``run_ids``, one commit and one tag each, on main, and git is happy."""
+def assert_consistent(repo: Path, run_ids: list, clean: bool = True, fsck: bool = True) -> list:
+    """The repository holds exactly ``run_ids`` (None: any one), one commit and one tag each, on main,
+    and git is happy; returns its entries."""
     if fsck:
         assert subprocess.run(["git", "-C", str(repo), "fsck", "--no-dangling"], capture_output=True).returncode == 0
     entries = results_repo.list_records(repo)
-    assert [e.run_id for e in entries] == run_ids and all(e.tag for e in entries), entries
+    assert [e.run_id if i is not None else None for e, i in zip(entries, run_ids)] == run_ids, entries
+    assert len(entries) == len(run_ids) and all(e.tag for e in entries), entries
     assert len(git(repo, "tag", "-l").split()) == len(run_ids) == int(git(repo, "rev-list", "--count", "main"))
     assert not list((repo / ".git").rglob("*.lock"))
     if clean:
         assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    return entries
 
 
 def template_repo(tmp_path: Path) -> tuple[Path, str]:
@@ -69,7 +72,7 @@ def template_repo(tmp_path: Path) -> tuple[Path, str]:
 # ----------------------------------------------------------------------------- (a) ENOSPC
 class Writes:
     """Counts the writes of the code under test and fails the ``fail_at``-th with ENOSPC: Python's
-    own (open for writing, os.open for writing, fsync, replace/rename, mkdir) and every git
+    own (open for writing, os.open for writing, fsync, replace/rename, mkdir of a new directory) and every git
     invocation that is not a read (it fails as git does on a full disk, without running)."""
 
     def __init__(self, monkeypatch, fail_at: int = 0):
@@ -99,7 +102,7 @@ class Writes:
             real = getattr(os, name)
 
             def call(*a, **kw):
-                if hit(f"{name} {a[0]}"):
+                if not (name == "mkdir" and os.path.isdir(a[0])) and hit(f"{name} {a[0]}"):
                     raise enospc(name)
                 return real(*a, **kw)
             return call
@@ -207,16 +210,18 @@ def test_every_write_of_the_spill_and_the_publish_failing_in_turn_leaves_a_publi
         return repo, spill_root, writes, said
 
     # a kept spill as the bench leaves it when publishing fails: for the writes of `records publish`
+    def no_room(*args, **kwargs):
+        raise results_repo.ResultsRepoError("no room")
+
     with monkeypatch.context() as mp:
-        mp.setattr(results_repo, "publish", lambda *a, **kw: (_ for _ in ()).throw(
-            results_repo.ResultsRepoError("no room")))
+        mp.setattr(results_repo, "publish", no_room)
         said = bench_then_publish(tmp_path / "unused", tmp_path / "kept", kept, publish=False)
     (kept_spill,) = (tmp_path / "kept").iterdir()
     assert (kept_spill / "record.json").is_file() and "the sweep is kept in" in said[-1], said
 
     for stage in (bench, publish):
         repo, _, counted, said = case(stage, 0)
-        assert_consistent(repo, [first, git(repo, "log", "-1", "--format=%s").split()[1]])
+        assert_consistent(repo, [first, None])
         assert any("update-ref" in w for w in counted.log), counted.log
         if stage is bench:  # details, 2 x (point, partial), the first partial, record.json
             assert sum("open" in w and ".tmp" in w for w in counted.log) == 7, counted.log
@@ -226,21 +231,101 @@ def test_every_write_of_the_spill_and_the_publish_failing_in_turn_leaves_a_publi
             what = f"{stage.__name__}: write {k} of {counted.count} ({counted.log[k - 1]}): {said}"
             assert writes.count >= k, what
             spills = list(spill_root.iterdir()) if spill_root.is_dir() else []
-            for spill in spills:  # what the failure left, published now
+            for spill in spills:  # what the failure left, and said it left, published now
+                assert any(f"kept in {spill}" in line for line in said), what
                 out = CliRunner().invoke(app, ["records", "publish", str(spill), "--results-repo", str(repo)])
                 assert out.exit_code == 0 and "tag bench/" in out.output and not spill.exists(), (what, out.output)
+            # every finished point is published once, or there was none; the work tree may be a record
+            # behind only where we were told so, and the next publish brings it along
             points = kept[0] if kept else []
-            run_ids = [first] + [e.run_id for e in results_repo.list_records(repo)[1:]]
+            behind = any("work tree of" in line and "was not updated" in line for line in said)
+            entries = assert_consistent(repo, [first, None] if points else [first], clean=not behind)
             if points:
-                assert len(run_ids) == 2, what
-                published = results_repo.read_record(repo, run_ids[1])
+                published = results_repo.read_entry(repo, entries[1])
                 assert [(p["max_concurrency"], p["repetition"]) for p in published["points"]] == \
                        [(p["max_concurrency"], p["repetition"]) for p in points], what
-            else:
-                assert len(run_ids) == 1, what
-            # the work tree may be a record behind only where we were told; the next publish brings it along
-            behind = any("work tree of" in line and "was not updated" in line for line in said)
-            assert_consistent(repo, run_ids, clean=not behind, fsck=False)  # fsck comes after the next publish
-            publish_record(repo, synthetic_record("lo-ctx4096-20991231T000000Z-cccccc", {1: [100.0]}))
-            assert_consistent(repo, run_ids + ["lo-ctx4096-20991231T000000Z-cccccc"])
+            if behind:
+                publish_record(repo, synthetic_record("lo-ctx4096-20991231T000000Z-cccccc", {1: [100.0]}))
+                assert_consistent(repo, [first, None, "lo-ctx4096-20991231T000000Z-cccccc"], fsck=False)
             shutil.rmtree(repo)
+
+
+# ----------------------------------------------------------------------------- (b) SIGKILL
+KILLING_GIT = """#!/bin/sh
+# Counts its invocations; at the $KILL_AT-th it SIGKILLs its parent (dsv4kit) before or after the real git.
+n=$(( $(cat "$GIT_COUNT" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$GIT_COUNT"
+printf '%s\n' "$(printf '%s ' "$@" | tr '\n' ' ')" >> "$GIT_LOG"
+if [ "$n" = "$KILL_AT" ] && [ "$KILL_WHEN" = before ]; then kill -KILL "$PPID"; exit 137; fi
+"$REAL_GIT" "$@"
+rc=$?
+if [ "$n" = "$KILL_AT" ] && [ "$KILL_WHEN" = after ]; then kill -KILL "$PPID"; fi
+exit $rc
+"""
+
+
+def kept_spill(directory: Path, record: dict) -> Path:
+    """A spill as a finished sweep leaves it when publishing failed: record.json, a details file, the points."""
+    from dsv4kit.bench.assembly import SweepResult
+    from dsv4kit.bench.spill import Spill
+
+    spill = Spill(directory / record["run_id"])
+    spill.create()
+    spill.point(record["points"][0], record["points"][0]["details_file"], {"ttfts": [0.1], "itls": [[0.01]]})
+    spill.point(record["points"][1], None, None)
+    spill.progress(SweepResult(record=record, details={}))
+    spill.finished(SweepResult(record=record, details={}))
+    return spill.directory
+
+
+def test_a_sigkill_at_every_step_of_the_publish_leaves_a_repository_that_publishes_cleanly(tmp_path):
+    from dsv4kit.cli import app
+
+    template, first = template_repo(tmp_path)
+    record = synthetic_record(RUN, {1: [100.0, 101.0]})
+    record["points"][1]["details_file"] = None
+    spill_template = kept_spill(tmp_path / "spill-template", record)
+    later = synthetic_record("lo-ctx4096-20991231T000000Z-cccccc", {1: [100.0]})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(KILLING_GIT)
+    (bin_dir / "git").chmod(0o755)
+
+    def killed(k: int, when: str) -> tuple[Path, Path, subprocess.CompletedProcess]:
+        case = tmp_path / f"{when}{k}"
+        repo, spill = case / "results", case / "spill" / RUN
+        shutil.copytree(template, repo)
+        shutil.copytree(spill_template, spill)
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REAL_GIT": shutil.which("git"),
+               "GIT_COUNT": str(case / "count"), "GIT_LOG": str(case / "log"), "KILL_AT": str(k), "KILL_WHEN": when}
+        proc = subprocess.run([sys.executable, "-m", "dsv4kit.cli", "records", "publish", str(spill),
+                               "--results-repo", str(repo)], capture_output=True, text=True, env=env,
+                              cwd=REPO_ROOT, timeout=120)
+        return repo, spill, proc
+
+    def recovers(repo: Path, spill: Path, what: str) -> None:
+        out = CliRunner().invoke(app, ["records", "publish", str(spill), "--results-repo", str(repo)])
+        assert out.exit_code == 0 and record["tag"] in out.output and not spill.exists(), (what, out.output)
+        assert results_repo.read_record(repo, record["tag"])["run_id"] == RUN, what
+
+    repo, spill, clean = killed(0, "never")
+    assert clean.returncode == 0, clean.stderr
+    calls = (repo.parent / "log").read_text().splitlines()
+    writes = [n for n, line in enumerate(calls, 1) if subcommand(line.split()) not in READS]
+    assert any("update-ref" in calls[n - 1] for n in writes), calls
+    # before each write, and after the last (the record is committed, the spill not yet removed)
+    for k, when in [(n, "before") for n in writes] + [(writes[-1], "after")]:
+        repo, spill, proc = killed(k, when)
+        what = f"killed {when} git call {k} ({calls[k - 1]})"
+        assert proc.returncode == -9, (what, proc.returncode, proc.stderr)
+        other = repo.parent.parent / f"{repo.parent.name}-next-first"
+        shutil.copytree(repo.parent, other)
+        # `records publish` again, then the next bench's publish
+        recovers(repo, spill, what)
+        assert_consistent(repo, [first, RUN], fsck=False)
+        publish_record(repo, later)
+        assert_consistent(repo, [first, RUN, later["run_id"]])
+        # the next bench's publish first, then `records publish`
+        publish_record(other / "results", later)
+        recovers(other / "results", other / "spill" / RUN, what + ", the next publish first")
+        assert_consistent(other / "results", [first, RUN, later["run_id"]])
