@@ -34,9 +34,8 @@ READS = {"rev-parse", "symbolic-ref", "config", "var", "ls-tree", "cat-file", "m
          "diff-files", "describe", "show", "for-each-ref", "log", "status", "fsck"}
 
 
-def git(repo: Path, *args: str, check: bool = True) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                          check=check).stdout.strip()
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def subcommand(args) -> str:
@@ -296,7 +295,9 @@ def test_a_sigkill_at_every_step_of_the_publish_leaves_a_repository_that_publish
         repo, spill = case / "results", case / "spill" / RUN
         shutil.copytree(template, repo)
         shutil.copytree(spill_template, spill)
+        (case / "tmp").mkdir()  # a killed publish leaves its private index there, not in /tmp
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "REAL_GIT": shutil.which("git"),
+               "TMPDIR": str(case / "tmp"),
                "GIT_COUNT": str(case / "count"), "GIT_LOG": str(case / "log"), "KILL_AT": str(k), "KILL_WHEN": when}
         proc = subprocess.run([sys.executable, "-m", "dsv4kit.cli", "records", "publish", str(spill),
                                "--results-repo", str(repo)], capture_output=True, text=True, env=env,
