@@ -291,6 +291,9 @@ def publish_cmd(
         published, record = spill_publish.publish_spill(spill_dir, repo)
     except spill_publish.SpillPublishError as exc:
         _fail(exc.exit_code, str(exc))
+    if published.worktree_warning:
+        typer.echo(f"warning: the work tree of {repo} was not updated (`git -C {repo} reset --hard` brings it "
+                   f"along; the next publish does it too): {published.worktree_warning}", err=True)
     if json_out:
         typer.echo(json.dumps({"run_id": record["run_id"], "tag": published.tag, "commit": published.commit,
                                "already_published": published.already,

@@ -253,6 +253,8 @@ def catch_up(repo: Path) -> Optional[str]:
     index_tree = _git(repo, "write-tree", check=False)
     if index_tree.returncode != 0 or _out(index_tree) == _out(head):
         return None
+    # Stat data only (a copied or restored repository) is no change: refresh before comparing.
+    _git(repo, "update-index", "-q", "--refresh", check=False, own_session=True)
     if _git(repo, "diff-files", "--quiet", check=False).returncode != 0:
         return None  # the user changed files: not ours to move
     behind = _out(index_tree)
@@ -381,7 +383,11 @@ def _prepare(repo: Path, branch: str, head: Optional[str], run_id: str, tag: str
         existing = _out(_git(repo, "ls-tree", "-r", "--name-only", head, "--", prefix))
         if existing:
             raise ResultsRepoError(f"{prefix} already exists in {repo}; run ids are never reused")
-    with tempfile.TemporaryDirectory(prefix="dsv4kit-index-") as tmp:
+    try:
+        private = tempfile.TemporaryDirectory(prefix="dsv4kit-index-")
+    except OSError as exc:  # a full disk: nothing was changed yet
+        raise ResultsRepoError(f"cannot create the private index for {run_id}: {exc}") from None
+    with private as tmp:
         index_env = {**env, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if head:
             _git(repo, "read-tree", head, env=index_env)

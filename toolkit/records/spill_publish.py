@@ -94,9 +94,9 @@ def publish_spill(directory: Path, repo: Path):
     try:
         results_repo.check_writable(repo)
     except results_repo.GitNotFound as exc:
-        raise SpillPublishError(exitcodes.ENVIRONMENT, str(exc)) from None
+        raise SpillPublishError(exitcodes.ENVIRONMENT, f"{exc} (the spill is kept in {directory})") from None
     except results_repo.ResultsRepoError as exc:
-        raise SpillPublishError(exitcodes.USAGE, f"--results-repo: {exc}") from None
+        raise SpillPublishError(exitcodes.USAGE, f"--results-repo: {exc} (the spill is kept in {directory})") from None
     try:
         commit = results_repo.published_as(Path(repo), record["run_id"], record["tag"])
         if commit is not None:
