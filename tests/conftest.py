@@ -99,3 +99,9 @@ def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
     yield make
     for server in servers:
         server.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The journeys (the longest files) first: with ``--dist loadfile`` the workers take files in
+    collection order, and a journey taken last keeps one worker busy long after the other is done."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/journey/"))

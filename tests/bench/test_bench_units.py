@@ -251,7 +251,7 @@ def test_the_restart_reruns_the_serving_tag_with_the_new_context_length(monkeypa
                                stdout_tail="fatal: [box1]: FAILED!")
 
     monkeypatch.setattr(provision, "run_playbook", fake_run_playbook)
-    host = SimpleNamespace(name="box1")
+    host = SimpleNamespace(name="box1", get=lambda key, default=None: default)  # an inventory host's reads
     default_restart(tmp_path / "hosts.yml", host, 131072, lambda line: None, 900.0)
     inventory_path, kwargs = calls[0]
     assert inventory_path == tmp_path / "hosts.yml"
