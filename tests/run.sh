@@ -68,7 +68,7 @@ workers="${DSV4KIT_TEST_WORKERS:-2}"
 if [ "$workers" = "0" ]; then
   "$VENV/bin/python" -m pytest -q "$@"
 else
-  "$VENV/bin/python" -m pytest -q -n "$workers" --dist loadfile "$@"
+  "$VENV/bin/python" -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 fi
 rc=$?
 set -e

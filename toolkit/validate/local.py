@@ -30,29 +30,5 @@ def run_local(*, cases: Optional[str], output: Optional[Path], interpret: Option
     if output is not None:
         check_output(output)
     doing("running the validation table", "no report was written")
-    _import_native()
     return run_cli(cases, str(output) if output else None, interpret, emit=emit, on_report=on_report,
                    verdict=request)
-
-
-def _import_native() -> None:
-    """Import torch and Triton with Ctrl-C held back: a KeyboardInterrupt raised inside their native
-    module initialisers ends the process through nanobind's ``terminate`` instead of unwinding."""
-    import importlib
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        for name in ("torch", "triton"):
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass  # the harness names what is missing
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
