@@ -247,6 +247,38 @@ def _fail(message: str) -> None:
     raise KernelArgumentError(f"fp8_paged_mqa_logits: {message}")
 
 
+def check_rows_and_table(lens, table, max_len, batch: int, fail, *, names: tuple[str, str, str]):
+    """The lengths ``[B]`` or ``[B, 1]`` int32, the page table ``[B, P]`` int32 with contiguous rows,
+    and ``1 <= max_len <= P*64``, named as the caller's API names them; calls ``fail`` otherwise.
+    Returns ``(lens as [B], P, max_len as int)``. Shared by the FP8 and FP4 entries."""
+    lens_name, table_name, max_name = names
+    if lens.dtype != torch.int32:
+        fail(f"{lens_name} must be int32, got {lens.dtype}")
+    flat = lens[:, 0] if lens.dim() == 2 and lens.shape[1] == 1 else lens
+    if flat.dim() != 1 or flat.shape[0] != batch:
+        fail(f"{lens_name} must be [B] or [B, 1] with B = {batch}, got {tuple(lens.shape)}")
+    if table.dtype != torch.int32:
+        fail(f"{table_name} must be int32, got {table.dtype}")
+    if table.dim() != 2 or table.shape[0] != batch:
+        fail(f"{table_name} must be [B, P] with B = {batch}, got {tuple(table.shape)}")
+    if table.shape[1] < 1:
+        fail(f"{table_name} has no columns (P == 0)")
+    if table.stride(1) != 1:
+        fail(f"{table_name} rows must be contiguous (column stride 1)")
+    table_pages = table.shape[1]
+    if isinstance(max_len, bool):
+        fail(f"{max_name} must be an int, got bool")
+    try:
+        max_len = operator.index(max_len)
+    except TypeError:
+        fail(f"{max_name} must be an int, got {type(max_len).__name__}")
+    # Decode passes exactly P*64; SGLang's prefill path passes max(lens) <= P*64.
+    if not 1 <= max_len <= table_pages * PAGE_SIZE:
+        fail(f"{max_name} must be in [1, P*64] = [1, {table_pages * PAGE_SIZE}] "
+             f"for {table_name} with P = {table_pages}, got {max_len}")
+    return flat, table_pages, max_len
+
+
 def check_args(q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits,
                tail=TAIL_EXACT):
     """Validate every argument on the host; return ``(B, H, P, num_pages, seq_lens_1d, kv_2d, msl)``.
@@ -306,33 +338,8 @@ def check_args(q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_
     if not weight.is_contiguous():
         _fail("weight must be contiguous")
 
-    if seq_lens.dtype != torch.int32:
-        _fail(f"seq_lens must be int32, got {seq_lens.dtype}")
-    if seq_lens.dim() == 2 and seq_lens.shape[1] == 1:
-        seq_lens = seq_lens[:, 0]
-    if seq_lens.dim() != 1 or seq_lens.shape[0] != batch:
-        _fail(f"seq_lens must be [B] or [B, 1] with B = {batch}, got {tuple(seq_lens.shape)}")
-
-    if page_table.dtype != torch.int32:
-        _fail(f"page_table must be int32, got {page_table.dtype}")
-    if page_table.dim() != 2 or page_table.shape[0] != batch:
-        _fail(f"page_table must be [B, P] with B = {batch}, got {tuple(page_table.shape)}")
-    if page_table.shape[1] < 1:
-        _fail("page_table has no columns (P == 0)")
-    if page_table.stride(1) != 1:
-        _fail("page_table rows must be contiguous (column stride 1)")
-    table_pages = page_table.shape[1]
-
-    if isinstance(max_seq_len, bool):
-        _fail("max_seq_len must be an int, got bool")
-    try:
-        max_seq_len = operator.index(max_seq_len)
-    except TypeError:
-        _fail(f"max_seq_len must be an int, got {type(max_seq_len).__name__}")
-    # Decode passes exactly P*64; SGLang's prefill path passes max(seq_lens) <= P*64.
-    if not 1 <= max_seq_len <= table_pages * PAGE_SIZE:
-        _fail(f"max_seq_len must be in [1, P*64] = [1, {table_pages * PAGE_SIZE}] "
-              f"for page_table with P = {table_pages}, got {max_seq_len}")
+    seq_lens, table_pages, max_seq_len = check_rows_and_table(
+        seq_lens, page_table, max_seq_len, batch, _fail, names=("seq_lens", "page_table", "max_seq_len"))
 
     device = q_fp8.device
     for name, value in (("kvcache", kvcache), ("weight", weight), ("seq_lens", seq_lens),

@@ -47,7 +47,6 @@ output.
 
 from __future__ import annotations
 
-import operator
 
 import torch
 import triton
@@ -60,6 +59,7 @@ from dsv4kit.kernels.indexer import (
     TAIL_EXACT,
     TAIL_POLICIES,
     TAIL_SKIP,
+    check_rows_and_table,
     programs_per_row,
 )
 
@@ -256,31 +256,9 @@ def check_args(q, kv_cache, weights, context_lens, block_table, max_context_len,
         _fail(f"weights must be [B, H] = {(batch, heads)}, got {tuple(weights.shape)}")
     if not weights.is_contiguous():
         _fail("weights must be contiguous")
-    if context_lens.dtype != torch.int32:
-        _fail(f"context_lens must be int32, got {context_lens.dtype}")
-    lens = context_lens[:, 0] if context_lens.dim() == 2 and context_lens.shape[1] == 1 \
-        else context_lens
-    if lens.dim() != 1 or lens.shape[0] != batch:
-        _fail(f"context_lens must be [B] or [B, 1] with B = {batch}, got "
-              f"{tuple(context_lens.shape)}")
-    if block_table.dtype != torch.int32:
-        _fail(f"block_table must be int32, got {block_table.dtype}")
-    if block_table.dim() != 2 or block_table.shape[0] != batch:
-        _fail(f"block_table must be [B, P] with B = {batch}, got {tuple(block_table.shape)}")
-    if block_table.shape[1] < 1:
-        _fail("block_table has no columns (P == 0)")
-    if block_table.stride(1) != 1:
-        _fail("block_table rows must be contiguous (column stride 1)")
-    table_pages = block_table.shape[1]
-    if isinstance(max_context_len, bool):
-        _fail("max_context_len must be an int, got bool")
-    try:
-        max_context_len = operator.index(max_context_len)
-    except TypeError:
-        _fail(f"max_context_len must be an int, got {type(max_context_len).__name__}")
-    if not 1 <= max_context_len <= table_pages * PAGE_SIZE:
-        _fail(f"max_context_len must be in [1, P*64] = [1, {table_pages * PAGE_SIZE}] for "
-              f"block_table with P = {table_pages}, got {max_context_len}")
+    lens, table_pages, max_context_len = check_rows_and_table(
+        context_lens, block_table, max_context_len, batch, _fail,
+        names=("context_lens", "block_table", "max_context_len"))
     device = q_fp4.device
     for name, value in (("kv_cache", kv_cache), ("weights", weights),
                         ("context_lens", context_lens), ("block_table", block_table)):
