@@ -36,6 +36,12 @@ def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pa
 
     setting = flag in eval_record.SETTING_KEYS  # an inventory setting's A/B: arms false/true, left out of the fingerprint
     served = eval_record.served_config(host, without_var=flag if setting else None)
+    # What the arms ran with, as the servers would have it: the inventory's value where it is literal.
+    from dsv4kit.records import quality_evidence as qe
+
+    evidence.setdefault("ran_with", {key: qe.normalise(key, host.get(key) if key == qe.FP4_SETTING else
+                                                       (host.get("dsv4_kernel_flags") or {}).get(key))
+                                     for key in qe.coupled(flag)})
     record = {
         "schema_version": eval_record.SCHEMA_VERSION, "kind": eval_record.KIND,
         "run_id": f"{host.name}-eval-ctx{ctx or host.get('dsv4_context_length')}-{when}",

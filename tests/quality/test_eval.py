@@ -69,6 +69,8 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
             f"{base}/needles-A.png", f"{base}/needles-B.png"} <= set(files)
     assert git(repo, "tag", "--list", "eval/*") == record["tag"]
     assert record["evidence"]["kernels_sha256"] and record["evidence"]["served_config"]["dsv4_context_length"] == CTX
+    # What the arms ran with, of the keys that decide with the flag under test (docs/quality.md).
+    assert record["evidence"]["ran_with"] == {"dsv4_fp4_indexer": False}
     listed = dsv4kit("records", "list", "--results-repo", str(repo), "--json")
     assert listed.returncode == 0, listed.stderr
     assert [r["run_id"] for r in json.loads(listed.stdout)] == [record["run_id"]]

@@ -174,3 +174,79 @@ def test_a_record_with_the_arms_reversed_is_not_the_fp8_against_fp4_ab(tmp_path,
     record["ab"]["values"] = {"A": "true", "B": "false"}
     quality_support.keep_quality(tmp_path / "results-repo", record)  # where quality_repo points the lookup
     assert "no quality record" in decide(tmp_path, path)["settings"][SETTING]["why"]
+
+
+# --------------------------------------------------------------- the indexer flag and the FP4 cache
+def coupled_report(tmp_path, monkeypatch):
+    """A full report where dsv4kit's FP8 indexer wins every shape and its FP4 indexer too."""
+    from tests import verdict_standins as standins
+
+    table = standins.issue_table()
+    table["indexer"][0] = standins.StandIn("indexer", "dsv4kit", False, {"*": 1.0})
+    report = validated_report(tmp_path, monkeypatch, table=table)
+    report["verdict"]["targets"]["indexer_fp4"] = fp4_target()
+    return keep(tmp_path / "results", report)
+
+
+def coupled_plan(tmp_path, quality_repo, path, indexer_ran_with, fp4_ran_with) -> dict:
+    """Both auto: the indexer flag's record and the setting's, each with what its arms ran with."""
+    inventory = write_inventory(tmp_path / "inv-plan", {INDEXER: "auto", ATTENTION: "0"}, dsv4_fp4_indexer="auto")
+    quality_repo(INDEXER, inventory, when="20261201T130000Z-aaaaaa",
+                 **({} if indexer_ran_with is None else {"ran_with": indexer_ran_with}))
+    quality_repo(SETTING, inventory, when="20261201T140000Z-bbbbbb", ran_with=fp4_ran_with)
+    host = kernel_plan_host(tmp_path, dsv4_kernel_flags={INDEXER: "auto", ATTENTION: "0"}, dsv4_fp4_indexer="auto")
+    return kernel_plan.plan_host(host, from_report=path, quality=quality_evidence.finder())
+
+
+def test_records_that_ran_with_each_other_turn_both_on(tmp_path, monkeypatch, facts, quality_repo):
+    path = coupled_report(tmp_path, monkeypatch)
+    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: True}, {INDEXER: "1"})
+    assert plan["flags"][INDEXER] == "1" and plan["settings"][SETTING]["value"] is True, plan
+
+
+def test_an_indexer_record_made_with_the_fp8_cache_does_not_turn_the_fp4_cache_on(tmp_path, monkeypatch, facts,
+                                                                                   quality_repo):
+    """The flag's record says nothing of the FP4 entry it would route: with the FP4 cache on, the
+    flag has no record, so the FP4 cache stays off and the flag keeps its FP8 record."""
+    path = coupled_report(tmp_path, monkeypatch)
+    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: False}, {INDEXER: "1"})
+    assert plan["flags"][INDEXER] == "1" and plan["decisions"][INDEXER]["source"] == "report + quality record"
+    fp4 = plan["settings"][SETTING]
+    assert fp4["value"] is False, fp4
+    assert f"with the FP4 cache on, {INDEXER} would be 0" in fp4["why"]
+    assert "its arms ran with dsv4_fp4_indexer=false, and box1 would serve dsv4_fp4_indexer=true" in fp4["why"]
+
+
+def test_an_fp4_record_made_with_another_indexer_does_not_count(tmp_path, monkeypatch, facts, quality_repo):
+    """The setting's record ran DeepGEMM's FP4 indexer (flag 0); served with flag 1 it would be ours."""
+    path = coupled_report(tmp_path, monkeypatch)
+    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: True}, {INDEXER: "0"})
+    fp4 = plan["settings"][SETTING]
+    assert fp4["value"] is False
+    assert f"its arms ran with {INDEXER}=0, and box1 would serve {INDEXER}=1" in fp4["why"]
+    # The flag's only record ran with the FP4 cache on, which is not served: stock, saying so.
+    assert plan["flags"][INDEXER] == "0"
+    assert "its arms ran with dsv4_fp4_indexer=true, and box1 would serve dsv4_fp4_indexer=false" in \
+        plan["decisions"][INDEXER]["why"]
+
+
+def test_a_record_that_does_not_say_what_it_ran_with_does_not_count_under_auto(tmp_path, monkeypatch, facts,
+                                                                                quality_repo):
+    path = coupled_report(tmp_path, monkeypatch)
+    plan = coupled_plan(tmp_path, quality_repo, path, None, {INDEXER: "1"})
+    assert plan["flags"][INDEXER] == "0" and plan["settings"][SETTING]["value"] is False
+    assert "does not show which dsv4_fp4_indexer its arms ran with" in plan["decisions"][INDEXER]["why"]
+
+
+def test_rollout_plan_from_a_report_plans_the_fp4_setting_too(tmp_path, monkeypatch, facts, quality_repo):
+    """--from-report decides what 'auto' would, the FP4 setting included, even where it is set."""
+    from typer.testing import CliRunner
+
+    from dsv4kit.commands.app import app
+
+    path = report_with(tmp_path, monkeypatch, fp4_target())
+    inventory = write_inventory(tmp_path / "inv-cli", {INDEXER: "1", ATTENTION: "0"}, dsv4_fp4_indexer=False)
+    result = CliRunner().invoke(app, ["rollout", "plan", "-i", str(inventory), "--from-report", str(path), "--json"])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    decision = json.loads(result.stdout)["settings"][SETTING]
+    assert decision["source"] != "inventory" and decision["report"] == path.name, decision

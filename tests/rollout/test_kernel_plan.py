@@ -270,7 +270,7 @@ def test_a_failed_kernel_is_evidence_stock_with_the_reason_not_exit_2(tmp_path, 
     for c in report["verdict"]["targets"]["attention"]["comparisons"]:
         c.pop("ours_correct", None)
     plan = kernel_plan.plan_host(kernel_plan_host(tmp_path), from_report=keep(tmp_path / "r2", report),
-                                 quality=lambda host, flag, facts: {"ok": True, "why": "stand-in", "record": "x"})
+                                 quality=lambda host, flag, facts, served_with=None: {"ok": True, "why": "stand-in", "record": "x"})
     assert plan["flags"][ATTENTION] == "0" and "not shown correct" in plan["decisions"][ATTENTION]["why"]
 
 

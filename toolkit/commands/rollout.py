@@ -132,20 +132,21 @@ def plan(
     An 'auto' flag (dsv4_kernel_flags) is on only with both: the kernel verdict of the host's
     newest full validation report (or --from-report) recommends it, and a passing `dsv4kit eval
     --ab FLAG=0,1` record in --results-repo holds for the host as it is (docs/quality.md). Evidence
-    that does not hold keeps the flag stock and says why. Exit codes: 0 planned, 2 bad input (a
+    that does not hold keeps the flag stock and says why. With --from-report, every kernel flag and
+    dsv4_fp4_indexer are planned as 'auto' would plan them. Exit codes: 0 planned, 2 bad input (a
     file that is not a validation report), 3 host unreachable, 5 the host's GPU or driver cannot
     be read.
     """
     from dsv4kit.core.inventory import InventoryError, load_inventory
     from dsv4kit.records.quality_evidence import finder
-    from dsv4kit.rollout import plan as kernel_plan
+    from dsv4kit.rollout import fp4_plan, plan as kernel_plan
 
     try:
         target = load_inventory(inventory).host(host)
         target.check_connectable()
         if from_report is not None:
-            # An explicit report decides every kernel flag, as 'auto' would.
-            target.vars = {**target.vars, "dsv4_kernel_flags": {
+            # An explicit report decides every kernel flag and the FP4 setting, as 'auto' would.
+            target.vars = {**target.vars, fp4_plan.SETTING: kernel_plan.AUTO, "dsv4_kernel_flags": {
                 **(target.get("dsv4_kernel_flags") or {}),
                 **{flag: kernel_plan.AUTO for flag in kernel_plan._flags()}}}
         result = kernel_plan.plan_host(target, results_dir=results_dir, from_report=from_report,

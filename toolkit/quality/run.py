@@ -305,7 +305,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         spec = spec_for(ctx, req.quick, req.seed, tasks_path, req.questions)
         spec.update(url=box.url, model_path=str(host["dsv4_model_path"]), parallel=min(64, int(
             host.get("dsv4_max_running_requests") or 64)))
-        arms, details, provenance = {}, {}, {}
+        arms, details, provenance, ran = {}, {}, {}, {}
         if p.ab_spec is not None:  # the playbook cannot resolve 'auto': the arms keep what runs now
             pin_running(host, remote.probe(), served, keep=p.ab_spec.key)
         names = list(p.ab_spec.arms) if p.ab_spec is not None else ["A"]
@@ -315,8 +315,10 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
                 bench_arms.default_apply_arm(p.inventory_path, host, served, p.ab_spec, arm, progress, req.server_timeout)
                 remote.wait_health(serving_ports, req.server_timeout, env)
             info = remote.server_info(decode_port, env)
-            provenance[arm] = sections(host=host, probe=remote.probe(), server_info=info, context_length=served,
+            arm_probe = remote.probe()
+            provenance[arm] = sections(host=host, probe=arm_probe, server_info=info, context_length=served,
                                        restarted=p.ab_spec is not None)
+            ran[arm] = ran_with(host, arm_probe, provenance[arm], p.ab_spec)
             plugin = _plugin_status(host, remote_report)
             progress(f"arm {arm}: {_paths(plugin)}; checks at context {ctx}...")
             details[arm] = box.run(spec, f"arm-{arm}", req.arm_timeout)
@@ -335,9 +337,34 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         outcome, checks = judge(details, p.thresholds)
         record = _build(p, argv, created, started, ctx, spec, provenance["A"], arms, checks, outcome,
                         decode_info(info), toolkit_info(argv))
+        record["evidence"]["ran_with"] = agreed(ran)
         return record, details
     finally:
         remote.cleanup()
+
+
+def ran_with(host, probe: dict, provenance: dict, ab) -> dict:
+    """What one arm ran with, of the keys coupled to the A/B key (``quality_evidence.coupled``):
+    read from the running servers, else the value the arm's restart rendered (a literal or pinned
+    inventory value); None where neither is known."""
+    from dsv4kit.bench.arm_pins import running_fp4
+    from dsv4kit.records.quality_evidence import FP4_SETTING, coupled, normalise
+
+    out = {}
+    for key in coupled(getattr(ab, "key", None)):
+        if key == FP4_SETTING:
+            value, rendered = running_fp4(host, probe)[0], host.get(key)
+        else:
+            flags = (provenance.get("software") or {}).get("kernel_flags")
+            value, rendered = (None if flags is None else flags.get(key, "0")), (host.get("dsv4_kernel_flags") or {}).get(key)
+        out[key] = normalise(key, value if value is not None else rendered)
+    return out
+
+
+def agreed(per_arm: dict) -> dict:
+    """The arms' common values (None where the arms differ or one could not be read)."""
+    keys = {k for values in per_arm.values() for k in values}
+    return {k: (vals.pop() if len(vals := {v.get(k) for v in per_arm.values()}) == 1 else None) for k in sorted(keys)}
 
 
 def served_config(host, ab) -> dict:

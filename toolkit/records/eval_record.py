@@ -10,7 +10,8 @@ Layout (docs/quality.md has the field-by-field description)::
     arms{A: {setting, provenance_sha256, software{kernel_flags...}, paths, plugin, timings_s,
              details_file}, B: ...},
     checks[{check, outcome, why, ...numbers}], outcome,
-    evidence{kernels_sha256, served_config, served_config_sha256, gpu_models, driver},
+    evidence{kernels_sha256, served_config, served_config_sha256, gpu_models, driver,
+             ran_with{the A/B key's coupled keys as the arms ran them}},
     comparability_key{...}, notes[]
 
 The raw answers of each arm go to ``details/arm-<A|B>.json.gz`` beside the record.

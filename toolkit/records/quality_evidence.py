@@ -2,11 +2,19 @@
 ``--ab dsv4_fp4_indexer=false,true`` (the FP4 setting).
 
 ``finder(repo)`` returns the lookup ``dsv4kit.rollout.plan.plan_host`` takes (``quality=``):
-``lookup(host, key, facts) -> {"ok", "why", "record"}``. The newest eval record of the host whose
+``lookup(host, key, facts, served_with=None) -> {"ok", "why", "record"}``. The newest eval record of the host whose
 A/B key is ``key`` (arms ``0`` and ``1``, or ``false`` and ``true`` for the setting) decides. It counts only when it passed every check it
 had to run (decode against re-prefill, arm agreement, needles up to the served context, tasks),
 and was measured on the host's serving GPU model and driver, with the kernels this checkout ships
 and the inventory's serving configuration as it is now. Otherwise ``why`` names what is missing.
+
+The FP4 index-K cache changes what every arm computes, and the indexer flag chooses which FP4
+indexer the setting's arms ran, so these are compared as served values, not as the inventory spells
+them (``auto`` resolves either way): a kernel flag's record counts only with the FP4 cache served as
+its arms ran it, the setting's record only with the indexer flag served as its arms ran it
+(``coupled``). The record's ``evidence.ran_with`` holds what the arms ran with, read on the box
+(an older record: the literal value of its fingerprint); ``lookup``'s ``served_with`` holds what
+provisioning would serve (``dsv4kit.rollout.plan``).
 """
 
 from __future__ import annotations
@@ -15,9 +23,70 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit.records import eval_record, results_repo
-from dsv4kit.records.record import RecordError, sha256_json
+from dsv4kit.records.record import RecordError
+from dsv4kit.rollout.targets import INDEXER_FLAG
 
 REQUIRED_CHECKS = ("logprob_kl", "arm_agreement", "needles", "tasks")
+FP4_SETTING = "dsv4_fp4_indexer"  # dsv4kit.rollout.fp4_plan.SETTING
+
+
+def coupled(key: str) -> tuple[str, ...]:
+    """The keys whose served value must be what ``key``'s A/B arms ran with."""
+    return (INDEXER_FLAG,) if key == FP4_SETTING else (FP4_SETTING,)
+
+
+def normalise(key: str, value):
+    """A coupled key's value in one spelling: the setting as a bool, a kernel flag as "0"/"1";
+    None for ``auto`` or anything else that is not a served value."""
+    if key == FP4_SETTING:
+        return value if isinstance(value, bool) else False if value is None else None
+    text = str(value).strip() if value is not None else "0"  # an unset flag is stock
+    return text if text in ("0", "1") else None
+
+
+def ran_value(record: dict, key: str) -> tuple[bool, object]:
+    """(known, value) of ``key`` in the record's arms: ``evidence.ran_with``; for an older record,
+    a kernel flag as every arm's servers ran it, the FP4 setting as its fingerprint spells it."""
+    evidence = record.get("evidence") or {}
+    ran = evidence.get("ran_with") or {}
+    if key in ran:
+        return ran[key] is not None, normalise(key, ran[key])
+    if key == FP4_SETTING:
+        value = normalise(key, (evidence.get("served_config") or {}).get(key))
+        return value is not None, value
+    seen = {str(((arm.get("software") or {}).get("kernel_flags") or {}).get(key))
+            if ((arm.get("software") or {}).get("kernel_flags")) is not None else None
+            for arm in (record.get("arms") or {}).values() if isinstance(arm, dict)}
+    if len(seen) != 1 or None in seen:
+        return False, None
+    value = normalise(key, seen.pop())
+    return value is not None, value
+
+
+def coupled_problems(record: dict, host, served_with: Optional[dict]) -> list[str]:
+    """Why the record's arms ran with another value of a coupled key than ``served_with`` serves."""
+    key = (record.get("ab") or {}).get("key")
+    out = []
+    for other in coupled(key):
+        served = normalise(other, (served_with or {}).get(other)) if other in (served_with or {}) else None
+        if served is None:
+            continue
+        known, ran = ran_value(record, other)
+        if not known:
+            out.append(f"it does not show which {other} its arms ran with (they differed, or it was 'auto' and "
+                       f"not recorded)")
+        elif ran != served:
+            out.append(f"its arms ran with {other}={_spell(ran)}, and {host.name} would serve {other}={_spell(served)}")
+    return out
+
+
+def without_served_values(config: dict) -> dict:
+    """The fingerprint less the keys compared as served values (``coupled``)."""
+    return {k: v for k, v in config.items() if k != FP4_SETTING}
+
+
+def _spell(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def serving_gpu_models(host, facts) -> set:
@@ -58,8 +127,10 @@ def _records_for(repo: Path, host_name: str, flag: str) -> list[dict]:
     return found
 
 
-def problems(record: dict, host, facts, kernels_sha256: Optional[str]) -> list[str]:
-    """Why ``record`` is not quality evidence for ``host`` as it is now (empty: it is)."""
+def problems(record: dict, host, facts, kernels_sha256: Optional[str],
+             served_with: Optional[dict] = None) -> list[str]:
+    """Why ``record`` is not quality evidence for ``host`` as it is now, serving ``served_with``
+    for the coupled keys (empty: it is)."""
     out = []
     if record.get("outcome") != "pass":
         failed = [f"{c['check']} {c['outcome']}: {c['why']}" for c in record.get("checks") or [] if c["outcome"] != "pass"]
@@ -82,12 +153,12 @@ def problems(record: dict, host, facts, kernels_sha256: Optional[str]) -> list[s
         out.append(f"it measured other dsv4kit kernels ({str(evidence.get('kernels_sha256'))[:12]}) than this "
                    f"checkout ships ({str(kernels_sha256)[:12]})")
     key = (record.get("ab") or {}).get("key")
-    now = eval_record.served_config(host, without_var=key if key in eval_record.SETTING_KEYS else None)
-    if evidence.get("served_config_sha256") != sha256_json(now):
-        then = evidence.get("served_config") or {}
+    now = without_served_values(eval_record.served_config(host))
+    then = without_served_values(evidence.get("served_config") or {})
+    if then != now:
         changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
         out.append(f"the serving configuration changed since ({', '.join(changed) or 'its fingerprint'})")
-    return out
+    return out + coupled_problems(record, host, served_with)
 
 
 def finder(repo: Optional[Path] = None) -> Callable:
@@ -97,7 +168,7 @@ def finder(repo: Optional[Path] = None) -> Callable:
 
     repo = Path(repo) if repo is not None else results_repo.default_path()
 
-    def lookup(host, flag: str, facts) -> dict:
+    def lookup(host, flag: str, facts, served_with: Optional[dict] = None) -> dict:
         values = ",".join(ab_values(flag))
         advice = f"run `dsv4kit eval --ab {flag}={values} --host {host.name}` (docs/quality.md)"
         try:
@@ -108,7 +179,7 @@ def finder(repo: Optional[Path] = None) -> Callable:
             return {"ok": False, "record": None,
                     "why": f"no quality record: no `eval --ab {flag}={values}` of {host.name} in {repo}; {advice}"}
         newest = records[-1]
-        found = problems(newest, host, facts, kernels_digest())
+        found = problems(newest, host, facts, kernels_digest(), served_with)
         if found:
             return {"ok": False, "record": newest["run_id"],
                     "why": f"quality record {newest['run_id']} does not hold: {'; '.join(found)}; {advice}"}

@@ -10,7 +10,7 @@ It is ``true`` only when both hold for the host as it is now:
   function SGLang calls follows the resolved ``SGLANG_SM120_TRITON_INDEXER``: ``1`` replaces
   DeepGEMM's ``fp8_fp4_paged_mqa_logits`` with dsv4kit's, ``0`` leaves DeepGEMM's;
 * the answers: a passing ``dsv4kit eval --ab dsv4_fp4_indexer=false,true`` record
-  (``dsv4kit.records.quality_evidence``).
+  (``dsv4kit.records.quality_evidence``) whose arms ran with the indexer flag that will be served.
 
 Anything missing or partial keeps it ``false``, and the decision (``value``, ``source``, ``why``)
 says which piece.
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable, Optional
+
+from dsv4kit.rollout.targets import INDEXER_FLAG
 
 SETTING = "dsv4_fp4_indexer"
 TARGET = "indexer_fp4"
@@ -58,7 +60,7 @@ def decide(host, report: dict, path: Path, facts, quality: Optional[Callable], i
                f"and the fastest correct indexer at every shape")
     if quality is None:
         return off("report", f"{numbers}, but no quality evidence was looked up", **base)
-    found = quality(host, SETTING, facts)
+    found = quality(host, SETTING, facts, {INDEXER_FLAG: indexer_flag})
     base["quality_record"] = found.get("record")
     if not found.get("ok"):
         return off("quality record missing", f"{numbers}, but {found['why']}", **base)

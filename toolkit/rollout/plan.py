@@ -277,12 +277,45 @@ def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional
     remote = report.get("remote") or {}
     if remote.get("host") not in (None, host.name):
         say(f"{host.name}: report {Path(path).name} was measured on {remote.get('host')} (same GPU, driver, SGLang)")
-    for name in autos:
-        plan["flags"][name], plan["decisions"][name] = _decide(host, name, report, path, facts, quality)
-    if fp4_auto:
-        plan["settings"][fp4_plan.SETTING] = fp4_plan.decide(host, report, path, facts, quality,
-                                                             plan["flags"].get(_indexer_flag(), "0"))
+    numbers = {name: _numbers(name, report, path) for name in autos}
+    if not fp4_auto:
+        _resolve_flags(plan, host, numbers, facts, quality, bool(host.get(fp4_plan.SETTING) or False))
+        return plan
+    # The FP4 cache and the indexer flag choose which of each other's code runs, so each one's quality
+    # record counts only with the other as served (quality_evidence.coupled): the FP4 cache is on only
+    # when the flags resolved with it on keep it on; otherwise the flags are resolved with it off.
+    with_fp4 = _resolve_flags(dict(plan, flags=dict(plan["flags"]), decisions=dict(plan["decisions"])),
+                              host, numbers, facts, quality, True)
+    fp4_on = fp4_plan.decide(host, report, path, facts, quality, _indexer_value(host, with_fp4))
+    if fp4_on["value"]:
+        plan.update(flags=with_fp4["flags"], decisions=with_fp4["decisions"])
+        plan["settings"][fp4_plan.SETTING] = fp4_on
+        return plan
+    _resolve_flags(plan, host, numbers, facts, quality, False)
+    on, off = _indexer_value(host, with_fp4), _indexer_value(host, plan)
+    decision = fp4_on  # the same indexer flag either way: the same decision
+    if on != off:
+        flag = _indexer_flag()
+        decision = fp4_plan.off(fp4_on["source"], f"with the FP4 cache on, {flag} would be {on} "
+                                f"({with_fp4['decisions'].get(flag, {}).get('why')}), and then: {fp4_on['why']}",
+                                **{k: fp4_on[k] for k in ("report", "serving", "quality_record") if k in fp4_on})
+    plan["settings"][fp4_plan.SETTING] = decision
     return plan
+
+
+def _resolve_flags(plan: dict, host, numbers: dict, facts, quality, fp4: bool) -> dict:
+    """Each auto flag of ``numbers`` decided with its quality record, the FP4 cache served as ``fp4``."""
+    served = {fp4_plan.SETTING: fp4}
+    for name, (ok, decision) in numbers.items():
+        plan["flags"][name], plan["decisions"][name] = (
+            _with_quality(host, name, decision, facts, quality, served) if ok else ("0", decision))
+    return plan
+
+
+def _indexer_value(host, plan: dict) -> str:
+    """The indexer flag as ``plan`` serves it: decided, else the inventory's, else stock."""
+    flag = _indexer_flag()
+    return str(plan["flags"].get(flag, (host.get("dsv4_kernel_flags") or {}).get(flag, "0")))
 
 
 def _evidence(host, plan: dict, autos: list[str], results_dir: Path, from_report, probe, say) -> tuple:
@@ -341,8 +374,8 @@ def _report_summary(path: Path, report: dict) -> dict:
             "identity": verdict.get("identity"), "shapes": verdict.get("shapes")}
 
 
-def _decide(host, name: str, report: dict, path: Path, facts, quality) -> tuple[str, dict]:
-    """One auto flag: on only with the numbers (a correct, faster kernel) and the answers (quality)."""
+def _numbers(name: str, report: dict, path: Path) -> tuple[bool, dict]:
+    """One auto flag's numbers: (whether they recommend it, its decision so far; its ``why`` the verdict's reasons)."""
     body = report["verdict"]["targets"][_target_of(name)]
     comparisons = body.get("comparisons", [])
     decision = {"source": "report", "report": Path(path).name, "recommend": body.get("recommend"),
@@ -354,16 +387,22 @@ def _decide(host, name: str, report: dict, path: Path, facts, quality) -> tuple[
         reasons = list(body.get("reasons") or [])
         if wrong:
             reasons.append(f"dsv4kit's kernel is not shown correct at {', '.join(map(str, wrong))}")
-        return "0", {**decision, "value": "0", "why": "; ".join(reasons) or "the verdict recommends it off"}
+        return False, {**decision, "value": "0", "why": "; ".join(reasons) or "the verdict recommends it off"}
+    return True, {**decision, "why": "; ".join(body.get("reasons") or [])}
+
+
+def _with_quality(host, name: str, decision: dict, facts, quality, served_with: dict) -> tuple[str, dict]:
+    """An auto flag the numbers recommend: on only with the answers (a quality record that holds)."""
+    decision = dict(decision)
+    reasons = decision.pop("why", "")
     if quality is None:
         return "0", {**decision, "value": "0", "why": "the numbers recommend it, but no quality evidence was looked up"}
-    found = quality(host, name, facts)
+    found = quality(host, name, facts, served_with)
     decision["quality_record"] = found.get("record")
     if not found.get("ok"):
         return "0", {**decision, "value": "0", "source": "quality record missing",
-                     "why": f"the numbers recommend it ({'; '.join(body.get('reasons', []))}), but {found['why']}"}
-    return "1", {**decision, "value": "1", "source": "report + quality record",
-                 "why": f"{'; '.join(body.get('reasons', []))}; {found['why']}"}
+                     "why": f"the numbers recommend it ({reasons}), but {found['why']}"}
+    return "1", {**decision, "value": "1", "source": "report + quality record", "why": f"{reasons}; {found['why']}"}
 
 
 def _flags() -> list[str]:
