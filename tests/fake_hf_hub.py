@@ -240,8 +240,10 @@ class _Base(BaseHTTPRequestHandler):
 def tiny_repo(repo_id: str = "dsv4kit-test/Tiny-V4", commit: str = "1f0a5ce0d8c3b7e2a4f6081c9d2e3b4a5c6d7e8f",
               drafter: str = "") -> FakeRepo:
     """A small model repository: config and tokenizer (plain git), two safetensors shards (LFS)
-    and a file in a subdirectory; with ``drafter``, a DSpark draft model in that folder (its
-    config.json and one LFS shard), as DeepSeek-V4-Flash-0731 ships one."""
+    and a file in a subdirectory; with ``drafter`` "bundled", the DSpark drafter in the checkpoint
+    itself (config.json's dspark_* keys, mtp.* tensors in the index), as DeepSeek-V4-Flash-0731
+    ships it; with another ``drafter``, a DSpark draft model in that folder (its config.json and one
+    LFS shard), SGLang's other convention."""
     shard = lambda seed, size: hashlib.shake_256(seed).digest(size)  # noqa: E731
     files = {
         "config.json": json.dumps({"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 2}).encode(),
@@ -252,7 +254,13 @@ def tiny_repo(repo_id: str = "dsv4kit-test/Tiny-V4", commit: str = "1f0a5ce0d8c3
         "model-00002-of-00002.safetensors": shard(b"two", 64_000),
         "encoding/encode_messages.py": b"# how messages are encoded\n",
     }
-    if drafter:
+    if drafter == "bundled":
+        files["config.json"] = json.dumps({"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 2,
+                                           "dspark_block_size": 5, "dspark_target_layer_ids": [0, 1]}).encode()
+        files["model.safetensors.index.json"] = json.dumps({"weight_map": {
+            "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors",
+            "mtp.0.a": "model-00002-of-00002.safetensors"}}).encode()
+    elif drafter:
         files[f"{drafter}/config.json"] = json.dumps({"architectures": ["DeepseekV4ForCausalLMDSpark"],
                                                       "dspark_config": {"block_size": 3}}).encode()
         files[f"{drafter}/model.safetensors"] = shard(b"drafter", 48_000)

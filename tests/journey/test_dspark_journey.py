@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.slow
 CHOICE = {"dsv4_model": "DeepSeek-V4-Flash-0731", "dsv4_speculative": "DSPARK"}
 PINS = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
 REVISION = PINS["dsv4_models"][CHOICE["dsv4_model"]]["revision"]
+BLOCK = PINS["dsv4_speculative_dspark_block_size"]  # verify steps of BLOCK + 1 rows a request
 
 
 def write_weights_marker(model: Path) -> None:
@@ -54,10 +56,10 @@ def box(tmp_path_factory):
     box = SimulatedBox(tmp_path_factory.mktemp("dspark"), {
         **CHOICE, "dsv4_kernel_flags": {"SGLANG_SM120_TRITON_INDEXER": "0", "SGLANG_SM120_MMA_ATTENTION": "0"}}).build()
     make_tokenizer(Path(sys.executable), box.model)  # the bench client reads it from the model directory
+    # 0731 bundles its drafter: the checkpoint's config.json carries the dspark_* keys.
     (box.model / "config.json").write_text(json.dumps({"architectures": ["DeepseekV4ForCausalLM"],
-                                                       "model_type": "dsv4kit-test", "vocab_size": 201}))
-    (box.model / "dspark").mkdir()
-    (box.model / "dspark/config.json").write_text(json.dumps({"architectures": ["DeepseekV4ForCausalLMDSpark"]}))
+                                                       "model_type": "dsv4kit-test", "vocab_size": 201,
+                                                       "dspark_block_size": BLOCK, "dspark_target_layer_ids": [0]}))
     write_weights_marker(box.model)
     box.start_all()
     yield box
@@ -67,8 +69,8 @@ def box(tmp_path_factory):
 def box_inventory(box, sshd, directory: Path, **extra) -> Path:
     """The box as an inventory host over the loopback sshd: the DSPARK choice and the box's ports."""
     ports = {k: box.vars[k] for k in ("dsv4_router_port", "dsv4_decode_port", "dsv4_prefill_port")}
-    return write_inventory(directory, sshd, dsv4_speculative="DSPARK", dsv4_model_drafter="dspark",
-                           dsv4_speculative_dspark_block_size=3, **ports, **extra)
+    return write_inventory(directory, sshd, dsv4_speculative="DSPARK", dsv4_model_drafter="bundled",
+                           dsv4_speculative_dspark_block_size=BLOCK, **ports, **extra)
 
 
 def probe(box) -> dict:
@@ -81,12 +83,15 @@ def probe(box) -> dict:
 
 
 def test_dspark_units_start_healthy_and_report_their_acceptance(box):
-    block = 3  # the inventory's dsv4_speculative_dspark_block_size: verify steps of block + 1 rows a request
-    assert speculative.verify_tokens({**CHOICE, "dsv4_speculative_dspark_block_size": block}) == block + 1
+    assert speculative.verify_tokens({**CHOICE, "dsv4_speculative_dspark_block_size": BLOCK}) == BLOCK + 1
     for name in ("dsv4-prefill.service", "dsv4-decode.service"):
         text = (box.units / name).read_text()
-        assert (f"--speculative-algorithm DSPARK --speculative-dspark-block-size {block} "
-                f"--speculative-draft-model-path {box.model}/dspark") in text, text
+        line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+        argv = shlex.split(line.removeprefix("ExecStart="))
+        at = argv.index("--speculative-algorithm")
+        # The bundled drafter's path is the checkpoint's own.
+        assert argv[at:at + 6] == ["--speculative-algorithm", "DSPARK", "--speculative-dspark-block-size", str(BLOCK),
+                                   "--speculative-draft-model-path", str(box.model)], argv
     for argv in box.server_waits():
         code, result = box.wait(argv + ["--expect", "speculative_algorithm=DSPARK"])
         assert code == 0, result
@@ -130,7 +135,8 @@ def test_a_bench_point_records_the_acceptance_beside_the_forward_passes(box, loo
 def test_validate_gpu_fails_a_drafter_whose_drafts_are_never_accepted(box, loopback_ssh, tmp_path):
     """`dsv4kit validate --gpu` over SSH (the loopback sshd; the kernel table on the interpreter) with the
     box's ports: the kernels pass, the served acceptance of 1.0 fails the run with its reason."""
-    (box.model / "dspark/config.json").write_text(json.dumps({"dsv4kit_standin_accept_length": 1.0}))
+    config = json.loads((box.model / "config.json").read_text())
+    (box.model / "config.json").write_text(json.dumps({**config, "dsv4kit_standin_accept_length": 1.0}))
     assert box.systemctl("restart", "dsv4-decode.service").returncode == 0
     code, result = box.wait(box.server_waits()[1] + ["--expect", "speculative_algorithm=DSPARK"])
     assert code == 0, result

@@ -1,7 +1,8 @@
-"""The weights script with a drafter (DeepSeek-V4-Flash-0731's DSpark draft model in a folder of the
-revision), run directly against the stand-in hub (tests/fake_hf_hub.py) with this environment's
-huggingface_hub: the drafter's files are downloaded and verified with the rest and counted in the
-report; a revision without the drafter is refused, before any download and again from the marker."""
+"""The weights script with a drafter, run directly against the stand-in hub (tests/fake_hf_hub.py) with
+this environment's huggingface_hub. Bundled in the checkpoint (DeepSeek-V4-Flash-0731): its
+config.json must carry the dspark_* keys, checked once on disk and again from the marker. In a
+folder of the revision (SGLang's other convention): its files are downloaded and verified with the
+rest and counted; a revision without it is refused, before any download and again from the marker."""
 
 from __future__ import annotations
 
@@ -56,3 +57,24 @@ def test_a_revision_without_the_drafter_is_refused_by_name(hub, tmp_path):
     assert code == 0 and plain["drafter"] is None, plain
     code, report = weights(hub, tmp_path / "m", "--drafter", "dspark")
     assert code == 1 and "ships no DSpark drafter" in report["message"], report
+
+
+@pytest.mark.parametrize("hub", ["bundled"], indirect=True)
+def test_a_bundled_drafter_is_checked_in_the_checkpoints_config(hub, tmp_path):
+    code, report = weights(hub, tmp_path / "m", "--check", "--drafter", "bundled")
+    assert code == 0 and report["drafter"] == {"bundled": True, "checked": False}, report  # nothing on disk yet
+    code, report = weights(hub, tmp_path / "m", "--drafter", "bundled")
+    assert code == 0 and report["status"] == "downloaded", report
+    assert report["drafter"] == {"bundled": True, "checked": True, "block_size": 5,
+                                 "keys": ["dspark_block_size", "dspark_target_layer_ids"]}, report
+    code, again = weights(hub, tmp_path / "m", "--drafter", "bundled")  # from the marker, no download
+    assert code == 0 and again["status"] == "verified" and again["drafter"] == report["drafter"], again
+
+
+@pytest.mark.parametrize("hub", [""], indirect=True)
+def test_a_checkpoint_without_the_dspark_keys_is_refused_as_bundled(hub, tmp_path):
+    code, report = weights(hub, tmp_path / "m", "--drafter", "bundled")
+    assert code == 1 and report["status"] == "refused", report
+    assert "bundles no DSpark drafter: its config.json has none of dspark_block_size" in report["message"], report
+    code, again = weights(hub, tmp_path / "m", "--drafter", "bundled")
+    assert code == 1 and "bundles no DSpark drafter" in again["message"], again

@@ -28,7 +28,12 @@ ALLOWED = {
     f"{model}/{algorithm}": {"dsv4_model": model, "dsv4_speculative": algorithm}
     for model in (ORIGINAL, V0731) for algorithm in speculative.ALGORITHMS
     if not (algorithm == "DSPARK" and not PINS["dsv4_models"][model]["drafter"])
+    and not (algorithm == "EAGLE" and PINS["dsv4_models"][model]["drafter"] == speculative.BUNDLED)
 }
+# A drafter shipped as a folder of the revision (SGLang 0.5.23's other convention): a model of its own.
+FOLDER = "Folder-Drafter"
+MODELS = {**PINS["dsv4_models"], FOLDER: {"repo": "dsv4kit-test/Folder-Drafter", "revision": "0" * 40, "drafter": "dspark"}}
+ALLOWED[f"{FOLDER}/DSPARK"] = {"dsv4_models": MODELS, "dsv4_model": FOLDER, "dsv4_speculative": "DSPARK"}
 ALLOWED[f"{V0731}/DSPARK-block7"] = {"dsv4_model": V0731, "dsv4_speculative": "DSPARK",
                                      "dsv4_speculative_dspark_block_size": 7}
 #: What the toolkit refuses, and the reason SGLang gives for the same units.
@@ -60,12 +65,22 @@ def v4_flash_config(drafter: bool) -> dict:
     return config
 
 
+def bundled_config() -> dict:
+    """DeepSeek-V4-Flash-0731's config.json: the same model, its DSpark stages' keys beside it (the
+    keys SGLang 0.5.23 recognises a bundled drafter by; three more compressed-attention layers)."""
+    config = v4_flash_config(False)
+    config.update(compress_ratios=config["compress_ratios"] + [4, 4, 4], dspark_block_size=5,
+                  dspark_target_layer_ids=[40, 41, 42], dspark_markov_rank=256, dspark_noise_token_id=128799)
+    return config
+
+
 def write_models(root: Path) -> Path:
-    for name, entry in PINS["dsv4_models"].items():
+    for name, entry in MODELS.items():
         model = root / name
         model.mkdir(parents=True)
-        (model / "config.json").write_text(json.dumps(v4_flash_config(False)))
-        if entry["drafter"]:
+        bundled = entry["drafter"] == speculative.BUNDLED
+        (model / "config.json").write_text(json.dumps(bundled_config() if bundled else v4_flash_config(False)))
+        if entry["drafter"] and not bundled:
             (model / entry["drafter"]).mkdir()
             (model / entry["drafter"] / "config.json").write_text(json.dumps(v4_flash_config(True)))
     return root
@@ -153,8 +168,10 @@ def test_each_allowed_choice_is_what_sglang_resolves_on_both_servers(resolved, n
         assert got["speculative_num_draft_tokens"] == speculative.verify_tokens(values), got
         if algorithm == "DSPARK":
             assert got["speculative_num_steps"] == 1, got
-            assert got["speculative_draft_model_path"] == str(root / "models" / values["dsv4_model"]
-                                                              / values["dsv4_model_drafter"]), got
+            model = root / "models" / values["dsv4_model"]  # a bundled drafter is the checkpoint itself
+            drafter = values["dsv4_model_drafter"]
+            assert got["speculative_draft_model_path"] == str(model if drafter == speculative.BUNDLED
+                                                              else model / drafter), got
         else:  # EAGLE drafts with the checkpoint's own MTP layer
             assert got["speculative_num_steps"] == values["dsv4_speculative_num_steps"], got
             assert got["speculative_draft_model_path"] == str(root / "models" / values["dsv4_model"]), got
@@ -189,7 +206,7 @@ def test_a_refused_choice_stops_the_inventory_load_naming_where_it_is_set(tmp_pa
     (tmp_path / "group_vars/all.yml").write_text(yaml.safe_dump(chosen))
     host = load_inventory(tmp_path / "hosts.yml").host("box1")
     assert (host["dsv4_model_repo"], host["dsv4_model_drafter"], host["dsv4_model_path"]) == \
-        ("deepseek-ai/DeepSeek-V4-Flash-0731", "dspark", "/models/DeepSeek-V4-Flash-0731")
+        ("deepseek-ai/DeepSeek-V4-Flash-0731", "bundled", "/models/DeepSeek-V4-Flash-0731")
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -203,3 +220,10 @@ def test_dsv4kits_own_rules_name_the_field(overrides, message):
     found = speculative.problem(inventory_values({k: v for k, v in overrides.items() if k != "dsv4_model"})
                                 | ({"dsv4_model": overrides["dsv4_model"]} if "dsv4_model" in overrides else {}))
     assert found and message in found[1], found
+
+
+def test_eagle_on_a_bundled_dspark_checkpoint_is_refused_by_dsv4kit():
+    """SGLang accepts it, and it drafts nothing: the checkpoint's mtp.* weights are the DSpark stages."""
+    found = speculative.problem(inventory_values({"dsv4_model": V0731, "dsv4_speculative": "EAGLE"}))
+    assert found and found[0] == "dsv4_speculative" and "bundles a DSpark drafter" in found[1], found
+    assert "use DSPARK, or off" in found[1]

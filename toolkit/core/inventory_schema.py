@@ -45,7 +45,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     # --- serving ---
     "dsv4_model": (str, "The model the boxes serve: a key of dsv4_models (DeepSeek-V4-Flash or DeepSeek-V4-Flash-0731)."),
     "dsv4_models": (dict, "The models to choose from: name -> {repo, revision (a commit), drafter (the revision's DSpark draft folder, or '')}."),
-    "dsv4_model_drafter": (str, "Folder of the model's revision that holds its DSpark drafter (config.json and weights); '' when it ships none."),
+    "dsv4_model_drafter": (str, "The model's DSpark drafter: 'bundled' (in the checkpoint, config.json's dspark_* keys), a folder of the revision (config.json and weights), or '' when it ships none."),
     "dsv4_speculative": (str, "Speculative decoding of both servers: 'off', 'EAGLE' (the checkpoint's MTP layer) or 'DSPARK' (the model's drafter)."),
     "dsv4_speculative_num_steps": (int, "EAGLE: draft steps per verify step (each verify checks steps + 1 tokens; top-k is 1)."),
     "dsv4_speculative_dspark_block_size": (int, "DSPARK: the draft block (gamma); each verify step checks gamma + 1 tokens."),

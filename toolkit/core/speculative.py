@@ -3,11 +3,13 @@
 The serving units (sglang_service) pass the same setting to the prefill and the decode server:
 ``off``; ``EAGLE`` (``--speculative-num-steps N --speculative-eagle-topk 1
 --speculative-num-draft-tokens N+1``: the checkpoint's MTP layer drafts); ``DSPARK``
-(``--speculative-dspark-block-size G --speculative-draft-model-path <model>/<drafter>``). What
-SGLang's argument pipeline would refuse for DeepSeek-V4 on sm_120 is refused here, before
-connecting, with SGLang's own reason; tests/provision/test_speculative_units.py runs every
-combination through that pipeline and checks the two agree. One rule is dsv4kit's own: EAGLE with
-0 draft steps, which SGLang accepts but which drafts nothing. Standard library only.
+(``--speculative-dspark-block-size G --speculative-draft-model-path <model>`` for a drafter bundled
+in the checkpoint, ``<model>/<drafter>`` for one in a folder). What SGLang's argument pipeline
+would refuse for DeepSeek-V4 on sm_120 is refused here, before connecting, with SGLang's own
+reason; tests/provision/test_speculative_units.py runs every combination through that pipeline and
+checks the two agree. Two rules are dsv4kit's own, for settings SGLang accepts that draft nothing:
+EAGLE with 0 draft steps, and EAGLE on a checkpoint that bundles a DSpark drafter (its ``mtp.*``
+weights are the DSpark stages, not an MTP layer). Standard library only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 ALGORITHMS = ("off", "EAGLE", "DSPARK")
+BUNDLED = "bundled"  # dsv4_models' drafter: the checkpoint holds it (config.json's dspark_* keys)
 
 # SGLang 0.5.23's reasons, as its argument pipeline words them (arg_groups/deepseek_v4_hook.py,
 # arg_groups/speculative_hook.py).
@@ -49,7 +52,12 @@ def problem(values: dict) -> Optional[tuple[str, str]]:
         return "dsv4_speculative", (f"dsv4_speculative must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}. "
                                     f"SGLang 0.5.23: {SGLANG_ONLY_EAGLE_DSPARK}")
     if algorithm == "EAGLE":
-        # dsv4kit's own rule: SGLang accepts 0 steps, which drafts nothing (acceptance 1.0 always).
+        # dsv4kit's own rules: SGLang accepts these, and they draft nothing (acceptance 1.0 always).
+        if values.get("dsv4_model_drafter") == BUNDLED:
+            return "dsv4_speculative", (
+                f"dsv4_speculative is EAGLE but dsv4_model {model!r} bundles a DSpark drafter: its checkpoint's "
+                f"mtp.* weights are the DSpark stages, not an MTP layer, so EAGLE loads and accepts no draft: "
+                f"use DSPARK, or off")
         return _positive(values, "dsv4_speculative_num_steps", "EAGLE draft steps")
     if algorithm == "DSPARK":
         found = _positive(values, "dsv4_speculative_dspark_block_size", "the DSpark draft block (gamma)")

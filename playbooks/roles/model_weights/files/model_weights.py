@@ -2,7 +2,7 @@
 """Put one pinned revision of a Hugging Face model repository into a directory, verified.
 
 Usage: model_weights.py --repo R --revision SHA --dest DIR [--endpoint URL] [--allow-unpinned]
-       [--check] [--rehash] [--token-stdin] [--workers N] [--log FILE] [--drafter FOLDER]
+       [--check] [--rehash] [--token-stdin] [--workers N] [--log FILE] [--drafter FOLDER|bundled]
 Run with the SGLang venv's python (huggingface_hub comes with transformers there). The token is
 read from stdin (--token-stdin), never from argv; it is never printed.
 
@@ -16,7 +16,10 @@ every file again, for corruption that kept sizes and mtimes).
 
 --drafter FOLDER: the revision ships a DSpark draft model in FOLDER (its config.json and at least
 one .safetensors file); a revision without them is refused, and the drafter's files are verified
-with the rest (the JSON's "drafter" field counts them).
+with the rest (the JSON's "drafter" field counts them). --drafter bundled: the drafter's weights
+are in the checkpoint itself, as DeepSeek-V4-Flash-0731 ships it; its config.json must carry the
+dspark_* keys by which SGLang 0.5.23 recognises a bundled drafter, checked once it is on disk (the
+"drafter" field gives the block size it was trained with).
 
 Prints one JSON object: status (verified, downloaded, would_download, refused, error), changed,
 message and details. Exit 0 ok, 1 refused (a directory that does not match), 2 bad input,
@@ -32,6 +35,9 @@ import sys
 import time
 
 MARKER = ".dsv4kit-weights.json"
+BUNDLED = "bundled"
+# Any of these in config.json marks a drafter bundled in the checkpoint (SGLang 0.5.23's rule).
+DSPARK_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
 # huggingface_hub's own bookkeeping of a local_dir download (resume metadata, .incomplete files).
 HUB_BOOKKEEPING = ".cache/huggingface/"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -89,10 +95,32 @@ def local_files(dest):
     return sorted(found)
 
 
-def drafter_summary(names_sizes, folder, repo, revision):
-    """{"folder", "files", "bytes"} of the DSpark drafter in folder; Refused when the revision lacks it."""
+def bundled_summary(dest, repo, revision):
+    """{"bundled", "block_size", "keys"} from the checkpoint's config.json; "checked": False before it
+    is on disk; Refused when it marks no bundled drafter."""
+    try:
+        with open(os.path.join(dest, "config.json"), encoding="utf-8") as handle:
+            config = json.load(handle)
+    except FileNotFoundError:
+        return {"bundled": True, "checked": False}
+    except (OSError, ValueError) as exc:
+        raise Refused(1, "refused", f"{dest}/config.json cannot be read to find the bundled DSpark drafter: {exc}")
+    found = sorted(key for key in DSPARK_KEYS if isinstance(config, dict) and config.get(key) is not None)
+    if not found:
+        raise Refused(1, "refused", f"{repo}@{revision} bundles no DSpark drafter: its config.json has none of "
+                                    f"{', '.join(DSPARK_KEYS)} (dsv4_models' drafter says 'bundled'); set it to '' "
+                                    f"and dsv4_speculative to EAGLE or off, or pin a revision that ships one",
+                      drafter=BUNDLED)
+    return {"bundled": True, "checked": True, "block_size": config.get("dspark_block_size"), "keys": found}
+
+
+def drafter_summary(names_sizes, folder, repo, revision, dest=None):
+    """{"folder", "files", "bytes"} of the DSpark drafter in folder (or bundled_summary); Refused
+    when the revision lacks it."""
     if not folder:
         return None
+    if folder == BUNDLED:
+        return bundled_summary(dest, repo, revision) if dest else {"bundled": True, "checked": False}
     prefix = folder.strip("/") + "/"
     mine = {name: size for name, size in names_sizes.items() if name.startswith(prefix)}
     lacking = [what for what, present in (("config.json", prefix + "config.json" in mine),
@@ -223,7 +251,7 @@ def run(args, token):
         if marker:
             total = sum(rec["size"] for rec in marker["files"].values())
             drafter = drafter_summary({n: r["size"] for n, r in marker["files"].items()}, args.drafter,
-                                      args.repo, args.revision)
+                                      args.repo, args.revision, dest)
             return 0, {"status": "verified", "changed": False, "revision": args.revision,
                        "files": len(marker["files"]), "bytes": total, "drafter": drafter,
                        "message": f"{dest}: {args.repo}@{args.revision} verified earlier, files unchanged"}
@@ -248,7 +276,8 @@ def run(args, token):
     files = expected_files(info.siblings or [])
     total = sum(want["size"] for want in files.values())
     summary = {"revision": revision, "files": len(files), "bytes": total,
-               "drafter": drafter_summary({n: w["size"] for n, w in files.items()}, args.drafter, args.repo, revision)}
+               "drafter": drafter_summary({n: w["size"] for n, w in files.items()}, args.drafter, args.repo, revision,
+                                          dest if os.path.isdir(dest) else None)}
 
     present = local_files(dest) if os.path.isdir(dest) else []
     extra = [name for name in present if name not in files]
@@ -296,6 +325,8 @@ def run(args, token):
         lines += [f"{name}: not a file of the revision" for name in extra]
         raise Refused(1, "refused", f"after the download {dest} still does not match {args.repo}@{revision}: "
                                     + "; ".join(lines), mismatched=sorted(problems), extra=extra, **summary)
+    summary["drafter"] = drafter_summary({n: w["size"] for n, w in files.items()}, args.drafter, args.repo, revision,
+                                         dest)  # a bundled drafter is checked in the downloaded config.json
     write_marker(dest, args.repo, revision, files)
     progress(args.log, f"{args.repo}@{revision}: all {len(files)} files verified")
     status = "downloaded" if missing else "verified"
@@ -317,7 +348,8 @@ def main(argv=None):
                         help="hash every file again, even those the marker records as unchanged")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--log", default=None, help="also append progress lines to this file")
-    parser.add_argument("--drafter", default="", help="the revision's folder that must hold its DSpark drafter")
+    parser.add_argument("--drafter", default="", help="the revision's folder that must hold its DSpark drafter, "
+                                                      "or 'bundled': the checkpoint holds it (config.json's dspark_* keys)")
     args = parser.parse_args(argv)
     token = sys.stdin.readline().strip() if args.token_stdin else ""
     try:
