@@ -56,9 +56,11 @@ _GPU_CASES = [
 # Speculative verify steps (docs/sglang-contract.md, "Speculative shapes"): T = requests x (draft
 # tokens + 1) rows, each a token with its own SWA window and top-k. 16 requests x 4 (DSPARK gamma 3)
 # is the last T the kernel serves; 64 x 4 goes past SGLang's 64-token decode limit with the real
-# heads only (16 at attention TP 4); 8 x 4 on a c128 layer at TP 4 (heads padded to 64).
+# heads only (16 at attention TP 4); 8 x 4 on a c128 layer at TP 4 (heads padded to 64); 10 x 6
+# (gamma 5, the 0731 checkpoint's block) with the real heads at TP 4.
 _VERIFY_GPU_CASES = [
     "c4-T64-H64-ps256-L131072-holes",
+    "c4-T60-H16-ps256-L131072",
     "c4-T256-H16-ps256-L131072",
     "c128-T32-H16of64-ps256-L131072",
 ]

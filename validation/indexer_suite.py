@@ -37,9 +37,9 @@ _GPU_CASES = [
     "1x8x512", "16x32x2048", "32x16x1024", "4x64x4096", "8x4x256",
     "64x32x2048", "64x64x4096", "3x1x64", "12x5x300", "64x513x32832", "2x4097x262208",
     # Speculative verify steps at the 128K context: P = 514 (SGLang's speculative headroom of 263 or
-    # more tokens per request row): DSPARK gamma 3 at C=16 and C=64 (64 and 256 rows), gamma 7 at
-    # C=8, EAGLE 3 steps at C=32.
-    "16x514x32832v4", "64x514x32832v4", "8x514x32832v8", "32x514x32832v4",
+    # more tokens per request row): DSPARK gamma 3 at C=16 and C=64 (64 and 256 rows), gamma 5 (the
+    # 0731 checkpoint's block) at C=16 (96 rows), gamma 7 at C=8, EAGLE 3 steps at C=32.
+    "16x514x32832v4", "64x514x32832v4", "16x514x32832v6", "8x514x32832v8", "32x514x32832v4",
 ]
 _CPU_CASES = ["1x8x512", "8x4x256", "3x1x64", "12x5x300", "16x32x2048", "64x2x128", "3x2x128v4"]
 
