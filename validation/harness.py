@@ -20,11 +20,14 @@ Triton reads that variable when a kernel is decorated, not when it is launched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
@@ -72,7 +75,8 @@ def choose_device(interpret: Optional[bool]) -> tuple[str, bool]:
     has_cuda = False
     if not interpret:
         try:
-            import torch
+            with sigint_held():  # native modules: see load_triton
+                import torch
 
             has_cuda = torch.cuda.is_available()
         except ImportError:
@@ -81,10 +85,44 @@ def choose_device(interpret: Optional[bool]) -> tuple[str, bool]:
         interpret = not has_cuda
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
+        load_triton(interpret=True)
         return "cpu", True
     if not has_cuda:
         raise RuntimeError("no CUDA device is visible; pass --interpret to run on the CPU interpreter")
+    load_triton(interpret=False)
     return "cuda", False
+
+
+def load_triton(interpret: bool) -> None:
+    """Import Triton's native parts now, with Ctrl-C held until they are in: one that lands while a
+    nanobind module is importing aborts the process (no exit 130, no message). The interpreter's
+    part is otherwise imported at the first kernel launch. Call it only once ``TRITON_INTERPRET``
+    is decided: Triton reads it when a kernel is decorated."""
+    with sigint_held():
+        try:
+            import triton  # noqa: F401
+            import triton.language  # noqa: F401
+
+            if interpret:
+                import triton.runtime.interpreter  # noqa: F401
+        except ImportError:
+            pass  # the suites say what is missing, as before
+
+
+@contextlib.contextmanager
+def sigint_held():
+    """Hold SIGINT for the block; one that arrived is delivered to the restored handler after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if arrived:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def environment_info(device: str, interpret: bool) -> dict:
