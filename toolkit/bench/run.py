@@ -29,32 +29,33 @@ Say = Callable[[str], None]
 
 @dataclass
 class BenchRequest:
-    """The sweep as the user asked for it, in the CLI's own terms (None: the documented default)."""
+    """The sweep as the user asked for it, in the CLI's own terms (None: the documented default).
+    Where a field is also the sweep's, its default is ``config.SweepConfig``'s (one place)."""
 
     ctx: int
     concurrency: str = "1,16,64"
     input_len: Optional[int] = None
     output_len: Optional[int] = None
-    repeat: int = 3
+    repeat: int = config.SweepConfig.repeat
     num_prompts: Optional[int] = None
     warmup_requests: Optional[int] = None
-    seed: int = 42
+    seed: int = config.SweepConfig.seed
     host: Optional[str] = None
     inventory: Optional[Path] = None
     baseline: Optional[str] = None
     baseline_ctx: Optional[int] = None
     results_repo: Optional[Path] = None
-    point_timeout: float = 3600.0
-    server_timeout: float = 1800.0
-    metrics_interval: float = 0.1
-    restart: bool = True
-    min_concurrency_ratio: float = 0.8
+    point_timeout: float = config.SweepConfig.point_timeout_s
+    server_timeout: float = config.SweepConfig.server_timeout_s
+    metrics_interval: float = config.SweepConfig.metrics_interval_s
+    restart: bool = config.SweepConfig.restart
+    min_concurrency_ratio: float = config.GateConfig.min_concurrency_ratio
     ratio_given: bool = False  # --min-concurrency-ratio given explicitly (check_prompts words its message so)
-    max_cache_hit_pct: float = 1.0
-    retok_tolerance: float = 0.05
+    max_cache_hit_pct: float = config.GateConfig.max_cache_hit_pct
+    retok_tolerance: float = config.GateConfig.retok_tolerance
     ab: Optional[str] = None
-    restarts: int = 0
-    idle_timeout: float = 120.0
+    restarts: int = config.SweepConfig.restarts
+    idle_timeout: float = config.GateConfig.idle_timeout_s
     trust_new_host_key: bool = False
     verbose: bool = False
     #: ``--prefill``: cold prefill tokens/s at ``prefill_lengths`` (None: the default lengths).
