@@ -250,3 +250,18 @@ def test_rollout_plan_from_a_report_plans_the_fp4_setting_too(tmp_path, monkeypa
     assert result.exit_code == 0, result.stdout + result.stderr
     decision = json.loads(result.stdout)["settings"][SETTING]
     assert decision["source"] != "inventory" and decision["report"] == path.name, decision
+
+
+@pytest.mark.parametrize("record, key, expected", [
+    ({"evidence": {"ran_with": {SETTING: True}}}, SETTING, (True, True)),
+    ({"evidence": {"ran_with": {SETTING: None}}}, SETTING, (False, None)),  # the arms differed
+    ({"evidence": {"served_config": {SETTING: False}}}, SETTING, (True, False)),  # older: a literal
+    ({"evidence": {"served_config": {}}}, SETTING, (True, False)),  # older: unset is the role's false
+    ({"evidence": {"served_config": {SETTING: "auto"}}}, SETTING, (False, None)),
+    ({"evidence": {}, "arms": {"A": {"software": {"kernel_flags": {INDEXER: "1"}}},
+                               "B": {"software": {"kernel_flags": {INDEXER: "1"}}}}}, INDEXER, (True, "1")),
+    ({"evidence": {}, "arms": {"A": {"software": {"kernel_flags": {INDEXER: "1"}}},
+                               "B": {"software": {"kernel_flags": None}}}}, INDEXER, (False, None)),
+])
+def test_what_an_older_record_ran_with_is_read_from_what_it_kept(record, key, expected):
+    assert quality_evidence.ran_value(record, key) == expected

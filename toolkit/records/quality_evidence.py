@@ -2,9 +2,10 @@
 ``--ab dsv4_fp4_indexer=false,true`` (the FP4 setting).
 
 ``finder(repo)`` returns the lookup ``dsv4kit.rollout.plan.plan_host`` takes (``quality=``):
-``lookup(host, key, facts, served_with=None) -> {"ok", "why", "record"}``. The newest eval record of the host whose
-A/B key is ``key`` (arms ``0`` and ``1``, or ``false`` and ``true`` for the setting) decides. It counts only when it passed every check it
-had to run (decode against re-prefill, arm agreement, needles up to the served context, tasks),
+``lookup(host, key, facts, served_with=None) -> {"ok", "why", "record"}``. The newest eval record
+of the host whose A/B key is ``key`` (arms ``0`` and ``1``, or ``false`` and ``true`` for the
+setting) decides. It counts only when it passed every check it had to run (decode against
+re-prefill, arm agreement, needles up to the served context, tasks),
 and was measured on the host's serving GPU model and driver, with the kernels this checkout ships
 and the inventory's serving configuration as it is now. Otherwise ``why`` names what is missing.
 
@@ -54,9 +55,10 @@ def ran_value(record: dict, key: str) -> tuple[bool, object]:
     if key == FP4_SETTING:
         value = normalise(key, (evidence.get("served_config") or {}).get(key))
         return value is not None, value
-    seen = {str(((arm.get("software") or {}).get("kernel_flags") or {}).get(key))
-            if ((arm.get("software") or {}).get("kernel_flags")) is not None else None
-            for arm in (record.get("arms") or {}).values() if isinstance(arm, dict)}
+    seen = set()
+    for arm in (record.get("arms") or {}).values():
+        flags = (arm.get("software") or {}).get("kernel_flags") if isinstance(arm, dict) else None
+        seen.add(None if flags is None else str(flags.get(key, "0")))
     if len(seen) != 1 or None in seen:
         return False, None
     value = normalise(key, seen.pop())
