@@ -50,8 +50,9 @@ def ran_value(record: dict, key: str) -> tuple[bool, object]:
     a kernel flag as every arm's servers ran it, the FP4 setting as its fingerprint spells it."""
     evidence = record.get("evidence") or {}
     ran = evidence.get("ran_with") or {}
-    if key in ran:
-        return ran[key] is not None, normalise(key, ran[key])
+    if key in ran:  # None: the arms differed, or it could not be read
+        value = None if ran[key] is None else normalise(key, ran[key])
+        return value is not None, value
     if key == FP4_SETTING:
         value = normalise(key, (evidence.get("served_config") or {}).get(key))
         return value is not None, value
