@@ -33,7 +33,9 @@ BRANCH = "580"
 CUDA_VERSION = "580.95.05-0ubuntu1"
 NEWER_CUDA_VERSION = "580.105.08-0ubuntu1"  # what an unattended upgrade would pull
 UBUNTU_VERSION = "580.126.09-0ubuntu0.24.04.1"  # Ubuntu's build of the same names, a higher version
-SERVER_VERSION = "580.95.05-0ubuntu0.24.04.2"  # Ubuntu's -server build of the branch
+# Ubuntu's -server build of the branch: 0ubuntu0.24.04.3, the first with the versioned virtual
+# nvidia-kernel-common-580-server-580.95.05 its packages depend on (.2 used an exact-version dependency)
+SERVER_VERSION = "580.95.05-0ubuntu0.24.04.3"
 UNBRANCHED = "595"  # NVIDIA's 590+ naming: no branch in the names
 UNBRANCHED_VERSION = "595.58.03-1"
 OPEN_MODULE = f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {CUDA_VERSION.split('-')[0]}  Release Build"
@@ -63,36 +65,77 @@ class Deb:
     depends: str = ""
     postinst: str | None = None
     provides: str = ""
-    conflicts: str = ""  # also written as Replaces:, as the driver packages pair them
+    conflicts: str = ""
+    replaces: str = ""
+    breaks: str = ""
 
 
-# The dependency shapes of Ubuntu noble's nvidia-graphics-drivers-580 binaries (the same packaging
-# NVIDIA's CUDA repository carries for branches up to 589), written from the archive's metadata
-# as we know it (`apt-cache show` on noble), kept to the fields that decide what apt does: each
-# driver package provides and conflicts with its branch-less virtual name, so two branches, or a
-# branch and its -server build, never stay installed together; the headless metapackage needs
-# exactly its own version of the no-DKMS set and of the DKMS module.
+def upstream(version: str) -> str:
+    """The upstream part of a Debian version: 580.126.09 of 580.126.09-0ubuntu0.24.04.1."""
+    return version.rsplit("-", 1)[0]
+
+
+def kernel_version(kernel: str) -> str:
+    """The Version field of the signed-module packages of ``kernel`` (6.8.0-90-generic: 6.8.0-90.90+1),
+    as apt shows linux-modules-nvidia-580-6.8.0-136-generic at 6.8.0-136.136+1 on noble."""
+    base, abi = re.match(r"^([0-9.]+)-([0-9]+)-", kernel).groups()
+    return f"{base}-{abi}.{abi}+1"
+
+
+# The dependency shapes of Ubuntu noble's nvidia-graphics-drivers-580 binaries, kept to the fields
+# that decide what apt and dpkg do (Depends with their version bounds, Provides, Conflicts,
+# Replaces, Breaks; no ${shlibs}/${misc} expansions, no dkms/adduser/ocl-icd dependencies).
+# Source: Canonical's packaging, github.com/canonical/nvidia-graphics-drivers, debian/control of
+# branch 580-noble (580.142-0ubuntu0.24.04.1) and 580-server-noble (580.126.20-0ubuntu0.24.04.2),
+# which are the same after substituting 580 -> 580-server. The versioned virtual
+# nvidia-kernel-common-580-<upstream> (utils, libnvidia-compute and libnvidia-cfg1 depend on it) is
+# there from 580.95.05-0ubuntu0.24.04.3 on ("Fix dependencies between packages", LP: #2129682);
+# every version string this box publishes for Ubuntu is one of that packaging's later releases. In
+# short: nvidia-kernel-common-580 needs the firmware of its own upstream version; the libraries and
+# nvidia-utils need that kernel-common (through the versioned virtual), not each other;
+# nvidia-dkms and nvidia-headless-no-dkms bound kernel-common to the upstream version
+# (>= U, <= U-1); nvidia-headless-580-open needs the no-DKMS set and the DKMS package UNVERSIONED,
+# so only the pin and the names given to apt decide their versions. Each package provides and
+# conflicts with its branch-less virtual name, so two branches, or a branch and its -server build,
+# never stay installed together; the firmware of the two builds of one upstream version break each
+# other. Inferred, not read: that NVIDIA's CUDA repository, whose branch-580 packages carry
+# Ubuntu's names (at 580.x-0ubuntu1), has the same shapes (this box publishes the same for both).
 def driver_debs(version: str, suffix: str = "", dkms_postinst: str | None = None) -> list[Deb]:
     """Branch 580's driver packages at ``version``; ``suffix`` "-server": Ubuntu's server build."""
-    b, v = BRANCH + suffix, version
-    virtual = lambda name: dict(provides=name, conflicts=name)  # noqa: E731
+    b, v, u = BRANCH + suffix, version, upstream(version)
+    other = BRANCH if suffix else BRANCH + "-server"
+    virtual = lambda *names: dict(provides=", ".join(names), conflicts=", ".join(names), replaces=", ".join(names))  # noqa: E731
+    common = f"nvidia-kernel-common-{b} (>= {u}), nvidia-kernel-common-{b} (<= {u}-1)"  # U and U-1: the upstream only
+    source = f"nvidia-kernel-source-{b}-open (>= {u}), nvidia-kernel-source-{b}-open (<= {u}-1)"
     return [
-        Deb(f"nvidia-kernel-common-{b}", v, **virtual("nvidia-kernel-common")),
-        Deb(f"libnvidia-compute-{b}", v, **virtual("libnvidia-compute")),
-        Deb(f"nvidia-utils-{b}", v, depends=f"libnvidia-compute-{b} (= {v})", **virtual("nvidia-utils")),
-        Deb(f"nvidia-dkms-{b}-open", v, depends=f"nvidia-kernel-common-{b} (= {v})", postinst=dkms_postinst,
+        Deb(f"nvidia-kernel-common-{b}", v, depends=f"nvidia-firmware-{b}-{u}",
+            provides=f"nvidia-kernel-common, nvidia-kernel-common-{b}-{u}", conflicts="nvidia-kernel-common",
+            replaces="nvidia-kernel-common"),
+        Deb(f"nvidia-firmware-{b}-{u}", v, breaks=f"nvidia-firmware-{other}-{u}", replaces=f"nvidia-firmware-{other}-{u}"),
+        Deb(f"nvidia-kernel-source-{b}-open", v, **virtual("nvidia-kernel-source")),
+        Deb(f"libnvidia-compute-{b}", v, depends=f"nvidia-kernel-common-{b}-{u}", **virtual("libnvidia-compute")),
+        Deb(f"libnvidia-cfg1-{b}", v, depends=f"nvidia-kernel-common-{b}-{u}", **virtual("libnvidia-cfg1-any")),
+        Deb(f"nvidia-compute-utils-{b}", v, depends=f"libnvidia-compute-{b}",
+            **virtual("nvidia-compute-utils", "nvidia-persistenced")),
+        Deb(f"nvidia-utils-{b}", v, depends=f"nvidia-kernel-common-{b}-{u}", **virtual("nvidia-utils", "nvidia-smi")),
+        Deb(f"nvidia-dkms-{b}-open", v, depends=f"{source}, {common}", postinst=dkms_postinst,
             **virtual("nvidia-dkms-kernel")),
-        Deb(f"nvidia-headless-no-dkms-{b}-open", v, depends=f"nvidia-kernel-common-{b} (= {v}), libnvidia-compute-{b} (= {v})",
-            **virtual("nvidia-headless-no-dkms")),
-        Deb(f"nvidia-headless-{b}-open", v, depends=f"nvidia-headless-no-dkms-{b}-open (= {v}), nvidia-dkms-{b}-open (= {v})",
+        Deb(f"nvidia-headless-no-dkms-{b}-open", v,  # no Provides/Conflicts/Replaces, as in the packaging
+            depends=f"{common}, nvidia-kernel-source-{b}-open (= {v}), libnvidia-compute-{b} (= {v}), "
+                    f"nvidia-compute-utils-{b} (= {v}), libnvidia-cfg1-{b} (= {v})"),
+        Deb(f"nvidia-headless-{b}-open", v, depends=f"nvidia-headless-no-dkms-{b}-open, nvidia-dkms-{b}-open",
             **virtual("nvidia-headless")),
     ]
 
 
 def nvswitch_debs(branch: str, version: str) -> list[Deb]:
-    """Fabric manager and NSCQ of ``branch`` (NVSwitch systems), in the same provides/conflicts shape."""
-    return [Deb(f"nvidia-fabricmanager-{branch}", version, provides="nvidia-fabricmanager", conflicts="nvidia-fabricmanager"),
-            Deb(f"libnvidia-nscq-{branch}", version, provides="libnvidia-nscq", conflicts="libnvidia-nscq")]
+    """Fabric manager and NSCQ of ``branch`` (NVSwitch systems). Not from a real source: the Ubuntu
+    archive's fields for these two were not found; each provides and conflicts with its branch-less
+    name, as NVIDIA's own packaging of them does."""
+    return [Deb(f"nvidia-fabricmanager-{branch}", version, provides="nvidia-fabricmanager", conflicts="nvidia-fabricmanager",
+                replaces="nvidia-fabricmanager"),
+            Deb(f"libnvidia-nscq-{branch}", version, provides="libnvidia-nscq", conflicts="libnvidia-nscq",
+                replaces="libnvidia-nscq")]
 
 
 class FakeGPUBox:
@@ -158,8 +201,9 @@ class FakeGPUBox:
             control.append(f"Depends: {deb.depends}")
         if deb.provides:
             control.append(f"Provides: {deb.provides}")
-        if deb.conflicts:
-            control += [f"Conflicts: {deb.conflicts}", f"Replaces: {deb.conflicts}"]
+        for key, value in (("Conflicts", deb.conflicts), ("Replaces", deb.replaces), ("Breaks", deb.breaks)):
+            if value:
+                control.append(f"{key}: {value}")
         (tree / "DEBIAN/control").write_text("\n".join(control) + "\n")
         conffiles = [path for path in deb.files if path.startswith("/etc/")]  # as debhelper marks them
         if conffiles:
@@ -254,15 +298,17 @@ class FakeGPUBox:
                        newest_driver: str | None = None) -> None:
         """Ubuntu's archive: kernels of the flavour up to ``newest`` with their flavour metapackages, the
         same driver names at a higher version, and (``signed_modules``) Canonical's signed modules in
-        their real shape: linux-modules-nvidia-580-open-<kernel> needs exactly the nvidia-kernel-common-580
-        it was built against, so the packages of ``old_kernels`` need a version no longer published,
-        and the flavour metapackage linux-modules-nvidia-580-open-<flavour> names the newest kernel's.
+        their real shape: linux-modules-nvidia-580-open-<kernel> needs the upstream version of
+        nvidia-kernel-common-580 it was built against, so the packages of ``old_kernels`` need a version
+        no longer published, and the flavour metapackage linux-modules-nvidia-580-open-<flavour> names the
+        newest kernel's.
         ``newest_driver``: a driver point release published with the newest kernel, whose signed module
         was built against it (Canonical rebuilds a kernel update's modules against the current driver)."""
         v = UBUNTU_VERSION
         debs = driver_debs(v) + driver_debs(SERVER_VERSION, "-server") + (driver_debs(newest_driver) if newest_driver else [])
         # Ubuntu's driver packages blacklist nouveau themselves
-        debs[0].files["/usr/lib/modprobe.d/nvidia-graphics-drivers.conf"] = (
+        next(deb for deb in debs if deb.name == f"nvidia-kernel-common-{BRANCH}").files[
+            "/usr/lib/modprobe.d/nvidia-graphics-drivers.conf"] = (
             "blacklist nouveau\nblacklist lbm-nouveau\noptions nouveau modeset=0\nalias nouveau off\n")
         if unbranched:  # Ubuntu's own 595 build, names with the branch
             debs += [Deb(f"nvidia-utils-{UNBRANCHED}", "595.71.05-0ubuntu0.24.04.1"),
@@ -275,17 +321,27 @@ class FakeGPUBox:
         if headers:
             debs.append(Deb(f"linux-headers-{FLAVOUR_META}", newest, depends=f"linux-headers-{newest}"))
         if signed_modules:
+            # linux-restricted-modules' packages (its packaging is not published; from apt's output on
+            # noble boxes): linux-modules-nvidia-580-open-<kernel>, versioned as the kernel, needs its
+            # kernel and the upstream version of nvidia-kernel-common-580 its module was built against,
+            # (>= U) and (<= U-1); the open variant has no linux-signatures or linux-objects package.
+            # The flavour metapackage needs the current kernel's module package at its exact version;
+            # its Provides are inferred from jammy's linux-modules-nvidia-595-generic-hwe-22.04 stanza
+            # (nvidia-dkms-595 (= the driver's version), nvidia-prebuilt-kernel).
+            built = {}
             for kernel in kernels:
-                common = "580.82.07-0ubuntu0.24.04.2" if kernel in old_kernels else v  # an old build, since superseded
+                common = "580.82.07-0ubuntu0.24.04.1" if kernel in old_kernels else v  # an old build, since superseded
                 if newest_driver and kernel == newest and kernel != self.kernel:
                     common = newest_driver
-                debs += [Deb(f"linux-modules-nvidia-{BRANCH}-open-{kernel}", "1.0-1",
-                             depends=f"linux-image-{kernel}, linux-signatures-nvidia-{kernel} (= 1.0-1), "
-                                     f"nvidia-kernel-common-{BRANCH} (>= {common}), nvidia-kernel-common-{BRANCH} (<= {common}.1)",
-                             files={f"/lib/modules/{kernel}/kernel/nvidia-{BRANCH}-open/nvidia.ko": "signed\n"}),
-                         Deb(f"linux-signatures-nvidia-{kernel}", "1.0-1")]
-            debs.append(Deb(f"linux-modules-nvidia-{BRANCH}-open-{FLAVOUR_META}", newest,
-                            depends=f"linux-modules-nvidia-{BRANCH}-open-{newest} (= 1.0-1)"))
+                built[kernel] = common
+                u = upstream(common)
+                debs.append(Deb(f"linux-modules-nvidia-{BRANCH}-open-{kernel}", kernel_version(kernel),
+                                depends=f"linux-image-{kernel}, "
+                                        f"nvidia-kernel-common-{BRANCH} (>= {u}), nvidia-kernel-common-{BRANCH} (<= {u}-1)",
+                                files={f"/lib/modules/{kernel}/kernel/nvidia-{BRANCH}-open/nvidia.ko": "signed\n"}))
+            debs.append(Deb(f"linux-modules-nvidia-{BRANCH}-open-{FLAVOUR_META}", kernel_version(newest),
+                            depends=f"linux-modules-nvidia-{BRANCH}-open-{newest} (= {kernel_version(newest)})",
+                            provides=f"nvidia-dkms-{BRANCH}-open (= {built[newest]}), nvidia-prebuilt-kernel"))
         self.publish(self.ubuntu_repo, debs, origin="Ubuntu")
         ubuntu_key = self.root / "usr/share/keyrings/ubuntu-archive-keyring.gpg"
         ubuntu_key.write_bytes(self.key.read_bytes())

@@ -231,11 +231,25 @@ def test_secure_boot_uses_the_flavour_metapackage_and_follows_a_kernel_update(gp
     assert not (box.root / "etc/modprobe.d/dsv4-blacklist-nouveau.conf").exists()
 
     # Ubuntu publishes a kernel update whose signed module was built against a newer driver point
-    # release, which the driver's pin keeps from unattended-upgrades: it must not take the kernel alone.
-    box.publish_ubuntu(signed_modules=True, newest=NEWER_KERNEL, newest_driver="580.126.20-0ubuntu0.24.04.1")
+    # release (580.142, the 580-noble release after 580.126.09), which the driver's blacklist keeps
+    # from unattended-upgrades: it must not take the kernel alone.
+    newest_driver = "580.142-0ubuntu0.24.04.1"
+    box.publish_ubuntu(signed_modules=True, newest=NEWER_KERNEL, newest_driver=newest_driver)
     box.run("apt-get", "update")
     taken = unattended_upgrades_would_install(box)
     assert f"linux-image-{NEWER_KERNEL}" not in taken or f"linux-modules-nvidia-{BRANCH}-open-{NEWER_KERNEL}" in taken, taken
+    # The new kernel's module needs nvidia-kernel-common-580 of the upstream version it was built
+    # against (>= 580.142, <= 580.142-1): the installed 580.126.09 does not do, so apt takes the kernel
+    # only with its module and the driver of that upstream version (its firmware package too).
+    module = box.run("apt-cache", "show", f"linux-modules-nvidia-{BRANCH}-open-{NEWER_KERNEL}").stdout
+    assert f"nvidia-kernel-common-{BRANCH} (>= 580.142), nvidia-kernel-common-{BRANCH} (<= 580.142-1)" in module, module
+    plan = box.run("apt-get", "-s", "dist-upgrade").stdout
+    inst = {line.split()[1]: line for line in plan.splitlines() if line.startswith("Inst ")}
+    assert f"linux-image-{NEWER_KERNEL}" in inst, plan
+    assert f"linux-modules-nvidia-{BRANCH}-open-{NEWER_KERNEL}" in inst, plan
+    for name in (f"nvidia-kernel-common-{BRANCH}", f"nvidia-utils-{BRANCH}", f"nvidia-headless-no-dkms-{BRANCH}-open",
+                 f"nvidia-firmware-{BRANCH}-580.142"):
+        assert f"({newest_driver} " in inst.get(name, ""), (name, plan)
 
     # Ubuntu publishes a kernel update with its signed module; the box takes it with apt.
     box.publish_ubuntu(signed_modules=True, newest=NEWER_KERNEL)
@@ -346,8 +360,11 @@ def test_nouveau_in_use_is_a_reboot_not_a_failed_modprobe(gpu_box):
 def test_release_upgraded_box_ends_with_one_cuda_source_and_a_changed_point_release_is_applied(gpu_box):
     """22.04 -> 24.04: cuda-keyring 1.1-1 of ubuntu2204 stays installed with its source; the new
     distribution's cuda-keyring has the same version. Then dsv4_driver_version pins an older point
-    release than the installed one: every driver package of the branch moves down to it (the
-    packages' real shape: exact-version dependencies among them), held there."""
+    release than the installed one: every driver package of the branch moves down to it, held there.
+    The packages' real shape makes that explicit work: nvidia-headless-580-open needs the no-DKMS set
+    and nvidia-dkms unversioned, so apt would keep them at the newer release; only the names given
+    with the pinned version move them (and the firmware package, whose name carries the upstream
+    version, is replaced by the pinned release's, not named with a version it never had)."""
     box = gpu_box
     old_repo = box.work / "compute/cuda/repos/ubuntu2204/x86_64"
     box.publish(old_repo, [], origin="NVIDIA", label="NVIDIA CUDA")
@@ -367,10 +384,15 @@ def test_release_upgraded_box_ends_with_one_cuda_source_and_a_changed_point_rele
     assert pinned.returncode == 6 and "A reboot is pending (the driver install changed under a loaded module" in pinned.stdout, \
         pinned.stdout[-8000:]
     packages = installed(box)
-    driver = [name for name in packages if name.startswith(("nvidia-", "libnvidia-")) and name != "nvidia-utils-590"]
-    assert len(driver) == 6, driver
-    for name in driver:
+    driver = {name for name in packages if name.startswith(("nvidia-", "libnvidia-"))}
+    pinned_set = {deb.name for deb in driver_debs(CUDA_VERSION)}
+    old_firmware = f"nvidia-firmware-{BRANCH}-{NEWER_CUDA_VERSION.split('-')[0]}"
+    assert driver == pinned_set | {old_firmware}, driver ^ (pinned_set | {old_firmware})
+    for name in pinned_set:
         assert packages[name] == (CUDA_VERSION, "hold"), (name, packages[name])
+    # the newer release's firmware stays behind, not held and installed as a dependency (apt autoremove takes it)
+    assert packages[old_firmware] == (NEWER_CUDA_VERSION, "install")
+    assert old_firmware in box.run("apt-mark", "showauto").stdout.split()
 
 
 def test_branch_595_in_nvidias_new_naming(gpu_box):
@@ -416,16 +438,21 @@ def test_refusals_of_what_the_box_already_has(gpu_box):
             "--purge", "broken-tool")
 
     # Ubuntu's -server build of the branch as DeepOps installs it (the same names with -server, each
-    # providing and conflicting with the same virtual name): apt would remove every one of them.
+    # providing and conflicting with the same virtual name, in the packaging's real shape): apt would
+    # remove every one of them but the firmware of another upstream version, which nothing conflicts with.
     server = [deb for deb in driver_debs(SERVER_VERSION, "-server")]
     box.install_now(server + nvswitch_debs("570", "570.172.08-0ubuntu1"))
     box.run("apt-get", "update")
     removals = box.run("apt-get", "-s", "install", f"nvidia-headless-no-dkms-{BRANCH}-open").stdout
-    assert {deb.name for deb in server} <= {line.split()[1] for line in removals.splitlines() if line.startswith("Remv ")}
+    removed = {line.split()[1] for line in removals.splitlines() if line.startswith("Remv ")}
+    server_firmware = f"nvidia-firmware-{BRANCH}-server-{SERVER_VERSION.split('-')[0]}"
+    assert removed == {deb.name for deb in server} - {server_firmware}, removals
     refused = provision(box)
     assert refused.returncode == 6, refused.stdout[-4000:]
-    assert "The -server driver branch is installed" in refused.stdout and "apt would remove all 6 of them" in refused.stdout
-    assert all(deb.name in refused.stdout for deb in server)
+    assert "The -server driver branch is installed" in refused.stdout
+    assert f"apt would remove {len(removed)} of them and leave {server_firmware} behind" in " ".join(refused.stdout.split()), \
+        refused.stdout[-4000:]
+    assert all(deb.name in refused.stdout for deb in server)  # all named, the firmware too (its purge is in the advice)
     assert "WARNING: libnvidia-nscq-570 570.172.08-0ubuntu1, nvidia-fabricmanager-570 570.172.08-0ubuntu1 are of another branch" \
         in " ".join(refused.stdout.split())
     assert all(installed(box)[deb.name][0] == SERVER_VERSION for deb in server)  # nothing changed
