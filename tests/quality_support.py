@@ -27,9 +27,11 @@ def make_tasks(path: Path, n: int = 30, seed: int = 7) -> Path:
 
 def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pass", ctx: int | None = None,
                    checks=("logprob_kl", "arm_agreement", "needles", "tasks"), when: str = "20261201T130000Z-aaaaaa",
-                   **evidence) -> dict:
+                   arm_flags: dict | None = None, **evidence) -> dict:
     """An eval record of ``--ab FLAG=0,1`` on ``host`` (an inventory Host) with the product's own
-    evidence fields (served configuration, kernels digest), as ``dsv4kit eval`` writes it."""
+    evidence fields (served configuration, kernels digest), as ``dsv4kit eval`` writes it.
+    ``arm_flags``: the kernel flags the arms' servers ran (default: the inventory's; the flag under
+    test is each arm's own value)."""
     from dsv4kit.records import eval_record
     from dsv4kit.records.record import sha256_json
     from dsv4kit.validation.verdict_run import kernels_digest
@@ -39,9 +41,11 @@ def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pa
     # What the arms ran with, as the servers would have it: the inventory's value where it is literal.
     from dsv4kit.records import quality_evidence as qe
 
-    evidence.setdefault("ran_with", {key: qe.normalise(key, host.get(key) if key == qe.FP4_SETTING else
-                                                       (host.get("dsv4_kernel_flags") or {}).get(key))
-                                     for key in qe.coupled(flag)})
+    if qe.FP4_SETTING in qe.coupled(flag):
+        evidence.setdefault("ran_with", {qe.FP4_SETTING: qe.normalise(qe.FP4_SETTING, host.get(qe.FP4_SETTING))})
+    ran_flags = dict(host.get("dsv4_kernel_flags") or {}) if arm_flags is None else dict(arm_flags)
+    arms = {arm: {"software": {"kernel_flags": {**ran_flags, **({} if setting else {flag: value})}}}
+            for arm, value in (("A", "0"), ("B", "1"))}
     record = {
         "schema_version": eval_record.SCHEMA_VERSION, "kind": eval_record.KIND,
         "run_id": f"{host.name}-eval-ctx{ctx or host.get('dsv4_context_length')}-{when}",
@@ -50,7 +54,7 @@ def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pa
         "eval": {"context_length": ctx or host.get("dsv4_context_length"), "thresholds": {}},
         "ab": {"key": flag, "kind": "setting" if setting else "env",
                "values": {"A": "false", "B": "true"} if setting else {"A": "0", "B": "1"}},
-        "arms": {"A": {}, "B": {}}, "outcome": outcome,
+        "arms": arms, "outcome": outcome,
         "checks": [{"check": c, "outcome": outcome if i == 0 else "pass", "why": f"{c} {outcome}"}
                    for i, c in enumerate(checks)],
         "evidence": {"kernels_sha256": kernels_digest(), "served_config": served,

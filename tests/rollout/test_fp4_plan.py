@@ -188,19 +188,21 @@ def coupled_report(tmp_path, monkeypatch):
     return keep(tmp_path / "results", report)
 
 
-def coupled_plan(tmp_path, quality_repo, path, indexer_ran_with, fp4_ran_with) -> dict:
-    """Both auto: the indexer flag's record and the setting's, each with what its arms ran with."""
+def coupled_plan(tmp_path, quality_repo, path, indexer_ran_with, fp4_arms_indexer) -> dict:
+    """Both auto: the indexer flag's record (what its arms ran of the FP4 cache: ``indexer_ran_with``,
+    None: not recorded) and the setting's (the indexer flag its arms' servers ran)."""
     inventory = write_inventory(tmp_path / "inv-plan", {INDEXER: "auto", ATTENTION: "0"}, dsv4_fp4_indexer="auto")
     quality_repo(INDEXER, inventory, when="20261201T130000Z-aaaaaa",
                  **({} if indexer_ran_with is None else {"ran_with": indexer_ran_with}))
-    quality_repo(SETTING, inventory, when="20261201T140000Z-bbbbbb", ran_with=fp4_ran_with)
+    quality_repo(SETTING, inventory, when="20261201T140000Z-bbbbbb",
+                 arm_flags={INDEXER: fp4_arms_indexer, ATTENTION: "0"})
     host = kernel_plan_host(tmp_path, dsv4_kernel_flags={INDEXER: "auto", ATTENTION: "0"}, dsv4_fp4_indexer="auto")
     return kernel_plan.plan_host(host, from_report=path, quality=quality_evidence.finder())
 
 
 def test_records_that_ran_with_each_other_turn_both_on(tmp_path, monkeypatch, facts, quality_repo):
     path = coupled_report(tmp_path, monkeypatch)
-    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: True}, {INDEXER: "1"})
+    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: True}, "1")
     assert plan["flags"][INDEXER] == "1" and plan["settings"][SETTING]["value"] is True, plan
 
 
@@ -209,7 +211,7 @@ def test_an_indexer_record_made_with_the_fp8_cache_does_not_turn_the_fp4_cache_o
     """The flag's record says nothing of the FP4 entry it would route: with the FP4 cache on, the
     flag has no record, so the FP4 cache stays off and the flag keeps its FP8 record."""
     path = coupled_report(tmp_path, monkeypatch)
-    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: False}, {INDEXER: "1"})
+    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: False}, "1")
     assert plan["flags"][INDEXER] == "1" and plan["decisions"][INDEXER]["source"] == "report + quality record"
     fp4 = plan["settings"][SETTING]
     assert fp4["value"] is False, fp4
@@ -220,7 +222,7 @@ def test_an_indexer_record_made_with_the_fp8_cache_does_not_turn_the_fp4_cache_o
 def test_an_fp4_record_made_with_another_indexer_does_not_count(tmp_path, monkeypatch, facts, quality_repo):
     """The setting's record ran DeepGEMM's FP4 indexer (flag 0); served with flag 1 it would be ours."""
     path = coupled_report(tmp_path, monkeypatch)
-    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: True}, {INDEXER: "0"})
+    plan = coupled_plan(tmp_path, quality_repo, path, {SETTING: True}, "0")
     fp4 = plan["settings"][SETTING]
     assert fp4["value"] is False
     assert f"its arms ran with {INDEXER}=0, and box1 would serve {INDEXER}=1" in fp4["why"]
@@ -233,7 +235,7 @@ def test_an_fp4_record_made_with_another_indexer_does_not_count(tmp_path, monkey
 def test_a_record_that_does_not_say_what_it_ran_with_does_not_count_under_auto(tmp_path, monkeypatch, facts,
                                                                                 quality_repo):
     path = coupled_report(tmp_path, monkeypatch)
-    plan = coupled_plan(tmp_path, quality_repo, path, None, {INDEXER: "1"})
+    plan = coupled_plan(tmp_path, quality_repo, path, None, "1")
     assert plan["flags"][INDEXER] == "0" and plan["settings"][SETTING]["value"] is False
     assert "does not show which dsv4_fp4_indexer its arms ran with" in plan["decisions"][INDEXER]["why"]
 
@@ -263,5 +265,5 @@ def test_rollout_plan_from_a_report_plans_the_fp4_setting_too(tmp_path, monkeypa
     ({"evidence": {}, "arms": {"A": {"software": {"kernel_flags": {INDEXER: "1"}}},
                                "B": {"software": {"kernel_flags": None}}}}, INDEXER, (False, None)),
 ])
-def test_what_an_older_record_ran_with_is_read_from_what_it_kept(record, key, expected):
+def test_what_a_record_ran_with_is_read_from_what_it_kept(record, key, expected):
     assert quality_evidence.ran_value(record, key) == expected

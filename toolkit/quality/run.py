@@ -318,7 +318,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
             arm_probe = remote.probe()
             provenance[arm] = sections(host=host, probe=arm_probe, server_info=info, context_length=served,
                                        restarted=p.ab_spec is not None)
-            ran[arm] = ran_with(host, arm_probe, provenance[arm], p.ab_spec)
+            ran[arm] = ran_with(host, arm_probe, p.ab_spec)
             plugin = _plugin_status(host, remote_report)
             progress(f"arm {arm}: {_paths(plugin)}; checks at context {ctx}...")
             details[arm] = box.run(spec, f"arm-{arm}", req.arm_timeout)
@@ -343,22 +343,18 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         remote.cleanup()
 
 
-def ran_with(host, probe: dict, provenance: dict, ab) -> dict:
-    """What one arm ran with, of the keys coupled to the A/B key (``quality_evidence.coupled``):
-    read from the running servers, else the value the arm's restart rendered (a literal or pinned
-    inventory value); None where neither is known."""
+def ran_with(host, probe: dict, ab) -> dict:
+    """What one arm ran with of the FP4 cache, where it decides with the A/B key
+    (``quality_evidence.coupled``; the kernel flags are in the arm's ``software``): read from the
+    running servers, else the value the arm's restart rendered (a literal or pinned inventory
+    value); None where neither is known."""
     from dsv4kit.bench.arm_pins import running_fp4
     from dsv4kit.records.quality_evidence import FP4_SETTING, coupled, normalise
 
-    out = {}
-    for key in coupled(getattr(ab, "key", None)):
-        if key == FP4_SETTING:
-            value, rendered = running_fp4(host, probe)[0], host.get(key)
-        else:
-            flags = (provenance.get("software") or {}).get("kernel_flags")
-            value, rendered = (None if flags is None else flags.get(key, "0")), (host.get("dsv4_kernel_flags") or {}).get(key)
-        out[key] = normalise(key, value if value is not None else rendered)
-    return out
+    if FP4_SETTING not in coupled(getattr(ab, "key", None)):
+        return {}
+    value = running_fp4(host, probe)[0]
+    return {FP4_SETTING: normalise(FP4_SETTING, value if value is not None else host.get(FP4_SETTING))}
 
 
 def agreed(per_arm: dict) -> dict:

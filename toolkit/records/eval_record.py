@@ -11,7 +11,7 @@ Layout (docs/quality.md has the field-by-field description)::
              details_file}, B: ...},
     checks[{check, outcome, why, ...numbers}], outcome,
     evidence{kernels_sha256, served_config, served_config_sha256, gpu_models, driver,
-             ran_with{the A/B key's coupled keys as the arms ran them}},
+             ran_with{dsv4_fp4_indexer as the arms ran it, where it decides with the A/B key}},
     comparability_key{...}, notes[]
 
 The raw answers of each arm go to ``details/arm-<A|B>.json.gz`` beside the record.

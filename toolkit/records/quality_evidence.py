@@ -2,7 +2,7 @@
 ``--ab dsv4_fp4_indexer=false,true`` (the FP4 setting).
 
 ``finder(repo)`` returns the lookup ``dsv4kit.rollout.plan.plan_host`` takes (``quality=``):
-``lookup(host, key, facts, served_with=None) -> {"ok", "why", "record"}``. The newest eval record
+``lookup(host, key, facts, served_with) -> {"ok", "why", "record"}``. The newest eval record
 of the host whose A/B key is ``key`` (arms ``0`` and ``1``, or ``false`` and ``true`` for the
 setting) decides. It counts only when it passed every check it had to run (decode against
 re-prefill, arm agreement, needles up to the served context, tasks),
@@ -13,9 +13,9 @@ The FP4 index-K cache changes what every arm computes, and the indexer flag choo
 indexer the setting's arms ran, so these are compared as served values, not as the inventory spells
 them (``auto`` resolves either way): a kernel flag's record counts only with the FP4 cache served as
 its arms ran it, the setting's record only with the indexer flag served as its arms ran it
-(``coupled``). The record's ``evidence.ran_with`` holds what the arms ran with, read on the box
-(an older record: the literal value of its fingerprint); ``lookup``'s ``served_with`` holds what
-provisioning would serve (``dsv4kit.rollout.plan``).
+(``coupled``). What the arms ran with is read from the record: the kernel flags each arm's servers ran, and
+``evidence.ran_with`` for the FP4 cache (an older record: its fingerprint's literal value);
+``lookup``'s ``served_with`` holds what provisioning would serve (``dsv4kit.rollout.plan``).
 """
 
 from __future__ import annotations
@@ -46,15 +46,16 @@ def normalise(key: str, value):
 
 
 def ran_value(record: dict, key: str) -> tuple[bool, object]:
-    """(known, value) of ``key`` in the record's arms: ``evidence.ran_with``; for an older record,
-    a kernel flag as every arm's servers ran it, the FP4 setting as its fingerprint spells it."""
+    """(known, value) of ``key`` in the record's arms. The FP4 setting: ``evidence.ran_with`` (an
+    older record: its fingerprint's literal value). A kernel flag: what every arm's servers ran
+    (``arms.<arm>.software.kernel_flags``, read on the box)."""
     evidence = record.get("evidence") or {}
-    ran = evidence.get("ran_with") or {}
-    if key in ran:  # None: the arms differed, or it could not be read
-        value = None if ran[key] is None else normalise(key, ran[key])
-        return value is not None, value
     if key == FP4_SETTING:
-        value = normalise(key, (evidence.get("served_config") or {}).get(key))
+        ran = evidence.get("ran_with") or {}
+        if key in ran:  # None: the arms differed, or it could not be read
+            value = None if ran[key] is None else normalise(key, ran[key])
+        else:
+            value = normalise(key, (evidence.get("served_config") or {}).get(key))
         return value is not None, value
     seen = set()
     for arm in (record.get("arms") or {}).values():
@@ -66,13 +67,13 @@ def ran_value(record: dict, key: str) -> tuple[bool, object]:
     return value is not None, value
 
 
-def coupled_problems(record: dict, host, served_with: Optional[dict]) -> list[str]:
+def coupled_problems(record: dict, host, served_with: dict) -> list[str]:
     """Why the record's arms ran with another value of a coupled key than ``served_with`` serves."""
     key = (record.get("ab") or {}).get("key")
     out = []
     for other in coupled(key):
-        served = normalise(other, (served_with or {}).get(other)) if other in (served_with or {}) else None
-        if served is None:
+        served = normalise(other, served_with.get(other))
+        if served is None:  # not decided by the plan (an 'auto' the plan does not resolve)
             continue
         known, ran = ran_value(record, other)
         if not known:
@@ -130,8 +131,7 @@ def _records_for(repo: Path, host_name: str, flag: str) -> list[dict]:
     return found
 
 
-def problems(record: dict, host, facts, kernels_sha256: Optional[str],
-             served_with: Optional[dict] = None) -> list[str]:
+def problems(record: dict, host, facts, kernels_sha256: Optional[str], served_with: dict) -> list[str]:
     """Why ``record`` is not quality evidence for ``host`` as it is now, serving ``served_with``
     for the coupled keys (empty: it is)."""
     out = []
@@ -155,7 +155,6 @@ def problems(record: dict, host, facts, kernels_sha256: Optional[str],
     if evidence.get("kernels_sha256") != kernels_sha256:
         out.append(f"it measured other dsv4kit kernels ({str(evidence.get('kernels_sha256'))[:12]}) than this "
                    f"checkout ships ({str(kernels_sha256)[:12]})")
-    key = (record.get("ab") or {}).get("key")
     now = without_served_values(eval_record.served_config(host))
     then = without_served_values(evidence.get("served_config") or {})
     if then != now:
@@ -171,7 +170,7 @@ def finder(repo: Optional[Path] = None) -> Callable:
 
     repo = Path(repo) if repo is not None else results_repo.default_path()
 
-    def lookup(host, flag: str, facts, served_with: Optional[dict] = None) -> dict:
+    def lookup(host, flag: str, facts, served_with: dict) -> dict:
         values = ",".join(ab_values(flag))
         advice = f"run `dsv4kit eval --ab {flag}={values} --host {host.name}` (docs/quality.md)"
         try:
