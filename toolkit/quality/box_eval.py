@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import threading
@@ -156,8 +157,77 @@ class Tokens:
         return list(self._encode(text))
 
 
+# ------------------------------------------------------------------------------ every request
+def _bad(value) -> bool:
+    return not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+
+
+class Ledger:
+    """What each check drove (requests, tokens, prompt lengths, the furthest position reached and
+    whether it passed the indexer's threshold) and the logprob health of every answer: null or
+    non-finite values anywhere in the output (and re-prefill input) logprobs, or missing fields."""
+
+    def __init__(self, threshold: int):
+        self.threshold, self.lock, self.checks = threshold, threading.Lock(), {}
+
+    def add(self, check: str, prompt_len: int, answer: dict, top_k: int) -> None:
+        meta = answer.get("meta_info") or {}
+        out = len(answer.get("output_ids") or []) or int(meta.get("completion_tokens") or 0)
+        values, missing = [], False
+        lp, top = meta.get("output_token_logprobs"), meta.get("output_top_logprobs")
+        if out and not lp or out and top_k and not top:
+            missing = True
+        values += [t[0] if isinstance(t, list) and t else None for t in lp or []]
+        values += [e[0] if isinstance(e, list) and e else None for pos in top or [] for e in (pos or [None])]
+        inputs = meta.get("input_token_logprobs")
+        if inputs:  # the first input position has no logprob (SGLang writes null there)
+            values += [t[0] if isinstance(t, list) and t else None for t in inputs[1:]]
+        bad = sum(1 for v in values if _bad(v))
+        with self.lock:
+            e = self.checks.setdefault(check, {"requests": 0, "prompt_tokens": 0, "output_tokens": 0,
+                                               "prompt_min": None, "prompt_max": 0, "max_position": 0,
+                                               "past_threshold": 0, "logprob_values": 0, "bad_logprobs": 0,
+                                               "missing_logprobs": 0})
+            e["requests"] += 1
+            e["prompt_tokens"] += prompt_len
+            e["output_tokens"] += out
+            e["prompt_min"] = prompt_len if e["prompt_min"] is None else min(e["prompt_min"], prompt_len)
+            e["prompt_max"] = max(e["prompt_max"], prompt_len)
+            e["max_position"] = max(e["max_position"], prompt_len + out)
+            e["past_threshold"] += prompt_len + out > self.threshold
+            e["logprob_values"] += len(values)
+            e["bad_logprobs"] += bad
+            e["missing_logprobs"] += missing
+
+    def report(self) -> dict:
+        with self.lock:
+            return {name: {**e, "threshold_tokens": self.threshold, "crossed_threshold": e["max_position"] > self.threshold}
+                    for name, e in self.checks.items()}
+
+
+def ask(url: str, ledger: Ledger, check: str, body: dict, top_k: int) -> dict:
+    """``/generate`` with logprobs (top-k) on: every answer is checked for null or non-finite values."""
+    body = {"return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": top_k,
+            "return_text_in_logprobs": False, **body}
+    started = time.monotonic()
+    answer = generate(url, body)
+    answer["_span"] = [started, time.monotonic()]
+    prompt_len = len(body["input_ids"]) if "input_ids" in body else int(
+        (answer.get("meta_info") or {}).get("prompt_tokens") or 0)
+    ledger.add(check, prompt_len, answer, body.get("top_logprobs_num") or 0)
+    return answer
+
+
+def _lp(meta: dict, key: str) -> list:
+    return [t[0] for t in meta.get(key) or []]
+
+
+def _top(positions) -> list:
+    return [[[e[0], e[1]] for e in (pos or [])] for pos in positions or []]
+
+
 # ------------------------------------------------------------------------------ the checks
-def logprob_check(url: str, tokens: Tokens, spec: dict, parallel: int) -> dict:
+def logprob_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Ledger) -> dict:
     """Decode against re-prefill (SGLang 0.5.23's KL method) on seeded prose prompts."""
     n, top_k = spec["samples"], spec["top_k"]
     prompts_ids = [(tokens.bos + tokens.encode(prompts.filler_text(spec["seed"], i, 80)))[:spec["prompt_tokens"]]
@@ -165,16 +235,14 @@ def logprob_check(url: str, tokens: Tokens, spec: dict, parallel: int) -> dict:
     progress = Progress("logprob", 2 * n)
 
     def decode(ids):
-        answer = generate(url, {"input_ids": ids, "sampling_params": {
-            "temperature": 0.0, "max_new_tokens": spec["max_new_tokens"], "ignore_eos": True},
-            "return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": top_k,
-            "return_text_in_logprobs": False})
+        answer = ask(url, ledger, "logprob", {"input_ids": ids, "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": spec["max_new_tokens"], "ignore_eos": True}}, top_k)
         progress.step()
         return answer
 
     def reprefill(ids):
-        answer = generate(url, {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 0},
-                                "return_logprob": True, "logprob_start_len": 0, "return_text_in_logprobs": False})
+        answer = ask(url, ledger, "logprob", {"input_ids": ids, "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": 0}, "logprob_start_len": 0}, top_k)
         progress.step()
         return answer
 
@@ -197,7 +265,7 @@ def logprob_check(url: str, tokens: Tokens, spec: dict, parallel: int) -> dict:
     return {"samples": samples}
 
 
-def needle_check(url: str, tokens: Tokens, spec: dict) -> dict:
+def needle_check(url: str, tokens: Tokens, spec: dict, ledger: Ledger, top_k: int) -> dict:
     """Pass keys at several depths of haystacks up to the served context (``prompts.needle_plan``)."""
     plan = prompts.needle_plan(spec["seed"], spec["contexts"], spec["depths"], spec["variants"])
     progress = Progress("needles", sum(len(cell["needles"]) for cell in plan))
@@ -208,10 +276,11 @@ def needle_check(url: str, tokens: Tokens, spec: dict) -> dict:
         results = []
         for needle in cell["needles"]:
             ids = haystack + tokens.encode(prompts.needle_question(needle["label"]))
-            answer = generate(url, {"input_ids": ids, "sampling_params": {
-                "temperature": 0.0, "max_new_tokens": spec["max_new_tokens"]}})
+            answer = ask(url, ledger, "needles", {"input_ids": ids, "sampling_params": {
+                "temperature": 0.0, "max_new_tokens": spec["max_new_tokens"]}}, top_k)
             text = answer.get("text") or ""
-            results.append({**needle, "answer": text[:200], "found": prompts.first_key(text) == needle["key"]})
+            results.append({**needle, "answer": text[:200], "found": prompts.first_key(text) == needle["key"],
+                            "output_ids": list(answer.get("output_ids") or [])})
             progress.step()
         cells.append({"context": cell["context"], "variant": cell["variant"], "prompt_tokens": len(haystack),
                       "needles": results})
@@ -242,29 +311,155 @@ def _haystack(tokens: Tokens, filler: list, cell: dict, seed: int) -> list:
     return out
 
 
-def task_check(url: str, spec: dict, parallel: int) -> dict:
-    """Few-shot items, temperature 0, SGLang's stop strings; the answer is the last integer."""
+def task_check(url: str, spec: dict, parallel: int, ledger: Ledger, top_k: int, check: str = "tasks",
+               tokens=None) -> dict:
+    """Few-shot items, SGLang's stop strings; the answer is the last integer. Temperature 0, or
+    ``spec["sampling"]`` (temperature, top_p) with a fixed seed per item; after
+    ``spec["prefix"]`` (a needle haystack cut to ``prompt_tokens``) when given."""
     with open(spec["path"], encoding="utf-8") as fh:
         items, problems = prompts.parse_tasks(fh.read(), spec["path"])
     if problems:
         raise EvalError("; ".join(problems))
     shots, questions = items[:spec["shots"]], items[spec["shots"]:][:spec["questions"]]
     prefix = prompts.few_shot_prefix(shots)
-    progress = Progress("tasks", len(questions))
+    sampling = spec.get("sampling") or {"temperature": 0.0}
+    haystack = _prefix_haystack(tokens, spec["prefix"], spec["seed"]) if spec.get("prefix") else None
+    progress = Progress(check, len(questions))
 
-    def ask(pair):
+    def ask_one(pair):
         index, item = pair
-        answer = generate(url, {"text": prompts.task_prompt(prefix, item["question"]), "sampling_params": {
-            "temperature": 0.0, "max_new_tokens": spec["max_new_tokens"], "stop": prompts.FEW_SHOT_STOP}})
+        params = {**sampling, "max_new_tokens": spec["max_new_tokens"], "stop": prompts.FEW_SHOT_STOP}
+        if "sampling_seed" in sampling:
+            params["sampling_seed"] = sampling["sampling_seed"] + item["line"]
+        text = prompts.task_prompt(prefix, item["question"])
+        if haystack is not None:
+            question = tokens.encode("\n\n" + text)
+            cut = spec["prefix"]["context"] - len(question) - spec["max_new_tokens"] - 8
+            body = {"input_ids": haystack[:cut] + question, "sampling_params": params}
+        else:
+            body = {"text": text, "sampling_params": params}
+        answer = ask(url, ledger, check, body, top_k)
         progress.step()
         pred = prompts.answer_value(answer.get("text") or "")
         label = prompts.answer_value(item["answer"].split("####")[-1])
+        meta = answer.get("meta_info") or {}
         return {"line": item["line"], "label": label, "pred": pred, "correct": pred is not None and pred == label,
-                "output_tokens": (answer.get("meta_info") or {}).get("completion_tokens")}
+                "output_tokens": meta.get("completion_tokens"), "prompt_tokens": meta.get("prompt_tokens"),
+                "output_ids": list(answer.get("output_ids") or [])}
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        results = list(pool.map(ask, list(enumerate(questions))))
-    return {"items": results, "shots": len(shots)}
+        results = list(pool.map(ask_one, list(enumerate(questions))))
+    return {"items": results, "shots": len(shots), "sampling": sampling}
+
+
+def _prefix_haystack(tokens: Tokens, where: dict, seed: int) -> list:
+    """The needle check's haystack of ``where["context"]`` / ``where["variant"]`` (same ids: the
+    radix cache holds it once the needles ran)."""
+    cell = next(c for c in prompts.needle_plan(seed, [where["context"]], where["depths"], where["variant"] + 1)
+                if c["variant"] == where["variant"])
+    return _haystack(tokens, [tokens.encode(" " + s) for s in prompts.FILLER], cell, seed)
+
+
+def long_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Ledger) -> dict:
+    """Decode against re-prefill past the indexer's threshold: prefixes of the needle haystacks
+    (cut to leave room for the output) and long generations, from a short prompt or after a
+    haystack. The re-prefill sends prompt + output back with ``logprob_start_len`` at the prompt's
+    last token: SGLang then reuses at most that much cached prefix, so the output positions are
+    computed again by the prefill path, without a cache flush (the long prefix stays cached)."""
+    top_k, seed = spec["top_k"], spec["seed"]
+    wanted = []
+    for where in spec["prefixes"]:  # {"context", "variant", "depths", "max_new_tokens"}
+        hay = _prefix_haystack(tokens, where, seed)
+        wanted.append({"kind": "prefix", "context": where["context"], "variant": where["variant"],
+                       "ids": hay[:where["context"] - where["max_new_tokens"] - 8],
+                       "max_new_tokens": where["max_new_tokens"], "ignore_eos": True})
+    for g, gen in enumerate(spec["generations"]):  # {"max_new_tokens", "prefix": None | {"context", ...}}
+        ask_ids = tokens.encode(prompts.long_answer_prompt(seed, g))
+        if gen.get("prefix"):
+            where = gen["prefix"]
+            hay = _prefix_haystack(tokens, where, seed)
+            ids = hay[:where["context"] - gen["max_new_tokens"] - len(ask_ids) - 8] + ask_ids
+        else:
+            ids = tokens.bos + ask_ids
+        wanted.append({"kind": "generation", "context": (gen.get("prefix") or {}).get("context"),
+                       "variant": (gen.get("prefix") or {}).get("variant"), "ids": ids,
+                       "max_new_tokens": gen["max_new_tokens"], "ignore_eos": False})
+    progress = Progress("long", 2 * len(wanted))
+
+    def decode(w):
+        answer = ask(url, ledger, "long", {"input_ids": w["ids"], "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": w["max_new_tokens"], "ignore_eos": w["ignore_eos"]}}, top_k)
+        progress.step()
+        return answer
+
+    def reprefill(pair):
+        w, answer = pair
+        ids = w["ids"] + list(answer.get("output_ids") or [])
+        again = ask(url, ledger, "long", {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 0},
+                                          "logprob_start_len": len(w["ids"]) - 1}, top_k)
+        progress.step()
+        return again
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        decoded = list(pool.map(decode, wanted))
+        prefilled = list(pool.map(reprefill, list(zip(wanted, decoded))))
+    samples = []
+    for i, (w, a, p) in enumerate(zip(wanted, decoded, prefilled)):
+        meta, again = a["meta_info"], p["meta_info"]
+        out = _lp(meta, "output_token_logprobs")
+        n = len(out)
+        samples.append({"index": i, "kind": w["kind"], "context": w["context"], "variant": w["variant"],
+                        "prompt_tokens": len(w["ids"]), "max_position": len(w["ids"]) + n,
+                        "finish": (meta.get("finish_reason") or {}).get("type"),
+                        "output_ids": list(a.get("output_ids") or []), "output_logprobs": out,
+                        "output_top": _top(meta.get("output_top_logprobs")),
+                        "reprefill_logprobs": _lp(again, "input_token_logprobs")[-n:] if n else [],
+                        "reprefill_top": _top((again.get("input_top_logprobs") or [])[-n:]) if n else []})
+    return {"samples": samples, "threshold_tokens": spec["threshold_tokens"]}
+
+
+def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Ledger) -> dict:
+    """The box's batch mix: short greedy requests one at a time, then the same requests at the
+    serving concurrency while uncached long prompts prefill (chunked prefill mixes them). The
+    client-side start and end of every request are kept, so the judge can see the overlap."""
+    top_k, seed = spec["top_k"], spec["seed"]
+    shorts = [(tokens.bos + tokens.encode(prompts.filler_text(seed + 7919, i, 60)))[:spec["prompt_tokens"]]
+              for i in range(spec["samples"])]
+    longs = []
+    for k in range(spec["long_prefills"]):  # haystack variants no other check asks: not in the cache
+        where = {"context": spec["long_context"], "variant": 1000 + k, "depths": [0.5]}
+        longs.append(_prefix_haystack(tokens, where, seed)[:spec["long_context"] - 16])
+    progress = Progress("batch", 2 * len(shorts) + len(longs))
+
+    def short(ids):
+        answer = ask(url, ledger, "batch", {"input_ids": ids, "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": spec["max_new_tokens"], "ignore_eos": True}}, top_k)
+        progress.step()
+        return answer
+
+    def long(ids):
+        answer = ask(url, ledger, "batch", {"input_ids": ids, "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": 4}}, top_k)
+        progress.step()
+        return answer
+
+    alone = [short(ids) for ids in shorts]
+    with ThreadPoolExecutor(max_workers=parallel + len(longs)) as pool:
+        long_futures = [pool.submit(long, ids) for ids in longs]
+        time.sleep(spec.get("stagger_s", 0.05))  # the long prefills are scheduled first
+        mixed = list(pool.map(short, shorts))
+        long_answers = [f.result() for f in long_futures]
+    zero = min([a["_span"][0] for a in alone + mixed + long_answers] or [0.0])
+
+    def side(answer):
+        meta = answer["meta_info"]
+        return {"output_ids": list(answer.get("output_ids") or []), "output_top": _top(meta.get("output_top_logprobs")),
+                "span": [round(t - zero, 4) for t in answer["_span"]]}
+
+    return {"concurrency": parallel, "requests": [
+        {"index": i, "prompt_tokens": len(ids), "alone": side(a), "mixed": side(m)}
+        for i, (ids, a, m) in enumerate(zip(shorts, alone, mixed))],
+        "long": [{"prompt_tokens": len(ids), "span": side(a)["span"]} for ids, a in zip(longs, long_answers)]}
 
 
 def fetch(url: str, sha256: str, out: str, timeout: float = 120.0) -> dict:
@@ -288,15 +483,24 @@ def fetch(url: str, sha256: str, out: str, timeout: float = 120.0) -> dict:
 def run(spec: dict) -> dict:
     url, started = spec["url"], time.time()
     out = {"checks": {}, "timings_s": {}}
-    tokens = Tokens(spec["model_path"]) if ("logprob" in spec or "needles" in spec) else None
-    for name, fn in (("logprob", lambda s: logprob_check(url, tokens, s, spec["parallel"])),
-                     ("needles", lambda s: needle_check(url, tokens, s)),
-                     ("tasks", lambda s: task_check(url, s, spec["parallel"]))):
+    top_k = int(spec.get("top_k") or 5)
+    ledger = Ledger(int(spec.get("threshold_tokens") or prompts.INDEXER_THRESHOLD_TOKENS))
+    needs_tokens = {"logprob", "needles", "long", "batch", "tasks_long"} & set(spec)
+    tokens = Tokens(spec["model_path"]) if needs_tokens else None
+    parallel = spec["parallel"]
+    for name, fn in (("logprob", lambda s: logprob_check(url, tokens, s, parallel, ledger)),
+                     ("needles", lambda s: needle_check(url, tokens, s, ledger, top_k)),
+                     ("long", lambda s: long_check(url, tokens, s, parallel, ledger)),
+                     ("tasks", lambda s: task_check(url, s, parallel, ledger, top_k)),
+                     ("tasks_long", lambda s: task_check(url, s, parallel, ledger, top_k, "tasks_long", tokens)),
+                     ("tasks_sampled", lambda s: task_check(url, s, parallel, ledger, top_k, "tasks_sampled")),
+                     ("batch", lambda s: batch_check(url, tokens, s, parallel, ledger))):
         if name in spec:
             t0 = time.time()
             out["checks"][name] = fn(spec[name])
             out["timings_s"][name] = round(time.time() - t0, 3)
     out["timings_s"]["total"] = round(time.time() - started, 3)
+    out["budget"] = ledger.report()
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from dsv4kit.quality.checks_batch import judge_shapes
 from dsv4kit.quality.stats import approx_kl, finite, mcnemar_exact, topk_agreement, wilson
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -222,6 +223,7 @@ def judge(arms: dict, t: Thresholds) -> tuple[str, list[dict]]:
         checks.append(needle_check(arms, t))
     if _has(arms, "tasks"):
         checks.append(task_check(arms, t))
+    checks += judge_shapes(arms, t)  # the long set, batch mix, extra task sets, logprob health
     return worst(c["outcome"] for c in checks), checks
 
 

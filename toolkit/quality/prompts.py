@@ -7,6 +7,8 @@ token ids with the model's own tokenizer. The same functions run here in the tes
 * Needles (pass keys): ``needle_plan`` gives, per context length and variant, one haystack of
   filler prose with one needle per depth; each needle is asked for in its own short request
   after the haystack (the radix cache shares the haystack between them).
+* Long answers: ``long_answer_prompt(seed, index)``, a request for a long essay (thousands of
+  tokens), for the long generations.
 * Tasks: GSM8K's JSONL (``question``, ``answer`` ending ``#### N``), few-shot as SGLang 0.5.23's
   ``few_shot_gsm8k`` formats it; the answer is the last integer in the output.
 """
@@ -52,6 +54,16 @@ KEY_DIGITS = 7
 QUESTION_RESERVE = 64
 
 FEW_SHOT_STOP = ["Question", "Assistant:", "<|separator|>"]
+#: The DSA indexer's logits are read only once a row has more than 512 compressed (c4) positions,
+#: i.e. more than 2,048 tokens (docs/sglang-contract.md §2.6).
+INDEXER_THRESHOLD_TOKENS = 2048
+
+LONG_ANSWER_TOPICS = (
+    "how a river shapes the valley it runs through, from its source to the sea",
+    "the history of lighthouses and the people who kept them",
+    "how a small town prepares for winter, season by season",
+    "the craft of building a wooden boat by hand",
+)
 INVALID = None
 
 
@@ -59,6 +71,13 @@ def filler_text(seed: int, index: int, sentences: int) -> str:
     """``sentences`` filler sentences, the same for the same (seed, index)."""
     rng = random.Random(f"filler:{seed}:{index}")
     return " ".join(rng.choice(FILLER) for _ in range(sentences))
+
+
+def long_answer_prompt(seed: int, index: int) -> str:
+    """A plain-completion request for a long answer (thousands of tokens), the same for the same (seed, index)."""
+    topic = LONG_ANSWER_TOPICS[random.Random(f"long:{seed}:{index}").randrange(len(LONG_ANSWER_TOPICS))]
+    return (f"\n\nQuestion: Write a long, detailed essay of at least three thousand words about {topic}. "
+            f"Use many sections and explain every step.\nAnswer:")
 
 
 def needle_sentence(label: str, key: str) -> str:

@@ -24,6 +24,7 @@ from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.quality import prompts
 from dsv4kit.quality.checks import Thresholds, judge, outcome_exit_code
+from dsv4kit.quality.shapes import shape_spec
 
 Say = Callable[[str], None]
 
@@ -92,6 +93,7 @@ def spec_for(ctx: int, quick: bool, seed: int, tasks_path: Optional[str], questi
     if tasks_path is not None:
         spec["tasks"] = {"path": tasks_path, "shots": 5, "questions": questions or (50 if quick else 200),
                          "max_new_tokens": 256 if quick else 512}
+    spec.update(shape_spec(ctx, quick, seed, tasks_path, questions, spec["needles"]))  # docs/quality.md
     return spec
 
 
@@ -330,6 +332,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
                          "provenance_sha256": hashlib.sha256(json.dumps(provenance[arm], sort_keys=True,
                                                                         default=str).encode()).hexdigest(),
                          "timings_s": details[arm].get("timings_s"), "details_file": f"details/arm-{arm}.json.gz",
+                         "budget": details[arm].get("budget"),  # per check: requests, tokens, lengths
                          # speculative decoding: what the drafts did while the answers were judged
                          "speculative_algorithm": after.get("speculative_algorithm"),
                          "avg_spec_accept_length": next((s.get("avg_spec_accept_length") for s in
