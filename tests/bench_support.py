@@ -59,6 +59,7 @@ def tokenizer_corpus() -> list[str]:
              prompts.needle_sentence("amber gate", "0123456789"), prompts.needle_question("amber gate"),
              "Question: What is 0 plus 1?\nAnswer: 0 plus 1 is 1. #### 1\n\n unknown.",
              " ".join(prompts.NEEDLE_LABELS), TASK_WORDS, "The river bends twice before",
+             *(prompts.long_answer_prompt(0, i) for i in range(len(prompts.LONG_ANSWER_TOPICS))),
              "0 1 2 3 4 5 6 7 8 9 0123456789 .,:;?!#-'\"()$%&*+/<=>@[]^_{|}~",
              " . , : ; ? ! # - ' \" ( ) $ % & * + / < = > @ [ ] ^ _ { | } ~"]
     return texts + [" " + t for t in texts]

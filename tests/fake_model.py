@@ -33,7 +33,7 @@ Faults (``POST /_test/config {"model": {...}}``), each what a broken kernel path
 * ``no_logprobs: true``: logprob requests are answered without the logprob fields.
 
 Prefill time: a prompt longer than 1,024 tokens whose first 1,024 ids were not seen since the last
-fault change (a unit restart) sleeps ``prefill_us_per_token`` (default 20, at most 1 s), the
+fault change (a unit restart) sleeps ``prefill_us_per_token`` (default 50, at most 1 s), the
 radix cache's effect on a real server; while it sleeps it counts as a long prefill in flight.
 """
 
@@ -52,7 +52,7 @@ OTHER_LOGPROB = -9.0
 _OPS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b}
 
 
-PREFILL_US_PER_TOKEN = 20.0
+PREFILL_US_PER_TOKEN = 50.0
 PREFILL_CAP_S = 1.0
 CACHED_PREFIX = 1024
 

@@ -352,12 +352,18 @@ def task_check(url: str, spec: dict, parallel: int, ledger: Ledger, top_k: int, 
     return {"items": results, "shots": len(shots), "sampling": sampling}
 
 
+_HAYSTACKS: dict = {}
+
+
 def _prefix_haystack(tokens: Tokens, where: dict, seed: int) -> list:
     """The needle check's haystack of ``where["context"]`` / ``where["variant"]`` (same ids: the
-    radix cache holds it once the needles ran)."""
-    cell = next(c for c in prompts.needle_plan(seed, [where["context"]], where["depths"], where["variant"] + 1)
-                if c["variant"] == where["variant"])
-    return _haystack(tokens, [tokens.encode(" " + s) for s in prompts.FILLER], cell, seed)
+    radix cache holds it once the needles ran); built once per run."""
+    key = (seed, where["context"], where["variant"], tuple(where["depths"]))
+    if key not in _HAYSTACKS:
+        cell = next(c for c in prompts.needle_plan(seed, [where["context"]], where["depths"], where["variant"] + 1)
+                    if c["variant"] == where["variant"])
+        _HAYSTACKS[key] = _haystack(tokens, [tokens.encode(" " + s) for s in prompts.FILLER], cell, seed)
+    return _HAYSTACKS[key]
 
 
 def long_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Ledger) -> dict:
@@ -425,6 +431,11 @@ def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Led
     top_k, seed = spec["top_k"], spec["seed"]
     shorts = [(tokens.bos + tokens.encode(prompts.filler_text(seed + 7919, i, 60)))[:spec["prompt_tokens"]]
               for i in range(spec["samples"])]
+    if spec.get("prefix"):  # the first rows after a cached haystack: their decode reads the indexer's logits
+        hay = _prefix_haystack(tokens, spec["prefix"], seed)
+        room = spec["prefix"]["context"] - spec["prompt_tokens"] - spec["max_new_tokens"] - 8
+        for i in range(min(spec["long_rows"], len(shorts))):
+            shorts[i] = hay[:room - i] + shorts[i][len(tokens.bos):]
     longs = []
     for k in range(spec["long_prefills"]):  # haystack variants no other check asks: not in the cache
         where = {"context": spec["long_context"], "variant": 1000 + k, "depths": [0.5]}
@@ -443,12 +454,23 @@ def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Led
         progress.step()
         return answer
 
+    # Background rows that fill the batch up to the serving concurrency (not compared).
+    load = [(tokens.bos + tokens.encode(prompts.filler_text(seed + 104729, i, 60)))[:spec["prompt_tokens"]]
+            for i in range(max(0, parallel - len(shorts) - len(longs)))]
+
+    def background(ids):
+        return ask(url, ledger, "batch", {"input_ids": ids, "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": 2 * spec["max_new_tokens"], "ignore_eos": True}}, top_k)
+
     alone = [short(ids) for ids in shorts]
-    with ThreadPoolExecutor(max_workers=parallel + len(longs)) as pool:
+    with ThreadPoolExecutor(max_workers=len(shorts) + len(longs) + len(load)) as pool:
         long_futures = [pool.submit(long, ids) for ids in longs]
+        load_futures = [pool.submit(background, ids) for ids in load]
         time.sleep(spec.get("stagger_s", 0.05))  # the long prefills are scheduled first
         mixed = list(pool.map(short, shorts))
         long_answers = [f.result() for f in long_futures]
+        for f in load_futures:
+            f.result()
     zero = min([a["_span"][0] for a in alone + mixed + long_answers] or [0.0])
 
     def side(answer):
@@ -456,7 +478,7 @@ def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Led
         return {"output_ids": list(answer.get("output_ids") or []), "output_top": _top(meta.get("output_top_logprobs")),
                 "span": [round(t - zero, 4) for t in answer["_span"]]}
 
-    return {"concurrency": parallel, "requests": [
+    return {"concurrency": len(shorts) + len(longs) + len(load), "background": len(load), "requests": [
         {"index": i, "prompt_tokens": len(ids), "alone": side(a), "mixed": side(m)}
         for i, (ids, a, m) in enumerate(zip(shorts, alone, mixed))],
         "long": [{"prompt_tokens": len(ids), "span": side(a)["span"]} for ids, a in zip(longs, long_answers)]}

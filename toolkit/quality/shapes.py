@@ -43,10 +43,13 @@ def shape_spec(ctx: int, quick: bool, seed: int, tasks_path: Optional[str], ques
         "threshold_tokens": threshold, "top_k": TOP_K,
         "long": {"prefixes": prefixes, "generations": generations, "top_k": TOP_K, "seed": seed,
                  "threshold_tokens": threshold},
-        "batch": {"samples": 8 if quick else 32, "prompt_tokens": 256, "max_new_tokens": 48 if quick else 128,
+        "batch": {"samples": 8 if quick else 16, "prompt_tokens": 256, "max_new_tokens": 48 if quick else 96,
                   "long_prefills": 1 if quick else 2, "long_context": min(ctx, 32768) if quick else ctx,
                   "top_k": TOP_K, "seed": seed},
     }
+    if longest - 512 > threshold:  # some rows after the longest haystack: past the threshold in the mix
+        spec["batch"].update(long_rows=4 if quick else 6,
+                             prefix={"context": longest, "variant": 0, "depths": list(needles["depths"])})
     if tasks_path is not None:
         asked = min(questions or 200, 20 if quick else 100)
         max_new = 256 if quick else 512
