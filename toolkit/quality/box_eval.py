@@ -10,7 +10,9 @@ tokenizer), next to ``prompts.py``, against the router on 127.0.0.1 as users rea
 whether ``/generate`` returns the logprob fields SGLang 0.5.23 writes (``meta_info``
 ``output_token_logprobs``: ``[logprob, token_id, text|null]`` triples; ``output_top_logprobs``:
 per position a list of such triples). ``run`` runs the checks the spec names and writes the raw
-answers; judging them is the local side's job (``dsv4kit.quality.checks``). Progress goes to
+answers; judging them is the local side's job (``dsv4kit.quality.checks``). Every request asks
+for logprobs with the top-k; the result's ``budget`` holds, per check, the requests, tokens and
+lengths it drove and the logprob values that were null or not finite (``Ledger``). Progress goes to
 stderr as ``progress CHECK DONE TOTAL``. Every HTTP call has a timeout. ``$OPENAI_API_KEY`` is sent
 as the bearer key when set.
 """
