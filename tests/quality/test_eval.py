@@ -62,6 +62,10 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
     needles = _check(record, "needles")["per_arm"]["B"]
     assert needles["found"] == needles["total"] == 6 and sorted(needles["cells"], key=int) == ["1024", str(CTX)]
     assert _check(record, "tasks")["per_arm"]["A"]["accuracy"] == 1.0
+    # What each check drove, in the record: only the long sets pass the indexer's 2,048-token threshold.
+    budget = record["arms"]["B"]["budget"]
+    assert budget["long"]["crossed_threshold"] and budget["tasks_long"]["prompt_min"] > 2048
+    assert not budget["logprob"]["crossed_threshold"] and budget["needles"]["prompt_max"] > 2048
     assert any("ETA" in line for line in lines) and any("arm B:" in line for line in lines)
 
     # The record sits beside bench records, with its raw answers and one heatmap per arm.

@@ -103,3 +103,17 @@ def test_nothing_past_the_threshold_is_inconclusive_never_a_pass(stand_in):
     assert judged["logprob_kl_long"]["outcome"] == "inconclusive", judged["logprob_kl_long"]
     assert "threshold" in judged["logprob_kl_long"]["why"]
     assert "tasks_long" not in small["checks"] and not small["budget"]["long"]["crossed_threshold"]
+
+
+def test_the_loop_detector_finds_exact_loops_only():
+    import random
+
+    from dsv4kit.quality.checks_long import degenerate
+
+    rng = random.Random(3)
+    free = [rng.randrange(5000) for _ in range(4096)]
+    assert degenerate(free) is None
+    looped = free[:1000] + free[1000:1040] * 60  # a 40-token loop to the end
+    assert degenerate(looped) == {"period": 40, "tokens": 2400}
+    assert degenerate(free[:100] + [7] * 60) is None  # too short a tail to call a loop
+    assert degenerate(free[:3000] + free[:300] * 4) is None  # a period longer than 256 is text, not a loop
