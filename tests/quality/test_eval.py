@@ -56,7 +56,11 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
     outcome, lines = _eval(server, inventory, repo, tasks)
     record = outcome.record
     assert record["outcome"] == "pass" and outcome.exit_code == 0, record["checks"]
-    assert [c["check"] for c in record["checks"]] == ["logprob_kl", "arm_agreement", "needles", "tasks"]
+    assert [c["check"] for c in record["checks"]] == ["logprob_validity", "logprob_kl", "topk_reprefill",
+                                                      "arm_agreement", "needles", "tasks", "kernel_reach"]
+    # The control: arm A's items asked twice, its flips reported beside the A/B's.
+    assert _check(record, "tasks")["control"]["paired"] == 20 and not _check(record, "tasks")["control"]["lost"]
+    assert _check(record, "topk_reprefill")["per_arm"]["B"]["positions"] >= 256
     needles = _check(record, "needles")["per_arm"]["B"]
     assert needles["found"] == needles["total"] == 6 and sorted(needles["cells"], key=int) == ["1024", str(CTX)]
     assert _check(record, "tasks")["per_arm"]["A"]["accuracy"] == 1.0
