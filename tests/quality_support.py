@@ -14,6 +14,20 @@ TASK_WORDS = "What is plus minus times ?"
 
 
 def make_tasks(path: Path, n: int = 30, seed: int = 7) -> Path:
+    path.write_text(task_text(n, seed))
+    return path
+
+
+def task_floor(n: int = 30, seed: int = 7, min_accuracy: float = 0.95) -> dict:
+    """The inventory's ``dsv4_eval_task_floors`` for the generated set: its own floor, every item
+    after the five examples (GSM8K's floor asks 200 items; this set has fewer)."""
+    import hashlib
+
+    return {hashlib.sha256(task_text(n, seed).encode()).hexdigest(): {"min_accuracy": min_accuracy,
+                                                                       "min_items": n - 5}}
+
+
+def task_text(n: int = 30, seed: int = 7) -> str:
     rng = random.Random(seed)
     lines = []
     for _ in range(n):
@@ -21,8 +35,7 @@ def make_tasks(path: Path, n: int = 30, seed: int = 7) -> Path:
         op = rng.choice(("plus", "minus", "times"))
         result = {"plus": a + b, "minus": a - b, "times": a * b}[op]
         lines.append(json.dumps({"question": f"What is {a} {op} {b}?", "answer": f"{a} {op} {b} is {result}. #### {result}"}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return "\n".join(lines) + "\n"
 
 
 GSM8K_SHA256 = "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"

@@ -61,8 +61,19 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
     # The control: arm A's items asked twice, its flips reported beside the A/B's.
     assert _check(record, "tasks")["control"]["paired"] == 20 and not _check(record, "tasks")["control"]["lost"]
     assert _check(record, "topk_reprefill")["per_arm"]["B"]["positions"] >= 256
+    # A --quick record is a smoke test: it never counts for 'auto', and the decision says so.
+    from types import SimpleNamespace
+
+    from dsv4kit.core.inventory import load_inventory
+    from dsv4kit.records.quality_evidence import problems
+
+    host = load_inventory(inventory).host(None)
+    found = problems(record, host, SimpleNamespace(gpus={}, driver=None), record["evidence"]["kernels_sha256"], {})
+    assert any("quick record never counts" in p for p in found) and any("fewer than the 200" in p for p in found), found
     needles = _check(record, "needles")["per_arm"]["B"]
-    assert needles["found"] == needles["total"] == 6 and sorted(needles["cells"], key=int) == ["1024", str(CTX)]
+    # Depths 10, 50, 90% and a needle at most every 4,096 tokens (the quick spacing): 25 and 75% of 8K.
+    assert needles["found"] == needles["total"] == 8 and sorted(needles["cells"], key=int) == ["1024", str(CTX)]
+    assert sorted(needles["cells"][str(CTX)], key=float) == ["0.1", "0.25", "0.5", "0.75", "0.9"]
     assert _check(record, "tasks")["per_arm"]["A"]["accuracy"] == 1.0
     assert any("ETA" in line for line in lines) and any("arm B:" in line for line in lines)
 

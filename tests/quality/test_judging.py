@@ -259,3 +259,43 @@ def test_what_counts_for_auto(evidence_host):
     spec = copy.deepcopy(good)
     spec["arms"]["A"]["speculative_algorithm"] = "DSPARK"
     assert any("spec_acceptance" in p for p in _problems(spec, host))
+
+
+def test_docs_state_the_thresholds_the_code_judges_with():
+    """docs/quality.md's table is generated from ``Thresholds``; the numbers its prose gives follow from them."""
+    from dsv4kit.quality.checks import thresholds_markdown
+
+    text = (Path(__file__).resolve().parents[2] / "docs/quality.md").read_text()
+    block = text.split("<!-- thresholds:start -->\n")[1].split("\n<!-- thresholds:end -->")[0]
+    assert block == thresholds_markdown(), "regenerate the table: dsv4kit.quality.checks.thresholds_markdown()"
+    t = Thresholds()
+    assert "a drift of 0.1 nats on the greedy token alone" in text and math.expm1(0.1) - 0.1 >= t.max_kl
+    assert "(under 2% of probability)" in text and math.exp(t.topk_floor_logprob) < 0.02
+    assert "a factor of e in one token's" in text and t.max_topk_nats == 1.0
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["default", "quick"])
+def test_needles_are_spaced_so_a_lost_page_range_always_holds_one(quick):
+    """The indexer losing a range of a few thousand tokens anywhere in any haystack loses a needle."""
+    from dsv4kit.quality import prompts, run
+
+    spec = run.spec_for(131072, quick, 42, None, None)["needles"]
+    plan = prompts.needle_plan(spec["seed"], spec["contexts"], spec["depths"], spec["variants"],
+                               *([spec["spacing"]] if "spacing" in spec else []))
+    for haystack in plan:
+        at = sorted(n["depth"] * haystack["context"] for n in haystack["needles"])
+        gaps = [b - a for a, b in zip([0.0, *at], [*at, haystack["context"]])]
+        assert max(gaps) <= 4096, (haystack["context"], max(gaps))
+        assert len({n["label"] for n in haystack["needles"]}) == len(haystack["needles"])
+
+
+def test_the_docs_needle_counts_are_the_plans():
+    from dsv4kit.quality import prompts, run
+
+    text = (Path(__file__).resolve().parents[2] / "docs/quality.md").read_text()
+    for quick, spacing in ((False, "4,096"), (True, "4,096")):
+        spec = run.spec_for(131072, quick, 42, None, None)["needles"]
+        total = sum(len(c["needles"]) for c in prompts.needle_plan(spec["seed"], spec["contexts"], spec["depths"],
+                                                                   spec["variants"], spec["spacing"]))
+        assert f"a needle at most every {spacing} tokens" in text and f"{total} needles at 128K" in text
+        assert f"{spec['spacing']:,}" == spacing

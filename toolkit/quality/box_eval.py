@@ -206,7 +206,7 @@ def logprob_check(url: str, tokens: Tokens, spec: dict, parallel: int) -> dict:
 
 def needle_check(url: str, tokens: Tokens, spec: dict) -> dict:
     """Pass keys at several depths of haystacks up to the served context (``prompts.needle_plan``)."""
-    plan = prompts.needle_plan(spec["seed"], spec["contexts"], spec["depths"], spec["variants"])
+    plan = prompts.needle_plan(spec["seed"], spec["contexts"], spec["depths"], spec["variants"], spec.get("spacing"))
     progress = Progress("needles", sum(len(cell["needles"]) for cell in plan))
     filler = [tokens.encode(" " + s) for s in prompts.FILLER]
     cells = []

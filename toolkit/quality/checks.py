@@ -14,6 +14,7 @@ from typing import Iterator, Optional
 
 from dsv4kit.quality.stats import (approx_kl, finite, mcnemar_exact, tie_gap, topk_agreement, topk_distance,
                                    topk_problems, wilson)
+from dsv4kit.records.task_floors import DEFAULT_MIN_ACCURACY, DEFAULT_MIN_ITEMS, floor_for
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 _RANK = {PASS: 0, INCONCLUSIVE: 1, FAIL: 2}
@@ -28,10 +29,10 @@ class Thresholds:
     #: A served configuration alone: the share of needles found.
     min_needle_score: float = 0.95
     #: Every arm's task accuracy: the floor of the task set (GSM8K 5-shot: SGLang's own release gate for
-    #: DeepSeek-V4 is 0.95 on 200 items). Another set's floor: ``task_floor``.
-    min_task_accuracy: float = 0.95
+    #: DeepSeek-V4 is 0.95 on 200 items). Another set's floor: ``dsv4_eval_task_floors``.
+    min_task_accuracy: float = DEFAULT_MIN_ACCURACY
     #: Fewer task items than this: the floor is not shown, and the record does not count for ``auto``.
-    min_task_items: int = 200
+    min_task_items: int = DEFAULT_MIN_ITEMS
     #: A/B tasks: B loses significantly at this level of the exact McNemar test: fail.
     alpha: float = 0.05
     #: A/B tasks: B may lose this share of items net (losses - gains) and pass; more, not
@@ -41,9 +42,9 @@ class Thresholds:
     #: the two runs of one configuration: the box's own noise is too large to judge a kernel by.
     max_control_flip_rate: float = 0.05
     #: Top-k logprobs, decode against re-prefill and arm against arm: the mean over positions of the
-    #: largest difference at a position (nats) ...
+    #: largest difference at a position, in nats.
     max_topk_mean_nats: float = 0.1
-    #: ... and the largest at any one position.
+    #: Top-k logprobs, as above: the largest difference at any one position, in nats.
     max_topk_nats: float = 1.0
     #: Top-k entries below this logprob are not compared (a tail of a few percent or less).
     topk_floor_logprob: float = -4.0
@@ -62,33 +63,26 @@ class Thresholds:
         return asdict(self)
 
 
+def thresholds_markdown() -> str:
+    """The table of docs/quality.md: each threshold, its default and its ``#:`` comment above."""
+    import inspect
+
+    rows, comment = [], []
+    for line in inspect.getsource(Thresholds).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            comment.append(text[2:].strip())
+        elif ":" in text and "=" in text and comment and not text.startswith(("def ", "return")):
+            name = text.split(":")[0]
+            rows.append(f"| `{name}` | {getattr(Thresholds(), name)!r} | {' '.join(comment)} |")
+            comment = []
+    return "\n".join(["| threshold | default | meaning |", "|---|---|---|", *rows]).replace("``", "`")
+
+
 def task_floor(t: Thresholds, sha256: Optional[str], floors: Optional[dict]) -> Thresholds:
-    """``t`` with the accuracy floor of the task set ``sha256``: ``floors[sha256]`` (``{"min_accuracy",
-    "min_items"}``, from the inventory's ``dsv4_eval_task_floors``), else the default (GSM8K's)."""
-    chosen = (floors or {}).get(sha256) if sha256 else None
-    if not isinstance(chosen, dict):
-        return t
-    return replace(t, min_task_accuracy=float(chosen.get("min_accuracy", t.min_task_accuracy)),
-                   min_task_items=int(chosen.get("min_items", t.min_task_items)))
-
-
-FLOORS_VAR = "dsv4_eval_task_floors"
-
-
-def task_floors(host) -> dict:
-    """The inventory's per-task-set accuracy floors (``dsv4_eval_task_floors``: the task file's
-    sha256 to ``{min_accuracy, min_items}``); ValueError naming a malformed entry."""
-    value = host.get(FLOORS_VAR) or {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{FLOORS_VAR} of {host.name}: a mapping of task-file sha256 to {{min_accuracy, min_items}}, "
-                         f"not {value!r}")
-    for sha, floor in value.items():
-        ok = isinstance(floor, dict) and set(floor) <= {"min_accuracy", "min_items"}
-        acc, items = (floor.get("min_accuracy", 0.0), floor.get("min_items", 1)) if ok else (None, None)
-        if not (ok and isinstance(acc, (int, float)) and 0 <= acc <= 1 and isinstance(items, int) and items >= 1):
-            raise ValueError(f"{FLOORS_VAR}[{sha}] of {host.name}: give min_accuracy (0 to 1) and min_items "
-                             f"(at least 1), not {floor!r}")
-    return value
+    """``t`` with the accuracy floor of the task set ``sha256`` (``dsv4kit.records.task_floors``)."""
+    accuracy, items = floor_for(floors or {}, sha256)
+    return replace(t, min_task_accuracy=accuracy, min_task_items=items)
 
 
 def worst(outcomes) -> str:
@@ -432,8 +426,9 @@ def needle_check(arms: dict, t: Thresholds) -> dict:
     tables = {arm: needle_table(r) for arm, r in arms.items()}
     empty = {arm: empty_cells(table) for arm, table in tables.items()}
     if any(empty.values()):
-        return {"check": "needles", "outcome": FAIL, "per_arm": tables, "empty_cells": empty,
-                "why": "; ".join(f"arm {arm} lost every needle at {', '.join(cells[:6])}"
+        flipped = dict(zip(("lost", "gained"), _needle_flips(arms))) if "B" in arms else {}
+        return {"check": "needles", "outcome": FAIL, "per_arm": tables, "empty_cells": empty, **flipped,
+                "why": "; ".join(f"arm {arm} found no needle at {', '.join(cells[:6])}"
                                  for arm, cells in empty.items() if cells) + " (a cell fails on its own)"}
     if "B" not in arms:
         score = tables["A"]["score"]

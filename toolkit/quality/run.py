@@ -23,7 +23,8 @@ from typing import Callable, Optional
 from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.quality import prompts
-from dsv4kit.quality.checks import Thresholds, judge, outcome_exit_code, task_floor, task_floors
+from dsv4kit.quality.checks import Thresholds, judge, outcome_exit_code, task_floor
+from dsv4kit.records.task_floors import task_floors
 
 Say = Callable[[str], None]
 
@@ -32,6 +33,9 @@ GSM8K = {"name": "gsm8k", "lines": 1319,
          "url": "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/test.jsonl",
          "sha256": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"}
 SMALL_TIMEOUT_S = 120.0
+#: At most this many tokens between neighbouring needles (``prompts.needle_depths``): a page range
+#: of this length that the indexer loses always holds a needle.
+NEEDLE_SPACING = 4096
 
 
 @dataclass
@@ -87,7 +91,7 @@ def spec_for(ctx: int, quick: bool, seed: int, tasks_path: Optional[str], questi
                     "max_new_tokens": 64 if quick else 256, "top_k": 5, "seed": seed},
         "needles": {"contexts": needle_contexts(ctx, quick), "depths": [0.1, 0.5, 0.9] if quick else
                     [0.05, 0.25, 0.5, 0.75, 0.95], "variants": 1 if quick else 2, "max_new_tokens": 16,
-                    "seed": seed},
+                    "seed": seed, "spacing": NEEDLE_SPACING},
     }
     if tasks_path is not None:
         spec["tasks"] = {"path": tasks_path, "shots": 5, "questions": questions or (50 if quick else 200),

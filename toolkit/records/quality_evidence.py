@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 from dsv4kit.records import eval_record, results_repo
 from dsv4kit.records.record import RecordError
+from dsv4kit.records.task_floors import floor_for, task_floors
 from dsv4kit.rollout.targets import INDEXER_FLAG
 
 REQUIRED_CHECKS = ("logprob_validity", "logprob_kl", "topk_reprefill", "arm_agreement", "needles", "tasks",
@@ -174,20 +175,18 @@ def task_problems(record: dict, tasks: dict, host) -> list[str]:
     """The task check against what ``auto`` needs: every arm at the task set's accuracy floor (the
     inventory's ``dsv4_eval_task_floors`` as it is now, else GSM8K's), on at least its number of
     items, and the control run of arm A beside the A/B flips."""
-    from dsv4kit.quality.checks import Thresholds, task_floor, task_floors
-
     sha = ((record.get("eval") or {}).get("tasks_source") or {}).get("sha256")
     try:
-        t = task_floor(Thresholds(), sha, task_floors(host))
+        min_accuracy, min_items = floor_for(task_floors(host), sha)
     except ValueError as exc:
         return [str(exc)]
     out = []
     for arm, n in sorted((tasks.get("per_arm") or {}).items()):
         accuracy, items = n.get("accuracy"), n.get("n") or 0
-        if items < t.min_task_items:
-            out.append(f"arm {arm} asked {items} task items, fewer than the {t.min_task_items} the task set's floor needs")
-        elif accuracy is None or accuracy < t.min_task_accuracy:
-            out.append(f"arm {arm}'s task accuracy {accuracy} is below the task set's floor {t.min_task_accuracy}")
+        if items < min_items:
+            out.append(f"arm {arm} asked {items} task items, fewer than the {min_items} the task set's floor needs")
+        elif accuracy is None or accuracy < min_accuracy:
+            out.append(f"arm {arm}'s task accuracy {accuracy} is below the task set's floor {min_accuracy}")
     if not tasks.get("per_arm"):
         out.append("its task check has no per-arm accuracy")
     if not tasks.get("control"):
