@@ -91,9 +91,9 @@ def worst(outcomes) -> str:
 
 
 # ------------------------------------------------------------------------------ per arm
-def kl_of(result: dict) -> dict:
+def kl_of(result: dict, source: str = "logprob") -> dict:
     """One arm's decode-against-re-prefill numbers: per-sample KL, the mean, NaN samples."""
-    samples = ((result.get("checks") or {}).get("logprob") or {}).get("samples") or []
+    samples = ((result.get("checks") or {}).get(source) or {}).get("samples") or []
     per, nan, tokens, moved = [], [], 0, False
     for s in samples:
         out, pre = s.get("output_logprobs") or [], s.get("reprefill_logprobs") or []
@@ -153,8 +153,10 @@ def _has(arms: dict, check: str) -> bool:
     return all(check in (r.get("checks") or {}) for r in arms.values())
 
 
-def logprob_check(arms: dict, t: Thresholds) -> dict:
-    per_arm = {arm: kl_of(r) for arm, r in arms.items()}
+def logprob_check(arms: dict, t: Thresholds, source: str = "logprob", name: str = "logprob_kl") -> dict:
+    """Decode against re-prefill, per arm, on the samples of the box check ``source`` (another
+    set of samples in the same shape is judged on its own under its own ``name``)."""
+    per_arm = {arm: kl_of(r, source) for arm, r in arms.items()}
     verdicts = {arm: _kl_verdict(n, t) for arm, n in per_arm.items()}
     if "B" not in arms:
         outcome, why = verdicts["A"]
@@ -164,16 +166,16 @@ def logprob_check(arms: dict, t: Thresholds) -> dict:
     else:
         outcome = worst(v[0] for v in verdicts.values())
         why = "; ".join(f"{arm}: {v[1]}" for arm, v in verdicts.items())
-    return {"check": "logprob_kl", "outcome": outcome, "why": why, "per_arm": per_arm}
+    return {"check": name, "outcome": outcome, "why": why, "per_arm": per_arm}
 
 
-def agreement_check(arms: dict, t: Thresholds) -> dict:
+def agreement_check(arms: dict, t: Thresholds, source: str = "logprob", name: str = "arm_agreement") -> dict:
     """Arm B against arm A on the same greedy prompts (the logprob check's decodes): up to and
     including the first divergence, the two arms' top-k logprobs within the bounds in nats
     (``max_topk_mean_nats``, ``max_topk_nats``), and the divergence only at a near-tie: both
     tokens in both arms' top-k, within ``near_tie_nats`` of each other in each."""
-    a = {s["index"]: s for s in arms["A"]["checks"]["logprob"]["samples"]}
-    b = {s["index"]: s for s in arms["B"]["checks"]["logprob"]["samples"]}
+    a = {s["index"]: s for s in arms["A"]["checks"][source]["samples"]}
+    b = {s["index"]: s for s in arms["B"]["checks"][source]["samples"]}
     rows, compared, agree, distances, far, not_tie = [], 0, 0, [], [], []
     for index in sorted(set(a) & set(b)):
         sa, sb = a[index], b[index]
@@ -203,7 +205,7 @@ def agreement_check(arms: dict, t: Thresholds) -> dict:
                "topk_positions": len(distances), "topk_mean_nats": mean,
                "topk_max_nats": max(distances) if distances else None, "topk_far": far[:10],
                "top_k": max((len(p) for s in b.values() for p in s["output_top"] if p), default=None)}
-    check = "arm_agreement"
+    check = name
     if not rows:
         return {"check": check, "outcome": INCONCLUSIVE, "why": "no prompt in both arms", **numbers}
     if not distances:
@@ -226,9 +228,9 @@ def agreement_check(arms: dict, t: Thresholds) -> dict:
                    f"over {len(distances)} positions"}
 
 
-def topk_reprefill_of(result: dict, t: Thresholds) -> dict:
+def topk_reprefill_of(result: dict, t: Thresholds, source: str = "logprob") -> dict:
     """One arm's decode top-k against the re-prefill's top-k of the same positions (nats)."""
-    samples = ((result.get("checks") or {}).get("logprob") or {}).get("samples") or []
+    samples = ((result.get("checks") or {}).get(source) or {}).get("samples") or []
     distances, far, missing = [], [], []
     for s in samples:
         out, pre = s.get("output_top") or [], s.get("reprefill_top")
@@ -247,8 +249,8 @@ def topk_reprefill_of(result: dict, t: Thresholds) -> dict:
             "max_nats": max(distances) if distances else None, "far": far[:10], "missing": missing}
 
 
-def topk_reprefill_check(arms: dict, t: Thresholds) -> dict:
-    per_arm = {arm: topk_reprefill_of(r, t) for arm, r in arms.items()}
+def topk_reprefill_check(arms: dict, t: Thresholds, source: str = "logprob", name: str = "topk_reprefill") -> dict:
+    per_arm = {arm: topk_reprefill_of(r, t, source) for arm, r in arms.items()}
     verdicts = {}
     for arm, n in per_arm.items():
         if n["missing"] or not n["positions"]:
@@ -267,7 +269,7 @@ def topk_reprefill_check(arms: dict, t: Thresholds) -> dict:
     else:
         outcome = worst(v[0] for v in verdicts.values())
         why = "; ".join(f"{arm}: {v[1]}" for arm, v in verdicts.items())
-    return {"check": "topk_reprefill", "outcome": outcome, "why": why, "per_arm": per_arm}
+    return {"check": name, "outcome": outcome, "why": why, "per_arm": per_arm}
 
 
 # ------------------------------------------------------------------------------ void measurements
@@ -276,7 +278,7 @@ def _is_logprob_field(key: str) -> bool:
 
 
 def responses(result: dict) -> Iterator[tuple[str, dict]]:
-    """(check, answer) for every answer in a box result that carries a logprob field."""
+    """(check, answer) for every answer in a box result (its control run's too) that carries a logprob field."""
     def walk(check, node):
         if isinstance(node, dict):
             if any(_is_logprob_field(k) for k in node):
@@ -290,6 +292,8 @@ def responses(result: dict) -> Iterator[tuple[str, dict]]:
 
     for check, body in ((result.get("checks") or {}).items()):
         yield from walk(check, body)
+    for check, body in ((((result.get("control") or {}).get("checks")) or {}).items()):
+        yield from walk(f"{check} (control)", body)
 
 
 def _logprob_values(node) -> Iterator:
