@@ -385,7 +385,8 @@ def validity_check(arms: dict, t: Thresholds) -> dict:
 
 
 def reach_of(result: dict) -> dict:
-    """Per check, the longest request in tokens (prompt and output) the box reports."""
+    """Per check, the longest request in tokens (prompt and output) the box reports: in the answers
+    (``prompt_tokens`` and the output) and in its per-check ledger (``budget.<check>.max_position``)."""
     out: dict = {}
 
     def walk(check, node):
@@ -402,6 +403,9 @@ def reach_of(result: dict) -> dict:
 
     for check, body in (result.get("checks") or {}).items():
         walk(check, body)
+    for check, entry in (result.get("budget") or {}).items():  # box_eval's ledger, where it keeps one
+        if isinstance(entry, dict) and isinstance(entry.get("max_position"), int):
+            out[check] = max(out.get(check, 0), entry["max_position"])
     return out
 
 
