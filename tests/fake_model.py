@@ -41,13 +41,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import threading
 import time
 from pathlib import Path
 
-TOP_LOGPROBS = (-0.35, -1.6, -2.4, -3.1, -3.7)
-ANSWER_LOGPROB = -0.02
+TOP_K = 5
+#: A position's top-1 probability lies in [0.45, 0.95] (a hash of the prefix picks it); the other
+#: four take these shares of what is left, so the top-5 is a distribution (sums below 1, descending).
+REST_SHARES = (0.5, 0.25, 0.12, 0.06)
+ANSWER_PROB = 0.98
 OTHER_LOGPROB = -9.0
 _OPS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b}
 
@@ -108,7 +112,7 @@ class StandInModel:
             token = words[int.from_bytes(digest[i:i + 2], "big") % len(words)]
             if token not in out:
                 out.append(token)
-            if len(out) == len(TOP_LOGPROBS):
+            if len(out) == TOP_K:
                 break
         return out
 
@@ -117,9 +121,11 @@ class StandInModel:
         answer token) ranks first."""
         cands = self.candidates(prefix, position)
         if forced is None:
-            return list(zip(TOP_LOGPROBS, cands))
-        rest = [c for c in cands if c != forced][:len(TOP_LOGPROBS) - 1]
-        return [(ANSWER_LOGPROB, forced)] + list(zip(TOP_LOGPROBS[1:], rest))
+            first = 0.45 + 0.5 * hashlib.sha256(b"p" + json.dumps(list(prefix[-3:])).encode()).digest()[0] / 255
+        else:
+            first, cands = ANSWER_PROB, [forced] + [c for c in cands if c != forced][:TOP_K - 1]
+        probs = [first] + [(1.0 - first) * share for share in REST_SHARES]
+        return [(math.log(p), t) for p, t in zip(probs, cands)]
 
     def logprob(self, prefix, position: int, token) -> float:
         return dict((t, lp) for lp, t in self.top(prefix, position)).get(token, OTHER_LOGPROB)

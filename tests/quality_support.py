@@ -14,6 +14,20 @@ TASK_WORDS = "What is plus minus times ?"
 
 
 def make_tasks(path: Path, n: int = 30, seed: int = 7) -> Path:
+    path.write_text(task_text(n, seed))
+    return path
+
+
+def task_floor(n: int = 30, seed: int = 7, min_accuracy: float = 0.95) -> dict:
+    """The inventory's ``dsv4_eval_task_floors`` for the generated set: its own floor, every item
+    after the five examples (GSM8K's floor asks 200 items; this set has fewer)."""
+    import hashlib
+
+    return {hashlib.sha256(task_text(n, seed).encode()).hexdigest(): {"min_accuracy": min_accuracy,
+                                                                       "min_items": n - 5}}
+
+
+def task_text(n: int = 30, seed: int = 7) -> str:
     rng = random.Random(seed)
     lines = []
     for _ in range(n):
@@ -21,19 +35,30 @@ def make_tasks(path: Path, n: int = 30, seed: int = 7) -> Path:
         op = rng.choice(("plus", "minus", "times"))
         result = {"plus": a + b, "minus": a - b, "times": a * b}[op]
         lines.append(json.dumps({"question": f"What is {a} {op} {b}?", "answer": f"{a} {op} {b} is {result}. #### {result}"}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return "\n".join(lines) + "\n"
+
+
+GSM8K_SHA256 = "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"
+#: A passing tasks check as ``dsv4kit eval --ab`` writes it: 200 GSM8K items per arm, above the floor, the control beside.
+TASK_NUMBERS = {"per_arm": {"A": {"n": 200, "correct": 192, "accuracy": 0.96},
+                            "B": {"n": 200, "correct": 191, "accuracy": 0.955}},
+                "paired": 200, "lost": [3, 9], "gained": [17], "mcnemar_p": 1.0, "net_loss": 0.005,
+                "control": {"paired": 200, "lost": [9], "gained": [], "flip_rate": 0.005}}
 
 
 def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pass", ctx: int | None = None,
-                   checks=("logprob_kl", "arm_agreement", "needles", "tasks"), when: str = "20261201T130000Z-aaaaaa",
+                   checks=None, when: str = "20261201T130000Z-aaaaaa",
                    arm_flags: dict | None = None, **evidence) -> dict:
     """An eval record of ``--ab FLAG=0,1`` on ``host`` (an inventory Host) with the product's own
     evidence fields (served configuration, kernels digest), as ``dsv4kit eval`` writes it.
     ``arm_flags``: the kernel flags the arms' servers ran (default: the inventory's; the flag under
     test is each arm's own value)."""
     from dsv4kit.records import eval_record
+    from dsv4kit.records.quality_evidence import REQUIRED_CHECKS
     from dsv4kit.records.record import sha256_json
+
+    checks = REQUIRED_CHECKS if checks is None else checks
+    failing = "logprob_kl" if "logprob_kl" in checks else checks[0]  # the check an outcome other than pass names
     from dsv4kit.validation.verdict_run import kernels_digest
 
     setting = flag in eval_record.SETTING_KEYS  # an inventory setting's A/B: arms false/true, left out of the fingerprint
@@ -51,12 +76,13 @@ def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pa
         "run_id": f"{host.name}-eval-ctx{ctx or host.get('dsv4_context_length')}-{when}",
         "tag": f"eval/{host.name}/{ctx or host.get('dsv4_context_length')}/{when}", "created_at_utc": when,
         "host": {"name": host.name}, "gpus": {"model": gpu, "driver": driver},
-        "eval": {"context_length": ctx or host.get("dsv4_context_length"), "thresholds": {}},
+        "eval": {"context_length": ctx or host.get("dsv4_context_length"), "thresholds": {}, "quick": False,
+                 "tasks_source": {"name": "gsm8k", "sha256": GSM8K_SHA256}},
         "ab": {"key": flag, "kind": "setting" if setting else "env",
                "values": {"A": "false", "B": "true"} if setting else {"A": "0", "B": "1"}},
         "arms": arms, "outcome": outcome,
-        "checks": [{"check": c, "outcome": outcome if i == 0 else "pass", "why": f"{c} {outcome}"}
-                   for i, c in enumerate(checks)],
+        "checks": [{"check": c, "outcome": outcome if c == failing else "pass", "why": f"{c} {outcome}",
+                    **(TASK_NUMBERS if c == "tasks" else {})} for c in checks],
         "evidence": {"kernels_sha256": kernels_digest(), "served_config": served,
                      "served_config_sha256": sha256_json(served), "gpu_model": gpu, "driver": driver, **evidence},
         "comparability_key": {}, "notes": [],

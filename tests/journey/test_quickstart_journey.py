@@ -25,7 +25,9 @@ Inventory variables that stand in for what a CPU machine is not (the user writes
   stand-in starts them), provision_task_environment (the box's tools first on PATH);
 * sglang_venv_python (a python that finishes the venv as an SGLang GPU box has it), dsv4_venv_packages
   one tiny package, dsv4_python_version 3.11 (this machine's);
-* model_weights_enabled: false (the weights are on the box already: a config.json and a tokenizer).
+* model_weights_enabled: false (the weights are on the box already: a config.json and a tokenizer);
+* dsv4_eval_task_floors: the generated task set's own accuracy floor (GSM8K's asks 200 items; this
+  set has 35).
 
 The servers behind the units are stand-ins (tests/journey/launch_server_standin.py after SGLang's own
 parser; the router after sglang-router's): each decode token takes 2 ms, so the doc's 128K sweep
@@ -49,13 +51,14 @@ import yaml
 from tests.docs.test_quickstart import QUICKSTART
 from tests.journey.quickstart_box import QuickstartBox
 from tests.provision_inventory import TINY_PACKAGES, TEST_SUPPORTED_OS
-from tests.quality_support import make_tasks
+from tests.quality_support import make_tasks, task_floor
 from tests.verdict_standins import GPU
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "box1"
+TASK_ITEMS = 40  # the generated stand-in for GSM8K: 5 examples, 35 items asked
 
 
 def doc_steps(text: str) -> list[str]:
@@ -80,6 +83,7 @@ def user_inventory(box: QuickstartBox) -> Path:
         "dsv4_state_dir": str(box.prefix / "var/lib/dsv4kit"), "dsv4_model_path": str(box.model),
         "dsv4_python_version": "3.11", "dsv4_venv_packages": list(TINY_PACKAGES), "dsv4_service_user": "root",
         "dsv4_known_hosts": str(box.sshd.known_hosts),
+        "dsv4_eval_task_floors": task_floor(n=TASK_ITEMS),
     })
     (inventory / "group_vars/all.yml").write_text(yaml.safe_dump(pins, sort_keys=False))
     # Role settings where a user keeps them: a group_vars file of the box group.
@@ -126,7 +130,7 @@ def test_the_quickstart_runs_as_written_on_one_box(box):
         "LANG": "C.UTF-8", "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
     }
     results = box.home / ".local/share/dsv4kit/validation"  # the doc's reports directory
-    make_tasks(box.home / "dsv4/gsm8k-test.jsonl", n=40)  # the doc's curl download, stood in
+    make_tasks(box.home / "dsv4/gsm8k-test.jsonl", n=TASK_ITEMS)  # the doc's curl download, stood in
     outputs: dict[str, list[str]] = {}
     run_ids: list[str] = []
 

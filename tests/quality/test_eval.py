@@ -56,11 +56,26 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
     outcome, lines = _eval(server, inventory, repo, tasks)
     record = outcome.record
     assert record["outcome"] == "pass" and outcome.exit_code == 0, record["checks"]
-    assert [c["check"] for c in record["checks"]] == ["logprob_kl", "arm_agreement", "needles", "tasks",
-                                                      "logprob_kl_long", "arm_agreement_long", "tasks_long",
-                                                      "tasks_sampled", "batch_mix", "degeneration", "logprobs_everywhere"]
+    assert [c["check"] for c in record["checks"]] == [
+        "logprob_validity", "logprob_kl", "topk_reprefill", "arm_agreement", "needles", "tasks",
+        "logprob_kl_long", "arm_agreement_long", "tasks_long", "tasks_sampled", "batch_mix", "degeneration",
+        "logprobs_everywhere", "kernel_reach"]
+    # The control: arm A's items asked twice, its flips reported beside the A/B's.
+    assert _check(record, "tasks")["control"]["paired"] == 20 and not _check(record, "tasks")["control"]["lost"]
+    assert _check(record, "topk_reprefill")["per_arm"]["B"]["positions"] >= 256
+    # A --quick record is a smoke test: it never counts for 'auto', and the decision says so.
+    from types import SimpleNamespace
+
+    from dsv4kit.core.inventory import load_inventory
+    from dsv4kit.records.quality_evidence import problems
+
+    host = load_inventory(inventory).host(None)
+    found = problems(record, host, SimpleNamespace(gpus={}, driver=None), record["evidence"]["kernels_sha256"], {})
+    assert any("quick record never counts" in p for p in found) and any("fewer than the 200" in p for p in found), found
     needles = _check(record, "needles")["per_arm"]["B"]
-    assert needles["found"] == needles["total"] == 6 and sorted(needles["cells"], key=int) == ["1024", str(CTX)]
+    # Depths 10, 50, 90% and a needle at most every 4,096 tokens (the quick spacing): 25 and 75% of 8K.
+    assert needles["found"] == needles["total"] == 8 and sorted(needles["cells"], key=int) == ["1024", str(CTX)]
+    assert sorted(needles["cells"][str(CTX)], key=float) == ["0.1", "0.25", "0.5", "0.75", "0.9"]
     assert _check(record, "tasks")["per_arm"]["A"]["accuracy"] == 1.0
     # What each check drove, in the record: only the long sets pass the indexer's 2,048-token threshold.
     budget = record["arms"]["B"]["budget"]

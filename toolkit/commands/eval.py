@@ -22,7 +22,7 @@ from dsv4kit.core.cli_common import check_hosts, doing, interruptible
 @interruptible("dsv4kit eval", "nothing was recorded")
 def eval_cmd(
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Longest needle haystack in tokens (default: the context length the server serves). Above the served one is refused."),
-    quick: bool = typer.Option(False, "--quick", help="The quick set (about 2 minutes on the box): fewer logprob prompts, needles at 2 context lengths and 3 depths, 50 task items."),
+    quick: bool = typer.Option(False, "--quick", help="A smoke test (about 2 minutes on the box): fewer logprob prompts, needles at 2 context lengths, 50 task items. Its record never turns an 'auto' flag on."),
     tasks: str = typer.Option("gsm8k", "--tasks", metavar="gsm8k|PATH|none", help="Task items in GSM8K's JSONL format: 'gsm8k' downloads GSM8K's test set on the box (sha256 checked), PATH a local file (checked line by line before connecting), 'none' skips the task check (such a record cannot turn an 'auto' flag on)."),
     questions: Optional[int] = typer.Option(None, "--questions", help="Task items asked (default 200, --quick 50; 5 more are the few-shot examples)."),
     seed: int = typer.Option(42, "--seed", help="Seed of the generated prompts and needles (the same seed asks the same questions)."),

@@ -69,6 +69,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_max_running_requests": (int, "--max-running-requests of both servers."),
     "dsv4_bench_slo_ttft_ms": ((int, float, type(None)), "bench goodput: the p99 TTFT limit (ms), recorded in every record; null: none."),
     "dsv4_bench_slo_tpot_ms": ((int, float, type(None)), "bench goodput: the p99 TPOT limit (ms), recorded in every record; null: none."),
+    "dsv4_eval_task_floors": (dict, "eval's accuracy floor per task set: the tasks file's sha256 -> {min_accuracy, min_items}; unlisted sets are held to GSM8K's (docs/quality.md)."),
     "dsv4_kernel_flags": (dict, "Environment flags that turn the dsv4kit kernels on (name -> '0'/'1', or 'auto': the host's latest validation verdict)."),
     "dsv4_fp4_indexer": ((bool, str), "The FP4 index-K cache: true gives --enable-deepseek-v4-fp4-indexer and SGLANG_OPT_USE_TILELANG_INDEXER=0 on both servers (docs/sglang-contract.md §2.10); 'auto': on only with the host's indexer_fp4 verdict and a passing `eval --ab dsv4_fp4_indexer=false,true` (docs/rollout.md)."),
     "dsv4_server_extra_args": (list, "Extra sglang.launch_server arguments, one list item each."),

@@ -242,9 +242,12 @@ def logprob_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: L
         progress.step()
         return answer
 
-    def reprefill(ids):
+    def reprefill(pair):
+        # Logprobs (and top-k) from the last prompt position on: SGLang's first one is null, the
+        # rest are the generated tokens' positions.
+        prompt, ids = pair
         answer = ask(url, ledger, "logprob", {"input_ids": ids, "sampling_params": {
-            "temperature": 0.0, "max_new_tokens": 0}, "logprob_start_len": 0}, top_k)
+            "temperature": 0.0, "max_new_tokens": 0}, "logprob_start_len": max(0, len(prompt) - 1)}, top_k)
         progress.step()
         return answer
 
@@ -253,23 +256,26 @@ def logprob_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: L
         decoded = list(pool.map(decode, prompts_ids))
     call(url, "/flush_cache", {}, timeout=120)  # the re-prefill must compute, not reuse the decode's KV
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        prefilled = list(pool.map(reprefill, [ids + list(a.get("output_ids") or []) for ids, a in
+        prefilled = list(pool.map(reprefill, [(ids, ids + list(a.get("output_ids") or [])) for ids, a in
                                               zip(prompts_ids, decoded)]))
     samples = []
     for i, (ids, a, p) in enumerate(zip(prompts_ids, decoded, prefilled)):
         meta = a["meta_info"]
         out = [t[0] for t in meta.get("output_token_logprobs") or []]
-        top = [[[e[0], e[1]] for e in (pos or [])] for pos in meta.get("output_top_logprobs") or []]
+        top = [None if pos is None else [[e[0], e[1]] for e in pos] for pos in meta.get("output_top_logprobs") or []]
         inputs = [t[0] for t in p["meta_info"].get("input_token_logprobs") or []]
         tail = inputs[-len(out):] if out else []
+        pre_top = [None if pos is None else [[e[0], e[1]] for e in pos]
+                   for pos in p["meta_info"].get("input_top_logprobs") or []]
         samples.append({"index": i, "prompt_tokens": len(ids), "output_ids": list(a.get("output_ids") or []),
-                        "output_logprobs": out, "output_top": top, "reprefill_logprobs": tail})
+                        "output_logprobs": out, "output_top": top, "reprefill_logprobs": tail,
+                        "reprefill_top": pre_top[-len(out):] if out else []})
     return {"samples": samples}
 
 
 def needle_check(url: str, tokens: Tokens, spec: dict, ledger: Ledger, top_k: int) -> dict:
     """Pass keys at several depths of haystacks up to the served context (``prompts.needle_plan``)."""
-    plan = prompts.needle_plan(spec["seed"], spec["contexts"], spec["depths"], spec["variants"])
+    plan = prompts.needle_plan(spec["seed"], spec["contexts"], spec["depths"], spec["variants"], spec.get("spacing"))
     progress = Progress("needles", sum(len(cell["needles"]) for cell in plan))
     filler = [tokens.encode(" " + s) for s in prompts.FILLER]
     cells = []

@@ -22,13 +22,18 @@ def heatmaps(record: dict) -> tuple[dict[str, bytes], Optional[str]]:
     out = {}
     for arm, table in (check.get("per_arm") or {}).items():
         contexts = sorted(table["cells"], key=int)
-        depths = sorted({d for c in contexts for d in table["cells"][c]}, key=float)
-        grid = [[(lambda fc: fc[0] / fc[1] if fc else float("nan"))(table["cells"][c].get(d)) for c in contexts]
+        depths = [f"{i / 10:g}" for i in range(10)]  # deciles: the spaced needles are many rows
+        binned = {c: {} for c in contexts}
+        for c in contexts:
+            for d, (found, total) in table["cells"][c].items():
+                slot = binned[c].setdefault(f"{min(9, int(float(d) * 10)) / 10:g}", [0, 0])
+                slot[0], slot[1] = slot[0] + found, slot[1] + total
+        grid = [[(lambda fc: fc[0] / fc[1] if fc else float("nan"))(binned[c].get(d)) for c in contexts]
                 for d in depths]
         fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(contexts), 1.2 + 0.6 * len(depths)))
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(contexts)), [f"{int(c) // 1024}K" for c in contexts])
-        ax.set_yticks(range(len(depths)), [f"{float(d):.0%}" for d in depths])
+        ax.set_yticks(range(len(depths)), [f"{float(d):.0%}-{float(d) + 0.1:.0%}" for d in depths])
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth")
         for y, row in enumerate(grid):

@@ -45,10 +45,12 @@ FILLER = (
     "Merchants from the south bring spices, cloth and stories of distant cities.",
 )
 
-NEEDLE_LABELS = (
-    "amber gate", "blue harbour", "copper bell", "silver orchard", "green lantern", "iron bridge",
-    "golden mill", "crimson tower", "violet garden", "white chapel", "black anchor", "scarlet door",
-)
+_COLOURS = ("amber", "blue", "copper", "silver", "green", "iron", "golden", "crimson", "violet", "white", "black",
+            "scarlet")
+_THINGS = ("gate", "harbour", "bell", "orchard", "lantern", "bridge", "mill", "tower", "garden", "chapel", "anchor",
+           "door")
+#: 144 labels: enough for one needle every ``spacing`` tokens of the longest haystack.
+NEEDLE_LABELS = tuple(f"{c} {t}" for c in _COLOURS for t in _THINGS)
 KEY_DIGITS = 7
 #: Tokens kept free at the end of a needle prompt for the question and the answer.
 QUESTION_RESERVE = 64
@@ -88,16 +90,28 @@ def needle_question(label: str) -> str:
     return f"\n\nWhat is the pass key of the {label}? The pass key of the {label} is"
 
 
-def needle_plan(seed: int, contexts: list[int], depths: list[float], variants: int) -> list[dict]:
+def needle_depths(context: int, depths: list[float], spacing: Optional[int]) -> list[float]:
+    """``depths``, and with ``spacing`` also an even grid so that no two neighbouring needles (nor
+    an end of the haystack and its nearest needle) are more than ``spacing`` tokens apart: a lost
+    page range that long always holds a needle."""
+    if not spacing:
+        return list(depths)
+    n = min(len(NEEDLE_LABELS), max(1, -(-context // spacing)))
+    return sorted(set(depths) | {(i + 0.5) / n for i in range(n)})
+
+
+def needle_plan(seed: int, contexts: list[int], depths: list[float], variants: int,
+                spacing: Optional[int] = None) -> list[dict]:
     """One haystack per (context, variant): ``{"context", "variant", "needles": [{"label", "key",
-    "depth"}]}`` with one needle per depth (fractions of the haystack, 0 = start)."""
+    "depth"}]}`` with one needle per depth (fractions of the haystack, 0 = start; ``needle_depths``)."""
     plan = []
     for context in contexts:
+        at = needle_depths(context, depths, spacing)
         for variant in range(variants):
             rng = random.Random(f"needles:{seed}:{context}:{variant}")
-            labels = rng.sample(NEEDLE_LABELS, len(depths))
+            labels = rng.sample(NEEDLE_LABELS, len(at))
             needles = [{"label": label, "key": str(rng.randrange(10 ** (KEY_DIGITS - 1), 10 ** KEY_DIGITS)),
-                        "depth": depth} for label, depth in zip(labels, depths)]
+                        "depth": depth} for label, depth in zip(labels, at)]
             plan.append({"context": context, "variant": variant, "needles": needles})
     return plan
 

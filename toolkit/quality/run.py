@@ -23,8 +23,9 @@ from typing import Callable, Optional
 from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.quality import prompts
-from dsv4kit.quality.checks import Thresholds, judge, outcome_exit_code
+from dsv4kit.quality.checks import Thresholds, judge, outcome_exit_code, task_floor
 from dsv4kit.quality.shapes import shape_spec
+from dsv4kit.records.task_floors import task_floors
 
 Say = Callable[[str], None]
 
@@ -33,6 +34,9 @@ GSM8K = {"name": "gsm8k", "lines": 1319,
          "url": "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/test.jsonl",
          "sha256": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"}
 SMALL_TIMEOUT_S = 120.0
+#: At most this many tokens between neighbouring needles (``prompts.needle_depths``): a page range
+#: of this length that the indexer loses always holds a needle.
+NEEDLE_SPACING = 4096
 
 
 @dataclass
@@ -88,7 +92,7 @@ def spec_for(ctx: int, quick: bool, seed: int, tasks_path: Optional[str], questi
                     "max_new_tokens": 64 if quick else 256, "top_k": 5, "seed": seed},
         "needles": {"contexts": needle_contexts(ctx, quick), "depths": [0.1, 0.5, 0.9] if quick else
                     [0.05, 0.25, 0.5, 0.75, 0.95], "variants": 1 if quick else 2, "max_new_tokens": 16,
-                    "seed": seed},
+                    "seed": seed, "spacing": NEEDLE_SPACING},
     }
     if tasks_path is not None:
         spec["tasks"] = {"path": tasks_path, "shots": 5, "questions": questions or (50 if quick else 200),
@@ -157,8 +161,15 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     if tasks is None:
         warn("warning: --tasks none: the task-accuracy check is skipped, so this record cannot turn an "
              "'auto' kernel flag on")
+    if req.quick:
+        warn("warning: --quick is a smoke test: its record never turns an 'auto' kernel flag on")
+    try:
+        floors = task_floors(target)
+    except ValueError as exc:
+        raise Abort(exitcodes.USAGE, str(exc)) from None
+    thresholds = task_floor(Thresholds(), (tasks or {}).get("sha256"), floors)
     return EvalPlan(request=req, target=target, inventory_path=inventory_path, repo=repo, tasks=tasks,
-                    ab_spec=ab_spec, served=served_config(target, ab_spec))
+                    ab_spec=ab_spec, served=served_config(target, ab_spec), thresholds=thresholds)
 
 
 # ------------------------------------------------------------------------------ on the box
@@ -324,6 +335,12 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
             plugin = _plugin_status(host, remote_report)
             progress(f"arm {arm}: {_paths(plugin)}; checks at context {ctx}...")
             details[arm] = box.run(spec, f"arm-{arm}", req.arm_timeout)
+            if arm == "A" and p.ab_spec is not None and "tasks" in spec:
+                # The control: arm A's tasks once more, so the flips of one configuration against
+                # itself (batch composition) stand beside the flips between the arms.
+                progress("arm A: the task items once more, the control...")
+                details[arm]["control"] = box.run({k: v for k, v in spec.items() if k == "tasks" or not isinstance(v, dict)},
+                                                  "arm-A-control", req.arm_timeout)
             after = decode_info(remote.server_info(decode_port, env))
             arms[arm] = {"setting": _arm_setting(p.ab_spec, arm), "paths": _paths(plugin),
                          "plugin": {k: plugin.get(k) for k in ("flags", "targets", "indexer_route", "problems", "error")},
@@ -337,6 +354,9 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
                          "speculative_algorithm": after.get("speculative_algorithm"),
                          "avg_spec_accept_length": next((s.get("avg_spec_accept_length") for s in
                                                          after.get("internal_states") or [] if isinstance(s, dict)), None)}
+        for arm, body in arms.items():  # speculative acceptance is judged with the answers
+            details[arm]["speculative"] = {"algorithm": body["speculative_algorithm"],
+                                           "accept_length": body["avg_spec_accept_length"]}
         outcome, checks = judge(details, p.thresholds)
         record = _build(p, argv, created, started, ctx, spec, provenance["A"], arms, checks, outcome,
                         decode_info(info), toolkit_info(argv))

@@ -68,3 +68,62 @@ def topk_agreement(ids_a: Sequence[int], top_a: Sequence, ids_b: Sequence[int], 
     if first is None and len(ids_a) != len(ids_b):
         first = n
     return {"first_divergence": first, "compared": upto, "agree": agree, "contained": contained}
+
+
+def _entries(position) -> list:
+    """A position's top-k as ``[(logprob, id)]``; an entry that is not a ``[logprob, id, ...]`` list is
+    ``(None, None)`` (judged malformed by ``topk_problems``)."""
+    out = []
+    for entry in position or []:
+        if isinstance(entry, (list, tuple)) and len(entry) >= 2:
+            out.append((entry[0], entry[1]))
+        else:
+            out.append((None, None))
+    return out
+
+
+def topk_problems(position, slack: float) -> list[str]:
+    """What is wrong with one position's top-k (``[[logprob, id], ...]``, best first): a logprob
+    that is null, not finite or above 0; an order that is not descending; probabilities summing
+    above ``1 + slack``. Empty when it is a possible distribution."""
+    entries = _entries(position)
+    values = [lp for lp, _ in entries]
+    if not all(finite(v) for v in values):
+        return ["a null or non-finite logprob"]
+    out = []
+    if any(v > slack for v in values):
+        out.append("a logprob above 0")
+    if any(b > a + slack for a, b in zip(values, values[1:])):
+        out.append("top-k not in descending order")
+    if sum(math.exp(min(v, 0.0)) for v in values) > 1.0 + slack:
+        out.append(f"top-k probabilities summing to {sum(math.exp(v) for v in values):.4f} > 1")
+    return out
+
+
+def topk_distance(top_a, top_b, floor: float) -> Optional[float]:
+    """The largest logprob difference (nats) between two top-k lists of one position, over the
+    tokens either lists with logprob >= ``floor``. A token in one list but not the other is at
+    most the other's last logprob there, so it counts as at least the difference to that; None
+    when either list is empty."""
+    a, b = dict((t, lp) for lp, t in _entries(top_a)), dict((t, lp) for lp, t in _entries(top_b))
+    if not a or not b or not all(finite(v) for v in (*a.values(), *b.values())):
+        return None
+    worst = 0.0
+    for mine, other in ((a, b), (b, a)):
+        last = min(other.values())
+        for token, lp in mine.items():
+            if lp < floor:
+                continue
+            if token in other:
+                worst = max(worst, abs(lp - other[token]))
+            elif lp > last:  # the other side put it below its own k-th entry
+                worst = max(worst, lp - last)
+    return worst
+
+
+def tie_gap(position, token_a, token_b) -> Optional[float]:
+    """How far apart two tokens are in one position's top-k (nats); None when either is not in it."""
+    lp = dict((t, v) for v, t in _entries(position))
+    if token_a not in lp or token_b not in lp or not finite(lp[token_a]) or not finite(lp[token_b]):
+        return None
+    return abs(lp[token_a] - lp[token_b])

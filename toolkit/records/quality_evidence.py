@@ -25,9 +25,11 @@ from typing import Callable, Optional
 
 from dsv4kit.records import eval_record, results_repo
 from dsv4kit.records.record import RecordError
+from dsv4kit.records.task_floors import floor_for, task_floors
 from dsv4kit.rollout.targets import INDEXER_FLAG
 
-REQUIRED_CHECKS = ("logprob_kl", "arm_agreement", "needles", "tasks")
+REQUIRED_CHECKS = ("logprob_validity", "logprob_kl", "topk_reprefill", "arm_agreement", "needles", "tasks",
+                   "kernel_reach")
 FP4_SETTING = "dsv4_fp4_indexer"  # dsv4kit.rollout.fp4_plan.SETTING
 
 
@@ -138,10 +140,16 @@ def problems(record: dict, host, facts, kernels_sha256: Optional[str], served_wi
     if record.get("outcome") != "pass":
         failed = [f"{c['check']} {c['outcome']}: {c['why']}" for c in record.get("checks") or [] if c["outcome"] != "pass"]
         out.append(f"it did not pass ({'; '.join(failed) or record.get('outcome')})")
-    ran = {c["check"] for c in record.get("checks") or []}
-    missing = [c for c in REQUIRED_CHECKS if c not in ran]
+    if (record.get("eval") or {}).get("quick"):
+        out.append("it is a --quick record, a smoke test: a quick record never counts (run eval without --quick)")
+    ran = {c["check"]: c for c in record.get("checks") or []}
+    required = REQUIRED_CHECKS + (("spec_acceptance",) if any(
+        isinstance(a, dict) and a.get("speculative_algorithm") for a in (record.get("arms") or {}).values()) else ())
+    missing = [c for c in required if c not in ran]
     if missing:
-        out.append(f"it ran no {', '.join(missing)} check (eval --tasks none?)")
+        out.append(f"it ran no {', '.join(missing)} check (eval --tasks none, or a record of an older dsv4kit?)")
+    if "tasks" in ran:
+        out += task_problems(record, ran["tasks"], host)
     served_ctx = host.get("dsv4_context_length")
     ctx = (record.get("eval") or {}).get("context_length")
     if served_ctx and (ctx or 0) < int(served_ctx):
@@ -161,6 +169,30 @@ def problems(record: dict, host, facts, kernels_sha256: Optional[str], served_wi
         changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
         out.append(f"the serving configuration changed since ({', '.join(changed) or 'its fingerprint'})")
     return out + coupled_problems(record, host, served_with)
+
+
+def task_problems(record: dict, tasks: dict, host) -> list[str]:
+    """The task check against what ``auto`` needs: every arm at the task set's accuracy floor (the
+    inventory's ``dsv4_eval_task_floors`` as it is now, else GSM8K's), on at least its number of
+    items, and the control run of arm A beside the A/B flips."""
+    sha = ((record.get("eval") or {}).get("tasks_source") or {}).get("sha256")
+    try:
+        min_accuracy, min_items = floor_for(task_floors(host), sha)
+    except ValueError as exc:
+        return [str(exc)]
+    out = []
+    for arm, n in sorted((tasks.get("per_arm") or {}).items()):
+        accuracy, items = n.get("accuracy"), n.get("n") or 0
+        if items < min_items:
+            out.append(f"arm {arm} asked {items} task items, fewer than the {min_items} the task set's floor needs")
+        elif accuracy is None or accuracy < min_accuracy:
+            out.append(f"arm {arm}'s task accuracy {accuracy} is below the task set's floor {min_accuracy}")
+    if not tasks.get("per_arm"):
+        out.append("its task check has no per-arm accuracy")
+    if not tasks.get("control"):
+        out.append("it has no control run (arm A's tasks asked twice), so the A/B flips cannot be told from the box's "
+                   "own noise")
+    return out
 
 
 def finder(repo: Optional[Path] = None) -> Callable:
