@@ -81,7 +81,12 @@ def box(loopback_ssh, env, hub, tmp_path_factory):
     inventory = inventory_for(root / "inventory", loopback_ssh, prefix, hub, model)
     venv = provision(inventory, env, "--tags", "sglang_venv")
     assert venv.returncode == 0, venv.stderr[-6000:]
-    first = provision(inventory, env, "--tags", "model_weights", token=TOKEN, verbose=True)
+    from tests.sudo_login import ProcessWatch
+
+    # Every process's argv (any user's `ps`) and non-root environment, read while the token is in play.
+    with ProcessWatch(TOKEN, marker="--token-stdin", interval=0.05).running() as watch:
+        first = provision(inventory, env, "--tags", "model_weights", token=TOKEN, verbose=True)
+    first.token_seen_in = sorted(watch.found)
     return root, prefix, model, inventory, first
 
 
@@ -107,6 +112,7 @@ def test_fresh_download_is_verified_and_owned_by_the_service_user(box, hub):
     # -vvv shows every command and result: the token is in none of it.
     assert "SSH: EXEC" in first.stderr
     assert TOKEN not in first.stdout + first.stderr
+    assert not first.token_seen_in, first.token_seen_in
 
 
 def test_second_run_changes_nothing_and_asks_the_hub_nothing(box, env, hub):
