@@ -234,6 +234,17 @@ def test_an_interrupted_download_resumes_with_what_is_there(box, env, hub, loopb
         (model / name).write_bytes((verified / name).read_bytes())
     before = len(hub.downloads())
     inventory = inventory_for(root / "inventory-resumed", loopback_ssh, prefix, hub, model)
+    # The model's disk too small (a filesystem of its own): refused before any download, with the sizes.
+    import subprocess as sp
+
+    if sp.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(model)], capture_output=True).returncode == 0:
+        try:
+            full = provision(inventory, env, "--tags", "model_weights", token=TOKEN)
+        finally:
+            sp.run(["umount", str(model)], check=True)
+        assert full.returncode == 6, full.stderr[-6000:]
+        assert f"{model} has 0.00 GiB free" in full.stderr and "the 6 missing files of the revision need" in full.stderr
+        assert "point dsv4_model_path at a larger disk" in full.stderr and len(hub.downloads()) == before
     result = provision(inventory, env, "--tags", "model_weights", token=TOKEN)
     assert result.returncode == 0, result.stderr[-6000:]
     assert "downloaded 4 of 6 files" in result.stderr
