@@ -515,6 +515,11 @@ def test_refusals_of_what_the_box_already_has(gpu_box):
     assert f"apt would remove {len(removed)} of them, and {server_firmware} only when the driver it installs is of the " \
         "same upstream version. Nothing was changed." in " ".join(refused.stdout.split()), refused.stdout[-4000:]
     assert all(deb.name in refused.stdout for deb in server)  # all named, the firmware too (its purge is in the advice)
+    # apt's own count for the packages the stage installs (a fabric manager or signed modules count too)
+    route = box.run("apt-get", "-s", "install", f"nvidia-headless-{BRANCH}-open", f"nvidia-utils-{BRANCH}").stdout
+    apt_removes = [line.split()[1] for line in route.splitlines() if line.startswith("Remv ")]
+    assert f"the install removes {len(apt_removes)} packages: {', '.join(apt_removes)}." in " ".join(refused.stdout.split()), \
+        refused.stdout[-4000:]
     assert "WARNING: libnvidia-nscq-570 570.172.08-0ubuntu1, nvidia-fabricmanager-570 570.172.08-0ubuntu1 are of another branch" \
         in " ".join(refused.stdout.split())
     assert all(installed(box)[deb.name][0] == SERVER_VERSION for deb in server)  # nothing changed
