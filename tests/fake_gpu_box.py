@@ -397,7 +397,10 @@ class FakeGPUBox:
                         '  [ -e "$2" ] || { echo "Failed to read $2" >&2; exit 255; }; echo "$2 is not enrolled"; exit 1; fi\n'
                         f'[ "$1" = --sb-state ] && cat {state}/sb-state 2>/dev/null || echo "SecureBoot disabled"\n'),
             "dmesg": f"cat {state}/dmesg 2>/dev/null\n",
-            "update-initramfs": f'echo "update-initramfs $*" >> {state}/initramfs.log; echo "update-initramfs: Generating /boot/initrd.img"\n',
+            # $state/initramfs-fail: the rebuild fails as on a full /boot.
+            "update-initramfs": (f'echo "update-initramfs $*" >> {state}/initramfs.log; echo "update-initramfs: Generating /boot/initrd.img"\n'
+                                 f'if [ -e {state}/initramfs-fail ]; then echo "cpio: write error: No space left on device" >&2\n'
+                                 '  echo "E: mkinitramfs failure cpio 141 gzip 1" >&2; exit 1; fi\n'),
             "modinfo": ('k=' + self.kernel + '; [ "$1" = -k ] && { k="$2"; shift 2; }\n' + find_ko +
                         'if [ -z "$ko" ]; then echo "modinfo: ERROR: Module nvidia not found." >&2; exit 1; fi\n'
                         'if [ "$1" = -F ]; then echo "$ko"; exit 0; fi\n'

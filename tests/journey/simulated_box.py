@@ -127,23 +127,28 @@ class SimulatedBox:
             port = pins[f"dsv4_{server['name']}_port"]
             argv = [str(self.bin_dir / "dsv4-health-wait"), "--url", f"http://127.0.0.1:{port}",
                     "--timeout", str(timeout), "--interval", "1", "--pid", self.show(name)["MainPID"], "--unit", name,
-                    "--api-key-env", "DSV4_API_KEY", "--expect", f"context_length={pins['dsv4_context_length']}",
+                    "--expect", f"context_length={pins['dsv4_context_length']}",
                     "--expect", f"version={pins['dsv4_sglang_version']}",
                     "--expect", f"disaggregation_mode={server['name']}"]
             flags = pins["dsv4_kernel_flags"]
             argv += [f"--expect-env={k}={v}" for k, v in flags.items() if v != "auto"]
-            waits.append(argv)
+            waits.append(argv + self.key_args())
         return waits
 
     def router_wait(self, timeout: float = 300) -> list[str]:
         port = self.vars["dsv4_router_port"]
         return [str(self.bin_dir / "dsv4-health-wait"), "--url", f"http://127.0.0.1:{port}", "--path", "/readiness",
-                "--generate", "--unit", "dsv4-router.service", "--api-key-env", "DSV4_API_KEY",
-                "--timeout", str(timeout), "--interval", "1"]
+                "--generate", "--unit", "dsv4-router.service",
+                "--timeout", str(timeout), "--interval", "1", *self.key_args()]
+
+    def key_args(self) -> list[str]:
+        """sglang_service_health_key_args: the router's root-only key file, when there is a key."""
+        if not self.vars.get("dsv4_router_api_key"):
+            return []
+        return ["--api-key-file", str(self.prefix / "etc/dsv4kit/router-secret.env")]
 
     def wait(self, argv: list[str]) -> tuple[int, dict]:
-        env = {**self.env, "DSV4_API_KEY": str(self.vars.get("dsv4_router_api_key", ""))}
-        done = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=900)
+        done = subprocess.run([sys.executable, *argv], env=self.env, capture_output=True, text=True, timeout=900)
         return done.returncode, json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {
             "stderr": done.stderr}
 

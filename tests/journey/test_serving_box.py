@@ -157,3 +157,76 @@ def test_units_under_another_name_are_named_not_read_from_the_login(broken_box, 
     code, out, err = cli("rollout", "status", "--host", "lo", "-i", str(inventory))
     assert code == exitcodes.ENVIRONMENT, out + err
     assert f"{box.units}/dsv4-prefill.service" in err and "no serving unit on lo" in err
+
+
+def test_the_role_health_waits_keep_the_key_out_of_ps_sudos_log_and_vvv(box, tmp_path):
+    """The role's own health.yml, run by the real ansible-playbook -vvv as a non-root login that becomes
+    root with sudo: the router's key is in no process's argv (every user's `ps`), in no environment a
+    non-root user can read, not in sudo's log and not in the -vvv output, and the waits still pass
+    (the router and the servers refuse a request without it). The router is paused while its wait
+    runs, so the watch sees that wait's processes for certain."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    import yaml
+
+    from tests.listening import _descendants
+    from tests.service_units import ROLE
+    from tests.sudo_login import ProcessWatch, sudo_login
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add a login user with sudo")
+    site_vars = yaml.safe_load((ROLE.parents[2] / "playbooks/site.yml").read_text())[0]["vars"]
+    pins = yaml.safe_load((ROLE.parents[2] / "inventory/group_vars/all.yml").read_text())
+    extra = {**{k: v for k, v in pins.items() if not k.startswith("ansible_")}, **site_vars,
+             "dsv4_prefix": str(box.prefix), "dsv4_venv_dir": str(box.venv),
+             "dsv4_state_dir": str(box.prefix / "var/lib/dsv4kit"), "dsv4_health_timeout": 120, **box.vars}
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    play = [{"hosts": "box", "gather_facts": False, "vars_files": [str(ROLE / "defaults/main.yml")],
+             # the systemctl stand-in, as site.yml's provision_task_environment passes a test box's tools
+             "environment": {"PATH": box.env["DSV4KIT_STANDIN_PATH"],
+                             **{k: v for k, v in box.env.items() if k.startswith("DSV4KIT_STANDIN_")}},
+             "tasks": [{"name": "The role's health waits",
+                        "ansible.builtin.include_tasks": str(ROLE / "tasks/health.yml")}]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    router = int(box.show("dsv4-router.service")["MainPID"])
+    with sudo_login() as login:
+        (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"box": login.host_vars()}}}))
+        env = {**os.environ, "ANSIBLE_CONFIG": str(ROLE.parents[2] / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+        paused = sorted(_descendants(router))
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        watch = ProcessWatch(KEY)
+
+        def resume_once_the_router_wait_is_seen():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not any("--generate" in line for line in watch.seen):
+                time.sleep(0.05)
+            time.sleep(0.5)  # the watch reads every process a few more times while the wait hangs
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
+
+        resumer = threading.Thread(target=resume_once_the_router_wait_is_seen, daemon=True)
+        try:
+            with watch.running():
+                resumer.start()
+                run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-vvv",
+                                      "-i", str(tmp_path / "hosts.yml"), "-e", f"@{tmp_path / 'extra.json'}",
+                                      str(tmp_path / "play.yml")], capture_output=True, text=True, timeout=400,
+                                     env=env)
+                resumer.join(timeout=130)
+        finally:
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
+        sudo_log = login.sudo_log.read_text() if login.sudo_log.exists() else ""
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert any("--generate" in line for line in watch.seen), "the watch never saw the router's wait"
+    assert f"{login.user} :" in sudo_log and "COMMAND=" in sudo_log, sudo_log[-2000:]
+    assert "<127.0.0.1> SSH: EXEC" in run.stdout  # -vvv output indeed
+    assert not watch.found, sorted(watch.found)
+    assert KEY not in sudo_log, "the key is in sudo's log"
+    assert KEY not in run.stdout + run.stderr, "the key is in the -vvv output"

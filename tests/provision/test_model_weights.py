@@ -81,7 +81,12 @@ def box(loopback_ssh, env, hub, tmp_path_factory):
     inventory = inventory_for(root / "inventory", loopback_ssh, prefix, hub, model)
     venv = provision(inventory, env, "--tags", "sglang_venv")
     assert venv.returncode == 0, venv.stderr[-6000:]
-    first = provision(inventory, env, "--tags", "model_weights", token=TOKEN, verbose=True)
+    from tests.sudo_login import ProcessWatch
+
+    # Every process's argv (any user's `ps`) and non-root environment, read while the token is in play.
+    with ProcessWatch(TOKEN, marker="--token-stdin", interval=0.05).running() as watch:
+        first = provision(inventory, env, "--tags", "model_weights", token=TOKEN, verbose=True)
+    first.token_seen_in = sorted(watch.found)
     return root, prefix, model, inventory, first
 
 
@@ -107,6 +112,7 @@ def test_fresh_download_is_verified_and_owned_by_the_service_user(box, hub):
     # -vvv shows every command and result: the token is in none of it.
     assert "SSH: EXEC" in first.stderr
     assert TOKEN not in first.stdout + first.stderr
+    assert not first.token_seen_in, first.token_seen_in
 
 
 def test_second_run_changes_nothing_and_asks_the_hub_nothing(box, env, hub):
@@ -228,6 +234,17 @@ def test_an_interrupted_download_resumes_with_what_is_there(box, env, hub, loopb
         (model / name).write_bytes((verified / name).read_bytes())
     before = len(hub.downloads())
     inventory = inventory_for(root / "inventory-resumed", loopback_ssh, prefix, hub, model)
+    # The model's disk too small (a filesystem of its own): refused before any download, with the sizes.
+    import subprocess as sp
+
+    if sp.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(model)], capture_output=True).returncode == 0:
+        try:
+            full = provision(inventory, env, "--tags", "model_weights", token=TOKEN)
+        finally:
+            sp.run(["umount", str(model)], check=True)
+        assert full.returncode == 6, full.stderr[-6000:]
+        assert f"{model} has 0.00 GiB free" in full.stderr and "the 6 missing files of the revision need" in full.stderr
+        assert "point dsv4_model_path at a larger disk" in full.stderr and len(hub.downloads()) == before
     result = provision(inventory, env, "--tags", "model_weights", token=TOKEN)
     assert result.returncode == 0, result.stderr[-6000:]
     assert "downloaded 4 of 6 files" in result.stderr

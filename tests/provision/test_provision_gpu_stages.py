@@ -216,6 +216,14 @@ def test_secure_boot_uses_the_flavour_metapackage_and_follows_a_kernel_update(gp
     box = gpu_box
     box.secure_boot(True)
     box.publish_ubuntu(signed_modules=True)
+    # A point release pinned that Canonical has no signed modules of: the stop names the pin, not Secure Boot.
+    reinventory(box, dsv4_driver_version=CUDA_VERSION.split("-")[0])
+    pinned = provision(box)
+    assert pinned.returncode == 6, pinned.stdout[-6000:]
+    said = " ".join(pinned.stdout.split())
+    assert f"dsv4_driver_version={CUDA_VERSION.split('-')[0]} is the cause" in said, pinned.stdout[-6000:]
+    assert "Enroll MOK" not in said and not (box.root / "etc/apt/preferences.d/dsv4-nvidia-driver").exists()
+    reinventory(box)
     result = provision(box)
     assert result.returncode == 0, result.stdout[-8000:]
     packages = installed(box)
@@ -310,11 +318,22 @@ def test_first_install_in_nvidias_order(gpu_box):
     box.install_now([Deb("nvidia-container-toolkit", "1.17.8-1"), Deb("libnvidia-container1", "1.17.8-1")])
     box.publish_cuda(newer=False, container="1.18.0-1")  # a security fix is published
     stages = ("--tags", "nvidia_driver,cuda_toolkit,host_tuning")
+    # The initramfs rebuild after the nouveau blacklist fails (a full /boot): the run stops, saying so,
+    # and the rebuild stays pending although the blacklist is now in place.
+    (box.state / "initramfs-fail").touch()
+    failed = provision(box, stages=stages)
+    assert failed.returncode == 6, failed.stdout[-8000:]
+    assert "`update-initramfs -u -k all` failed (rc 1)" in failed.stdout and "No space left on device" in failed.stdout
+    pending = box.root / "var/lib/dsv4kit/initramfs-rebuild-pending"
+    assert pending.is_file() and "the next `dsv4kit provision` runs it again" in failed.stdout
+    (box.state / "initramfs-fail").unlink()
     first = provision(box, stages=stages)
     assert first.returncode == 0, first.stdout[-8000:]
     assert not (box.sys_module / "nouveau").exists()
     assert (box.root / "etc/modprobe.d/dsv4-blacklist-nouveau.conf").is_file()
-    assert "update-initramfs -u -k all" in (box.state / "initramfs.log").read_text()
+    # retried by the next run (the blacklist unchanged there), then no longer pending
+    assert (box.state / "initramfs.log").read_text().splitlines() == ["update-initramfs -u -k all"] * 2
+    assert not pending.exists()
     # enabled before the module, started only once it is loaded (a start before fails), then read back
     log = box.systemctl_log()
     assert any(line.startswith("enable") for line in log) and any(line.startswith("start") for line in log), log
@@ -334,6 +353,27 @@ def test_first_install_in_nvidias_order(gpu_box):
     second = provision(box, stages=stages)
     assert second.returncode == 0, second.stdout[-6000:]
     assert "provision: ok, 0 changed" in second.stdout, changed_tasks(second.stdout)
+
+
+def test_a_full_boot_is_refused_before_any_change_with_what_to_remove(gpu_box):
+    """/boot a small filesystem of its own, 90% full: the run stops before apt, naming the free and the
+    needed space and the kernel that is not running."""
+    box = gpu_box
+    boot = box.root / "boot"
+    boot.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(boot)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small /boot here")
+    try:
+        (boot / f"initrd.img-{KERNEL}").write_bytes(b"\0" * (24 << 20))
+        (boot / "initrd.img-6.8.0-31-generic").write_bytes(b"\0" * (20 << 20))
+        result = provision(box)
+    finally:
+        subprocess.run(["umount", str(boot)], check=True)
+    assert result.returncode == 6, result.stdout[-6000:]
+    assert f"{boot} has 4 MB free; rebuilding the initramfs" in result.stdout, result.stdout[-4000:]
+    assert "needs about 56 MB" in result.stdout and "sudo apt autoremove --purge" in result.stdout
+    assert "installed besides the running one: 6.8.0-31-generic (20 MB)" in result.stdout
+    assert not any(name.startswith(("nvidia-", "linux-headers")) for name in installed(box))
 
 
 def test_a_box_running_another_driver_stops_for_the_reboot_before_persistenced(gpu_box):
@@ -379,6 +419,14 @@ def test_release_upgraded_box_ends_with_one_cuda_source_and_a_changed_point_rele
     assert "Check there is exactly one CUDA source" in result.stdout
 
     reinventory(box, dsv4_driver_version=CUDA_VERSION.split("-")[0])
+    # --check first, as the docs tell: apt's own simulation under the pin not written yet, exit 0.
+    pin_file = box.root / "etc/apt/preferences.d/dsv4-nvidia-driver"
+    pin_before = pin_file.read_text()
+    check = provision(box, "--check")
+    assert check.returncode == 0, check.stdout[-8000:]
+    assert "--check: the pin changes" in check.stdout, check.stdout[-6000:]
+    assert f"Inst nvidia-utils-{BRANCH} [{NEWER_CUDA_VERSION}] ({CUDA_VERSION}" in check.stdout, check.stdout[-6000:]
+    assert pin_file.read_text() == pin_before and installed(box)[f"nvidia-utils-{BRANCH}"][0] == NEWER_CUDA_VERSION
     pinned = provision(box)
     # The module loaded is the newer one: the downgrade needs a reboot, which the test box skips.
     assert pinned.returncode == 6 and "A reboot is pending (the driver install changed under a loaded module" in pinned.stdout, \
@@ -436,6 +484,19 @@ def test_refusals_of_what_the_box_already_has(gpu_box):
     assert "dpkg left broken-tool half-configured unfinished" in check.stdout and "--check cannot predict" in check.stdout
     box.run("dpkg", "--root", str(box.root), "--admindir", str(box.root / "var/lib/dpkg"), "--force-script-chrootless",
             "--purge", "broken-tool")
+    # A power cut mid-install: dpkg's journal is left unapplied (no package shows a broken state), which
+    # apt itself refuses; the run says so before it writes the pin.
+    journal = box.root / "var/lib/dpkg/updates/0001"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_text("Package: broken-tool\nStatus: purge ok not-installed\n\n")
+    # apt itself refuses it when it takes dpkg's lock (a simulation takes none)
+    assert "dpkg was interrupted" in box.run("apt-get", "install", "-y", "cuda-keyring", check=False).stderr
+    interrupted = provision(box)
+    assert interrupted.returncode == 6, interrupted.stdout[-4000:]
+    assert "dpkg was interrupted (a power cut or a killed dpkg)" in " ".join(interrupted.stdout.split())
+    assert "`sudo dpkg --configure -a`" in interrupted.stdout
+    assert not (box.root / "etc/apt/preferences.d/dsv4-nvidia-driver").exists()
+    journal.unlink()
 
     # Ubuntu's -server build of the branch as DeepOps installs it (the same names with -server, each
     # providing and conflicting with the same virtual name, in the packaging's real shape): apt would
@@ -454,6 +515,11 @@ def test_refusals_of_what_the_box_already_has(gpu_box):
     assert f"apt would remove {len(removed)} of them, and {server_firmware} only when the driver it installs is of the " \
         "same upstream version. Nothing was changed." in " ".join(refused.stdout.split()), refused.stdout[-4000:]
     assert all(deb.name in refused.stdout for deb in server)  # all named, the firmware too (its purge is in the advice)
+    # apt's own count for the packages the stage installs (a fabric manager or signed modules count too)
+    route = box.run("apt-get", "-s", "install", f"nvidia-headless-{BRANCH}-open", f"nvidia-utils-{BRANCH}").stdout
+    apt_removes = [line.split()[1] for line in route.splitlines() if line.startswith("Remv ")]
+    assert f"the install removes {len(apt_removes)} packages: {', '.join(apt_removes)}." in " ".join(refused.stdout.split()), \
+        refused.stdout[-4000:]
     assert "WARNING: libnvidia-nscq-570 570.172.08-0ubuntu1, nvidia-fabricmanager-570 570.172.08-0ubuntu1 are of another branch" \
         in " ".join(refused.stdout.split())
     assert all(installed(box)[deb.name][0] == SERVER_VERSION for deb in server)  # nothing changed

@@ -127,39 +127,49 @@ def router():
     httpd.server_close()
 
 
-def test_router_is_ready_only_when_readiness_says_so_and_a_generate_goes_through(router):
+def _key_file(directory: Path, key: str) -> str:
+    """The router's key file as the role writes it (root-only ``DSV4_ROUTER_API_KEY=...``)."""
+    path = directory / "router-secret.env"
+    path.write_text(f"# managed\nDSV4_ROUTER_API_KEY={key}\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_router_is_ready_only_when_readiness_says_so_and_a_generate_goes_through(router, tmp_path):
     url, state = router
-    env = dict(os.environ, DSV4_API_KEY=state["key"])
+    key = _key_file(tmp_path, state["key"])
     # /health alone would pass with no worker; the wait reads /readiness and sends a /generate.
-    assert wait("--url", url, "--path", "/health", "--timeout", "2", env=env).returncode == 0
-    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-env", "DSV4_API_KEY",
-                  "--timeout", "1", "--interval", "0.2", env=env)
+    assert wait("--url", url, "--path", "/health", "--timeout", "2").returncode == 0
+    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-file", key,
+                  "--timeout", "1", "--interval", "0.2")
     assert result.returncode == 4 and "503" in result.stdout, result.stdout
     state["workers"] = 2
-    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-env", "DSV4_API_KEY",
-                  "--timeout", "5", env=env)
+    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-file", key,
+                  "--timeout", "5")
     assert result.returncode == 0, result.stdout
     assert state["generated"] == [{"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}]
 
 
 
-def test_a_wrong_key_fails_at_once_and_a_dead_worker_fails_at_the_generate(router):
+def test_a_wrong_key_fails_at_once_and_a_dead_worker_fails_at_the_generate(router, tmp_path):
     import time
 
     url, state = router
     state["workers"] = 2
     started = time.monotonic()
-    wrong = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-env", "DSV4_API_KEY",
-                 "--timeout", "30", env=dict(os.environ, DSV4_API_KEY="wrong"))
+    wrong = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-file", _key_file(tmp_path, "wrong"),
+                 "--timeout", "30")
     assert wrong.returncode == 1 and time.monotonic() - started < 10, wrong.stdout
     assert "HTTP 401: the server refuses the API key" in wrong.stdout
     state["dead"] = True  # /readiness still 200
-    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-env", "DSV4_API_KEY",
-                  "--timeout", "1", "--interval", "0.2", env=dict(os.environ, DSV4_API_KEY=state["key"]))
+    result = wait("--url", url, "--path", "/readiness", "--generate", "--api-key-file",
+                  _key_file(tmp_path, state["key"]), "--timeout", "1", "--interval", "0.2")
     assert result.returncode == 4, result.stdout
     out = json.loads(result.stdout)
     assert out["ready_by"] == "/generate" and "answered 502" in out["error"]
     assert "keeps answering with a dead worker" in out["error"]
+    unreadable = wait("--url", url, "--api-key-file", str(tmp_path / "absent.env"), "--timeout", "1")
+    assert unreadable.returncode == 1 and "cannot read the API key" in unreadable.stdout, unreadable.stdout
 
 
 def _systemd_standins(directory: Path, state: str, sub: str, status: int) -> dict:

@@ -34,6 +34,10 @@ COUNTERS = ("ok", "changed", "unreachable", "failed", "skipped", "rescued", "ign
 _RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+" + r"\s+".join(rf"{c}=(?P<{c}>\d+)" for c in COUNTERS))
 _TASK = re.compile(r"^(?:TASK|RUNNING HANDLER) \[(?P<name>.*)\]")
 _FATAL = re.compile(r"^(?:fatal|failed): \[(?P<host>[^\]]+?)(?: -> [^\]]+)?\]: (?P<kind>UNREACHABLE|FAILED)!")
+# OpenSSH's refusal of a changed host key, and the removal line it suggests (inside Ansible's message;
+# OpenSSH 9 quotes with ", older ones with ', and Ansible's JSON escapes a " as \").
+_KEY_CHANGED = "REMOTE HOST IDENTIFICATION HAS CHANGED"
+_KEYGEN_REMOVE = re.compile(r'ssh-keygen -f \\?["\'](?P<file>[^"\'\\]+)\\?["\'] -R \\?["\'](?P<name>[^"\'\\]+)\\?["\']')
 _PATTERN_CHARS = set("*?:!&~[]^")
 TAIL_LINES = 200
 #: Tags Ansible gives a meaning of its own; always valid in --tags/--skip-tags.
@@ -66,6 +70,7 @@ class PlaybookSummary:
     failures: list[Failure] = field(default_factory=list)
     stdout_tail: str = ""
     timed_out: bool = False  # stopped by run_playbook's ``timeout``
+    host_key_changed: dict = field(default_factory=dict)  # host -> (known_hosts, name) or None
 
     @property
     def unreachable(self) -> bool:
@@ -98,6 +103,7 @@ class PlaybookSummary:
             "duration_s": round(self.duration_s, 1),
             "hosts": self.hosts,
             "failures": [f.__dict__ for f in self.failures],
+            "host_key_changed": sorted(self.host_key_changed),
             "command": self.command,
         }
 
@@ -313,6 +319,7 @@ def run_playbook(
 
     hosts: dict[str, dict[str, int]] = {}
     failures: list[Failure] = []
+    key_changed: dict = {}
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     task = ""
     started = time.monotonic()
@@ -339,6 +346,10 @@ def run_playbook(
                 failure = Failure(match["host"], task, match["kind"])
                 if failure not in failures:
                     failures.append(failure)
+            if failures and _KEY_CHANGED in line:
+                key_changed.setdefault(failures[-1].host, None)
+            if failures and failures[-1].host in key_changed and (removal := _KEYGEN_REMOVE.search(line)):
+                key_changed[failures[-1].host] = (removal["file"], removal["name"])
             elif match := _RECAP.match(line):
                 hosts[match["host"]] = {c: int(match[c]) for c in COUNTERS}
         returncode = proc.wait()
@@ -357,7 +368,7 @@ def run_playbook(
         returncode = returncode or -signal.SIGTERM
     return PlaybookSummary(hosts=hosts, returncode=returncode, command=command,
                            duration_s=time.monotonic() - started, failures=failures,
-                           stdout_tail="\n".join(tail), timed_out=timed_out.is_set())
+                           stdout_tail="\n".join(tail), timed_out=timed_out.is_set(), host_key_changed=key_changed)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -386,10 +397,18 @@ def format_summary(summary: PlaybookSummary) -> str:
     for failure in summary.failures:
         what = "unreachable" if failure.kind == "UNREACHABLE" else "failed"
         lines.append(f"{failure.host}: {what} at task [{failure.task}]")
+    for host, where in sorted(summary.host_key_changed.items()):
+        removal = (f"ssh-keygen -R '{where[1]}' -f {where[0]}" if where else "ssh-keygen -R <host> -f <known_hosts>")
+        lines.append(f"{host}: its HOST KEY CHANGED (the box answers; ssh refuses the key it now presents: a "
+                     f"reinstalled box, or a man-in-the-middle). Check the new key against the box's own "
+                     f"(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub on its console), then remove the old "
+                     f"entry: {removal}")
     if not summary.hosts:
         lines.append("no PLAY RECAP: ansible-playbook stopped before running any host (see its output above)")
     if summary.unreachable:
-        verdict = "unreachable host(s)"
+        down = ",".join(sorted(h for h, c in summary.hosts.items() if c["unreachable"]))
+        verdict = (f"unreachable host(s) {down} (any other hosts ran); once back: "
+                   f"`dsv4kit provision --limit {down}`")
     elif summary.failed:
         verdict = f"failed (ansible-playbook exit {summary.returncode})"
     else:

@@ -455,9 +455,13 @@ def _wants_plan(host, fp4_only: bool) -> bool:
 
 def plan_inventory(inventory_path, *, limit=None, results_dir: Optional[Path] = None,
                    probe: Optional[Callable] = None, say: Callable[[str], None] = lambda s: None,
-                   quality: Optional[Callable] = None, fp4_only: bool = False) -> list[dict]:
+                   quality: Optional[Callable] = None, fp4_only: bool = False,
+                   unreachable: Optional[dict] = None) -> list[dict]:
     """A plan for every host (of ``limit``'s plain names, when given) whose kernel flags or FP4 setting
-    hold ``auto`` (``fp4_only``: only hosts whose FP4 setting does)."""
+    hold ``auto`` (``fp4_only``: only hosts whose FP4 setting does).
+
+    ``unreachable``: a dict that collects ``{host: why}`` for hosts SSH could not reach (exit 3)
+    instead of stopping at the first one (provision then leaves them out of the play)."""
     from dsv4kit.core.inventory import load_inventory
 
     inventory = load_inventory(inventory_path)
@@ -470,7 +474,12 @@ def plan_inventory(inventory_path, *, limit=None, results_dir: Optional[Path] = 
         if names and not ({host.name, *host.groups} & set(names)):
             continue
         if _wants_plan(host, fp4_only):
-            plans.append(plan_host(host, results_dir=results_dir, probe=probe, say=say, quality=quality))
+            try:
+                plans.append(plan_host(host, results_dir=results_dir, probe=probe, say=say, quality=quality))
+            except PlanError as exc:
+                if unreachable is None or exc.exit_code != exitcodes.UNREACHABLE:
+                    raise
+                unreachable[host.name] = str(exc)
     return plans
 
 
@@ -500,19 +509,20 @@ SERVING_STAGE = "sglang_service"
 def resolve_for_provision(inventory_path, *, limit=None, results_dir: Optional[Path] = None,
                           tags=None, skip_tags=None, probe: Optional[Callable] = None,
                           say: Callable[[str], None] = lambda s: None,
-                          quality: Optional[Callable] = None) -> Optional[dict]:
+                          quality: Optional[Callable] = None, unreachable: Optional[dict] = None) -> Optional[dict]:
     """``dsv4kit provision``'s step before Ansible: the extra-vars for the hosts' ``auto`` flags and
     ``auto`` FP4 setting, or None.
 
     Nothing is resolved (no report read, no SSH) when the tags leave kernel_rollout and sglang_service
     out: a driver upgrade alone must not be stopped by a report that the new driver makes stale. With
     sglang_service alone, only hosts whose FP4 setting is ``auto`` are resolved (the units render it).
+    ``unreachable``: see :func:`plan_inventory`.
     """
     rollout = stage_runs(tags, skip_tags)
     if not rollout and not stage_runs(tags, skip_tags, SERVING_STAGE):
         return None
     plans = plan_inventory(inventory_path, limit=limit, results_dir=results_dir,
-                           probe=probe, say=say, quality=quality, fp4_only=not rollout)
+                           probe=probe, say=say, quality=quality, fp4_only=not rollout, unreachable=unreachable)
     for plan in plans:
         for line in render(plan):
             say(line)

@@ -38,6 +38,8 @@ MARKER = ".dsv4kit-weights.json"
 BUNDLED = "bundled"
 # Any of these in config.json marks a drafter bundled in the checkpoint (SGLang 0.5.23's rule).
 DSPARK_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
+# Free space kept beyond the missing files' bytes (huggingface_hub's bookkeeping, the marker, logs).
+FREE_MARGIN = 64 * 1024 * 1024
 # huggingface_hub's own bookkeeping of a local_dir download (resume metadata, .incomplete files).
 HUB_BOOKKEEPING = ".cache/huggingface/"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -204,6 +206,24 @@ def write_marker(dest, repo, revision, files):
     os.replace(tmp, path)
 
 
+def room_for(dest, need, count, summary):
+    """Refused (exit 1) when the filesystem of ``dest`` has less free space than ``need`` bytes plus
+    FREE_MARGIN: a full disk would stop the download half-way with a bare "No space left on device"."""
+    where = dest
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    stats = os.statvfs(where)
+    free = stats.f_bavail * stats.f_frsize
+    if free >= need + FREE_MARGIN:
+        return
+    gib = 1024 ** 3
+    raise Refused(1, "refused",
+                  f"{dest} has {free / gib:.2f} GiB free (on the filesystem of {where}); the {count} missing files of the "
+                  f"revision need {need / gib:.2f} GiB, plus {FREE_MARGIN / gib:.2f} GiB of room: free "
+                  f"{(need + FREE_MARGIN - free) / gib:.2f} GiB more there, or point dsv4_model_path at a larger disk. "
+                  "Nothing was downloaded.", need_bytes=need, free_bytes=free, **summary)
+
+
 def progress(log, line):
     """One line to stderr and, with --log, appended to that file (tail -f it during a download)."""
     line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n"
@@ -295,6 +315,8 @@ def run(args, token):
     if not missing and verified_by_marker(dest, args.repo, revision):  # a branch that did not move
         return 0, {"status": "verified", "changed": False, **summary,
                    "message": f"{dest}: {args.repo}@{revision} verified earlier, files unchanged"}
+    if missing:
+        room_for(dest, sum(files[name]["size"] for name in missing), len(missing), summary)
     if args.check:
         if missing:
             size = sum(files[name]["size"] for name in missing)

@@ -15,6 +15,9 @@ Usage: driver_box_state.py ROOT SYS_MODULE_DIR KERNEL OUR_BLACKLIST [DRIVER_PACK
   driver_packages    [name, version] of the installed packages DRIVER_PACKAGE_REGEX matches
   broken_packages    [name, status] of the packages dpkg left half-installed, unpacked or
                      half-configured (an interrupted install: apt refuses to run until it is fixed)
+  dpkg_journal       the entries of dpkg's journal (ROOT/var/lib/dpkg/updates/NNNN) a power cut or a
+                     killed dpkg left: apt refuses every install ("dpkg was interrupted") until
+                     `dpkg --configure -a` replays it
 Standard library only (the box's system Python).
 """
 import glob
@@ -54,6 +57,14 @@ def broken(root):
     states = ("half-installed", "unpacked", "half-configured", "triggers-awaited", "triggers-pending")
     return [[r["Package"], r["Status"].split()[-1]] for r in dpkg_records(root)
             if r.get("Status", "").split()[-1:] and r["Status"].split()[-1] in states]
+
+
+def journal(root):
+    updates = os.path.join(root, "var/lib/dpkg/updates")
+    try:
+        return sorted(name for name in os.listdir(updates) if name.isdigit())
+    except OSError:
+        return []
 
 
 def version_key(version):
@@ -124,6 +135,7 @@ def main(root, sys_module_dir, kernel, our_blacklist, driver_regex="^$"):
         "nouveau_blacklists": blacklists(root, our_blacklist),
         "driver_packages": [[name, versions[name]] for name in sorted(installed) if re.search(driver_regex, name)],
         "broken_packages": broken(root),
+        "dpkg_journal": journal(root),
     }))
     return 0
 

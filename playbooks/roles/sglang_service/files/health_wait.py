@@ -4,7 +4,7 @@
 Usage:
   dsv4_health_wait.py --url http://127.0.0.1:30002 [--path /server_info] --timeout 1800
                       [--unit dsv4-decode.service] [--expect KEY=VALUE ...]
-                      [--pid PID --expect-env NAME=VALUE ...] [--generate] [--api-key-env NAME]
+                      [--pid PID --expect-env NAME=VALUE ...] [--generate] [--api-key-file PATH]
 
 Polls GET URL+PATH every 5 s until it answers 200 (or the timeout passes). With --unit, every
 poll also reads the unit's state from systemd: a unit that failed, or crashed and waits for its
@@ -14,14 +14,15 @@ server_info reports the resolved server arguments), each --expect-env NAME with 
 of process PID, and --generate sends one tiny POST /generate through URL, again every poll until
 it answers 200 with text or the timeout passes. For the router, that /generate is what says ready:
 sglang-router 0.3.2's /readiness keeps answering 200 after a worker died, so it only gates the
-first try. --api-key-env names the variable holding the API key to send (Authorization: Bearer);
-a 401 or 403 at any step ends the wait at once (exit 1): a wrong key never starts to work.
+first try. --api-key-file names the router's root-only key file (``DSV4_ROUTER_API_KEY=...``, the
+one the router unit reads) whose key is sent (Authorization: Bearer); the key never travels on a
+command line or in an environment, where other users, sudo's log and ``ansible -vvv`` would see it.
+A 401 or 403 at any step ends the wait at once (exit 1): a wrong key never starts to work.
 Prints one JSON object; exit 0 when everything matches, 1 on a failure, 4 on timeout.
 Standard library only.
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ import urllib.error
 import urllib.request
 
 JOURNAL_LINES = 20
+KEY_NAME = "DSV4_ROUTER_API_KEY"
 
 
 def pairs(values):
@@ -85,6 +87,16 @@ def process_env(pid):
     with open(f"/proc/{pid}/environ", "rb") as fh:
         items = fh.read().split(b"\0")
     return dict(item.decode(errors="replace").partition("=")[::2] for item in items if b"=" in item)
+
+
+def read_key(path):
+    """The DSV4_ROUTER_API_KEY value of the env file at ``path``; a missing file is an error."""
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            name, sep, value = line.strip().partition("=")
+            if sep and name.strip() == KEY_NAME:
+                return value.strip()
+    raise ValueError(f"{path} has no {KEY_NAME}= line")
 
 
 def refused(url, exc):
@@ -149,9 +161,13 @@ def main(argv=None):
     parser.add_argument("--pid", type=int)
     parser.add_argument("--expect-env", action="append")
     parser.add_argument("--generate", action="store_true")
-    parser.add_argument("--api-key-env")
+    parser.add_argument("--api-key-file")
     args = parser.parse_args(argv)
-    key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
+    try:
+        key = read_key(args.api_key_file) if args.api_key_file else ""
+    except (OSError, ValueError) as exc:
+        print(json.dumps({"url": args.url, "ok": False, "error": f"cannot read the API key: {exc}"}))
+        return 1
     base = args.url.rstrip("/")
     url = base + args.path
     try:
