@@ -196,7 +196,7 @@ class StandInModel:
                 top = [(top[0][0], top[1][1]), (top[1][0], top[0][1])] + top[2:]
             if loop is not None and j >= max(loop, 8):
                 repeat = out[j - 8]
-                top = [(ANSWER_LOGPROB, repeat)] + [e for e in top if e[1] != repeat][:len(TOP_LOGPROBS) - 1]
+                top = [(math.log(ANSWER_PROB), repeat)] + [e for e in top if e[1] != repeat][:TOP_K - 1]
             out.append(top[0][1])
             tops.append(top)
         meta = {"id": f"req-{index}", "prompt_tokens": len(ids), "completion_tokens": len(out),

@@ -88,10 +88,11 @@ def test_the_clean_stand_in_passes_every_check_and_the_budget_says_what_each_dro
     ({"null_logprob_past": 2048}, "logprobs_everywhere"),
 ], ids=["logits-wrong-past-2048", "top-k-bent-argmax-kept", "wrong-after-long-context", "long-generation-loops",
         "wrong-beside-long-prefill", "wrong-when-sampled", "null-logprobs-past-2048"])
-def test_each_fault_passes_the_old_gate_and_fails_its_check(stand_in, fault, check):
+def test_each_fault_fails_its_check(stand_in, fault, check):
+    # Each of these faults passed the four checks of the gate before round two (measured on that
+    # code); the short-set top-k rules may now catch some of them too, which is fine.
     broken = stand_in(fault)
     paired = _judge({"A": stand_in({}), "B": broken})
-    assert all(paired[c]["outcome"] == "pass" for c in BEFORE), {c: paired[c]["why"] for c in BEFORE}
     assert paired[check]["outcome"] == "fail" and paired["outcome"] == "fail", paired[check]
     alone = _judge({"A": broken})
     assert alone[check]["outcome"] == "fail", alone[check]
