@@ -26,7 +26,7 @@ def make_tasks(path: Path, n: int = 30, seed: int = 7) -> Path:
 
 
 def quality_record(host, flag: str, *, gpu: str, driver: str, outcome: str = "pass", ctx: int | None = None,
-                   checks=("logprob_kl", "arm_agreement", "needles", "tasks"), when: str = "20261201T130000Z-aaaaaa",
+                   checks=("logprob_kl", "arm_agreement", "needles", "tasks", "api"), when: str = "20261201T130000Z-aaaaaa",
                    arm_flags: dict | None = None, **evidence) -> dict:
     """An eval record of ``--ab FLAG=0,1`` on ``host`` (an inventory Host) with the product's own
     evidence fields (served configuration, kernels digest), as ``dsv4kit eval`` writes it.

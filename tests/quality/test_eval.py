@@ -56,7 +56,7 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
     outcome, lines = _eval(server, inventory, repo, tasks)
     record = outcome.record
     assert record["outcome"] == "pass" and outcome.exit_code == 0, record["checks"]
-    assert [c["check"] for c in record["checks"]] == ["logprob_kl", "arm_agreement", "needles", "tasks"]
+    assert [c["check"] for c in record["checks"]] == ["logprob_kl", "arm_agreement", "needles", "tasks", "api"]
     needles = _check(record, "needles")["per_arm"]["B"]
     assert needles["found"] == needles["total"] == 6 and sorted(needles["cells"], key=int) == ["1024", str(CTX)]
     assert _check(record, "tasks")["per_arm"]["A"]["accuracy"] == 1.0

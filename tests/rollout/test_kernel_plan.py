@@ -309,7 +309,8 @@ def test_a_non_utf8_report_is_bad_input_without_a_traceback(tmp_path, facts):
 
 @pytest.mark.parametrize("change, expect", [
     ({"outcome": "fail"}, "did not pass (logprob_kl fail"),
-    ({"checks": ("logprob_kl", "arm_agreement", "needles")}, "ran no tasks check"),
+    ({"checks": ("logprob_kl", "arm_agreement", "needles", "api")}, "ran no tasks check"),
+    ({"checks": ("logprob_kl", "arm_agreement", "needles", "tasks")}, "ran no api check"),
     ({"ctx": 4096}, "needles reached 4096 tokens, not the served 8192"),
     ({"driver": "575.57.08"}, "measured on driver '575.57.08'"),
     ({"gpu": "NVIDIA H200"}, "measured on GPU 'NVIDIA H200'"),

@@ -149,7 +149,8 @@ def identity_problems(result: dict, served_names) -> list[str]:
 
 def arm_numbers(result: dict, served_names) -> dict:
     """One arm: every problem, and per prompt whether its tool calls were right."""
-    problems, tool_ok = identity_problems(result, served_names), {}
+    names = list(served_names) or [result.get("served_model")]  # records compare: the name the run asked by
+    problems, tool_ok = identity_problems(result, names), {}
     for item in result.get("items") or []:
         message, error = _message(item["whole"])
         if error:

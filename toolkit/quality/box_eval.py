@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prompts  # noqa: E402  (copied beside this file)
+import api_prompts  # noqa: E402  (copied beside this file; the api check)
 
 REQUEST_TIMEOUT_S = 900.0
 
@@ -291,7 +292,10 @@ def run(spec: dict) -> dict:
     tokens = Tokens(spec["model_path"]) if ("logprob" in spec or "needles" in spec) else None
     for name, fn in (("logprob", lambda s: logprob_check(url, tokens, s, spec["parallel"])),
                      ("needles", lambda s: needle_check(url, tokens, s)),
-                     ("tasks", lambda s: task_check(url, s, spec["parallel"]))):
+                     ("tasks", lambda s: task_check(url, s, spec["parallel"])),
+                     ("api", lambda s: api_prompts.run_api(url, s, _headers(), REQUEST_TIMEOUT_S, lambda done, total:
+                                                           print(f"progress api {done} {total}", file=sys.stderr,
+                                                                 flush=True)))):
         if name in spec:
             t0 = time.time()
             out["checks"][name] = fn(spec[name])

@@ -211,7 +211,7 @@ def task_check(arms: dict, t: Thresholds) -> dict:
             **numbers}
 
 
-def judge(arms: dict, t: Thresholds) -> tuple[str, list[dict]]:
+def judge(arms: dict, t: Thresholds, served_names=()) -> tuple[str, list[dict]]:
     """(outcome, checks) for the arms' results; only checks every arm ran are judged."""
     checks = []
     if _has(arms, "logprob"):
@@ -222,6 +222,10 @@ def judge(arms: dict, t: Thresholds) -> tuple[str, list[dict]]:
         checks.append(needle_check(arms, t))
     if _has(arms, "tasks"):
         checks.append(task_check(arms, t))
+    if _has(arms, "api"):
+        from dsv4kit.quality.api_check import api_check
+
+        checks.append(api_check(arms, served_names, t.alpha))
     return worst(c["outcome"] for c in checks), checks
 
 

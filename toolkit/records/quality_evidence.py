@@ -5,7 +5,7 @@
 ``lookup(host, key, facts, served_with) -> {"ok", "why", "record"}``. The newest eval record
 of the host whose A/B key is ``key`` (arms ``0`` and ``1``, or ``false`` and ``true`` for the
 setting) decides. It counts only when it passed every check it had to run (decode against
-re-prefill, arm agreement, needles up to the served context, tasks),
+re-prefill, arm agreement, needles up to the served context, tasks, the chat API),
 and was measured on the host's serving GPU model and driver, with the kernels this checkout ships
 and the inventory's serving configuration as it is now. Otherwise ``why`` names what is missing.
 
@@ -27,7 +27,7 @@ from dsv4kit.records import eval_record, results_repo
 from dsv4kit.records.record import RecordError
 from dsv4kit.rollout.targets import INDEXER_FLAG
 
-REQUIRED_CHECKS = ("logprob_kl", "arm_agreement", "needles", "tasks")
+REQUIRED_CHECKS = ("logprob_kl", "arm_agreement", "needles", "tasks", "api")
 FP4_SETTING = "dsv4_fp4_indexer"  # dsv4kit.rollout.fp4_plan.SETTING
 
 
