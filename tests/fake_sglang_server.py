@@ -58,8 +58,10 @@ from urllib.parse import urlparse
 
 # Run as a script (the box's stand-in) or imported as tests.fake_sglang_server (unit tests).
 if __package__:
+    from . import chat_standin
     from .fake_model import StandInModel
 else:
+    import chat_standin
     from fake_model import StandInModel
 
 FAKE_API_KEY = "sk-dsv4kit-FAKE-SECRET-3f9a"
@@ -110,6 +112,7 @@ class State:
         self.spec_accept_length = getattr(args, "spec_accept_length", 0.0)
         self.served_model_path = getattr(args, "served_model_path", "")
         self.kv_transfer_ms = getattr(args, "kv_transfer_ms", 0.0)
+        self.chat = chat_standin.ChatStandIn(getattr(args, "served_model_name", "") or args.model_path)
 
     def metrics(self) -> str:
         """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here), in
@@ -266,8 +269,8 @@ def make_handler(state: State):
                 self._json(200, {})
             elif path == "/v1/models":
                 self._json(200, {"object": "list", "data": [
-                    {"id": state.model_path, "object": "model", "owned_by": "sglang", "root": state.model_path,
-                     "max_model_len": state.context_length}]})
+                    {"id": state.chat.served_name, "object": "model", "owned_by": "sglang",
+                     "root": state.chat.served_name, "max_model_len": state.context_length}]})
             elif path in ("/model_info", "/get_model_info"):
                 self._json(200, {"model_path": state.model_path, "tokenizer_path": state.model_path,
                                  "served_model_name": state.model_path, "is_generation": True,
@@ -315,6 +318,8 @@ def make_handler(state: State):
                     if "decode_cap" in body:  # for requests that arrive from now on
                         state.decode_cap = body["decode_cap"]
                         state.slots = threading.BoundedSemaphore(body["decode_cap"]) if body["decode_cap"] else None
+                    if "chat" in body:  # the chat route's faults (tests/chat_standin.py)
+                        state.chat.configure(body["chat"] or {})
                     if "model" in body:  # the stand-in model's faults (tests/fake_model.py)
                         state.model.faults = dict(body["model"] or {})
                     if body.get("restart"):  # what a unit restart does to /server_info
@@ -330,6 +335,8 @@ def make_handler(state: State):
                                      "flush_times": state.flush_times, "token_times": state.token_times})
             elif path == "/generate":
                 self._generate(self._body())
+            elif path == "/v1/chat/completions":  # SGLang's own DeepSeek-V4 chat path (tests/chat_standin.py)
+                chat_standin.respond(self, state.chat, self._body())
             else:
                 self._json(404, {"detail": "Not Found"})
 
@@ -516,6 +523,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-transfer-ms", type=float, default=0.0,
                         help="PD decode: the first token comes at once (the prefill server's), then the KV "
                              "transfer takes this long before the request runs here")
+    parser.add_argument("--served-model-name", default="",
+                        help="the name /v1/models lists (SGLang's --served-model-name; default: the model path)")
     args = parser.parse_args(argv)
 
     from fake_profiler import FakeProfiler

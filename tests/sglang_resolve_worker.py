@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 FIELDS = ("speculative_algorithm", "speculative_num_draft_tokens", "speculative_num_steps",
           "speculative_eagle_topk", "speculative_draft_model_path", "speculative_dspark_block_size",
           "disaggregation_mode", "tp_size", "max_running_requests", "cuda_graph_max_bs_decode", "page_size",
-          "context_length", "device")
+          "context_length", "device", "enable_deepseek_v4_fp4_indexer",
+          # the OpenAI chat API
+          "served_model_name", "tool_call_parser", "reasoning_parser", "chat_template")
 SM120 = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False, is_sm90=False,
              is_sm100=False, is_sm100_or_sm110=False, is_sm110=False, is_sm120=True, is_blackwell=True,
              has_flashinfer=True, device_sm=120, device_capability=(12, 0))

@@ -269,7 +269,7 @@ def test_command_functions_are_thin():
 # Run on the box, where the standard library may be all there is (docs/architecture.md).
 BOX_SIDE = ("dsv4kit.rollout.status", "dsv4kit.rollout.targets", "dsv4kit.rollout.plugin", "dsv4kit.rollout.__main__",
             "dsv4kit.bench.box_helper", "dsv4kit.profile.box_profile", "dsv4kit.quality.box_eval",
-            "dsv4kit.quality.prompts", "dsv4kit.core.unit_env", "dsv4kit.core.missing", "dsv4kit.core.exitcodes",
+            "dsv4kit.quality.prompts", "dsv4kit.quality.api_prompts", "dsv4kit.core.unit_env", "dsv4kit.core.missing", "dsv4kit.core.exitcodes",
             "dsv4kit.sglang_plugin", "dsv4kit", "dsv4kit._version")
 
 
@@ -287,7 +287,7 @@ def test_box_side_modules_import_only_the_standard_library_at_top_level(module):
             tops += [a.name for n in ast.walk(node) if isinstance(n, ast.Import) for a in n.names]
     outside = [t for t in tops if t.split(".")[0] not in sys.stdlib_module_names
                and not (t.split(".")[0] == "dsv4kit" and (t in BOX_SIDE or f"{t}.__init__" in BOX_SIDE))
-               and t not in ("unit_env", "prompts")]  # copied beside the box-side file
+               and t not in ("unit_env", "prompts", "api_prompts")]  # copied beside the box-side file
     assert not outside, f"{module} imports {outside} at its top level"
 
 

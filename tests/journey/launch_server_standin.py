@@ -29,6 +29,9 @@ def main(argv: list[str]) -> int:
               "tp_size": args.tp_size, "port": args.port, "host": args.host, "api_key": args.api_key,
               "mem_fraction_static": args.mem_fraction_static,
               "speculative_algorithm": args.speculative_algorithm,
+              # the chat API: the name /v1/models lists and the parsers the health wait checks
+              "served_model_name": args.served_model_name, "tool_call_parser": args.tool_call_parser,
+              "reasoning_parser": args.reasoning_parser,
               "launch_command": args.launch_command}  # SGLang's own record of the argv it was given
     plain = fake.State.server_info
     fake.State.server_info = lambda self: {**plain(self), **parsed}
@@ -39,6 +42,7 @@ def main(argv: list[str]) -> int:
     # With a drafter, the fake's own acceptance: its /metrics, /server_info and tokens per forward pass.
     accept = ["--spec-accept-length", str(_accept_length(args))] if args.speculative_algorithm else []
     return fake.main(["--port", str(args.port), "--model-path", args.model_path, *accept,
+                      "--served-model-name", args.served_model_name or args.model_path,
                       "--context-length", str(args.context_length),
                       "--max-running-requests", str(args.max_running_requests or 256),
                       # and holds to it: requests beyond it queue, as SGLang's scheduler makes them

@@ -11,7 +11,11 @@ as the real one does. Then, instead of the Rust router, a stand-in that answers 
   the decode worker's stream comes back to the client as it arrives. The real router sends both at
   once and the decode server waits for the KV; here decode is sent when prefill has answered,
   which the client sees the same way (its first token comes after the prefill);
-* ``/flush_cache`` goes to every worker; ``/v1/models`` and ``/model_info`` to a worker;
+* ``/v1/chat/completions`` goes the same way as ``/generate`` (the real router's ``route_chat``:
+  the client's body with the bootstrap fields, to both workers; the decode worker's answer back;
+  the workers' OpenAI layer renders and parses, the router parses nothing);
+* ``/flush_cache`` goes to every worker; ``/v1/models`` to the first prefill worker (as the real
+  router's ``get_models``) and ``/model_info`` to a worker;
   ``/server_info`` is ``{"prefill": [...], "decode": [...]}``, one entry per worker;
 * the router's key is required on everything but ``/health`` and sent on to the workers.
 """
@@ -115,7 +119,9 @@ def serve(args) -> None:
                 return self._json(200 if ready else 503, {"ready": ready})
             if not workers.up():
                 return self._json(503, {"error": "No available workers"})
-            if path in ("/v1/models", "/model_info", "/get_model_info"):
+            if path == "/v1/models":  # the real PD router asks its first prefill worker (get_models)
+                return self._send(*workers.call(workers.prefill[0][0], "GET", path))
+            if path in ("/model_info", "/get_model_info"):
                 return self._send(*workers.call(workers.decode[0], "GET", path))
             if path in ("/server_info", "/get_server_info"):
                 info = {"prefill": [json.loads(workers.call(url, "GET", path)[1]) for url, _ in workers.prefill],
@@ -128,7 +134,7 @@ def serve(args) -> None:
             path = urlparse(self.path).path
             if not self._authorized():
                 return self._json(401, {"error": "Unauthorized"})
-            if path not in ("/generate", "/flush_cache"):
+            if path not in ("/generate", "/flush_cache", "/v1/chat/completions"):
                 return self._json(404, {"error": "not found"})
             if not workers.up():
                 return self._json(503, {"error": "No available workers"})
@@ -137,17 +143,17 @@ def serve(args) -> None:
                 bad = [f"{url}: {code}" for url, (code, _) in zip(workers.all, answers) if code != 200]
                 return self._json(500, {"error": "flush failed on " + ", ".join(bad)}) if bad else \
                     self._send(200, b"Cache flushed.\n", "text/plain")
-            self._generate(raw)
+            self._generate(raw, path)
 
-        def _generate(self, raw: bytes) -> None:
+        def _generate(self, raw: bytes, path: str = "/generate") -> None:
             prefill_url, body = workers.pd_bodies(raw)
-            code, answer = workers.call(prefill_url, "POST", "/generate", body, timeout=3600)
+            code, answer = workers.call(prefill_url, "POST", path, body, timeout=3600)
             if code != 200:
                 return self._send(code, answer)
             decode = urlparse(workers.decode[0])
             conn = http.client.HTTPConnection(decode.hostname, decode.port, timeout=3600)
             try:
-                conn.request("POST", "/generate", body, workers.headers())
+                conn.request("POST", path, body, workers.headers())
                 response = conn.getresponse()
                 if "event-stream" not in (response.getheader("Content-Type") or ""):
                     return self._send(response.status, response.read(),

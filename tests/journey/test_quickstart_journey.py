@@ -165,6 +165,20 @@ def test_the_quickstart_runs_as_written_on_one_box(box):
     assert report.name in status, status
     check_quality(box, outputs, again)
     check_section_7(box, outputs, run_ids)
+    check_openai_example(inventory)
+
+
+def check_openai_example(inventory: Path) -> None:
+    """Section 11 as written: the openai client's tool call through the box's router (both servers'
+    chat path: SGLang's own DeepSeek-V4 encoding and parsers), printing the page's expected output."""
+    from tests.docs.test_quickstart_openai import _blocks
+
+    code, expected = _blocks(QUICKSTART.read_text())
+    port = yaml.safe_load((inventory.parent / "group_vars/all.yml").read_text())["dsv4_router_port"]
+    env = {**os.environ, "DSV4KIT_URL": f"http://127.0.0.1:{port}"}
+    env.pop("DSV4KIT_API_KEY", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0 and done.stdout == expected, (done.stdout, done.stderr[-3000:])
 
 
 def check_quality(box: QuickstartBox, outputs: dict, again: str) -> None:
@@ -184,6 +198,8 @@ def check_quality(box: QuickstartBox, outputs: dict, again: str) -> None:
         needles = next(c for c in record["checks"] if c["check"] == "needles")["per_arm"]["B"]
         assert "131072" in needles["cells"] and needles["found"] == needles["total"], needles
         assert {p.name for p in path.parent.glob("needles-*.png")} == {"needles-A.png", "needles-B.png"}
+        api = next(c for c in record["checks"] if c["check"] == "api")  # the chat API through the router
+        assert api["outcome"] == "pass" and all(n["prompts"] == 7 for n in api["per_arm"].values()), api
         key = record["ab"]["key"]  # each arm ran with its own setting, read back from the units
         assert [record["arms"][a]["software"]["kernel_flags"][key] for a in "AB"] == ["0", "1"], record["arms"]
     # 'auto' now reads both kinds of evidence: a flag the numbers recommend names its quality record.

@@ -36,6 +36,9 @@ MODELS = {**PINS["dsv4_models"], FOLDER: {"repo": "dsv4kit-test/Folder-Drafter",
 ALLOWED[f"{FOLDER}/DSPARK"] = {"dsv4_models": MODELS, "dsv4_model": FOLDER, "dsv4_speculative": "DSPARK"}
 ALLOWED[f"{V0731}/DSPARK-block7"] = {"dsv4_model": V0731, "dsv4_speculative": "DSPARK",
                                      "dsv4_speculative_dspark_block_size": 7}
+#: The FP4 index-K cache on top of every allowed choice: each combination of PD, speculative decoding
+#: (DSPARK included) and FP4 serves the chat API the same way (docs/serving.md).
+FP4 = {f"{name}+fp4": {**overrides, "dsv4_fp4_indexer": True} for name, overrides in ALLOWED.items()}
 #: What the toolkit refuses, and the reason SGLang gives for the same units.
 REFUSED = {
     f"{ORIGINAL}/DSPARK": ({"dsv4_model": ORIGINAL, "dsv4_speculative": "DSPARK"}, speculative.SGLANG_DSPARK_NEEDS_DRAFT),
@@ -134,7 +137,7 @@ def resolve(root: Path, cases: dict) -> dict:
 def resolved(tmp_path_factory):
     root = tmp_path_factory.mktemp("speculative")
     write_models(root / "models")
-    combos = {**ALLOWED, **{name: overrides for name, (overrides, _) in REFUSED.items()}}
+    combos = {**ALLOWED, **FP4, **{name: overrides for name, (overrides, _) in REFUSED.items()}}
     argvs = render_server_units(root, combos)
     results = resolve(root, {f"{name}|{server}": argv for name, servers in argvs.items()
                              for server, argv in servers.items()})
@@ -177,6 +180,28 @@ def test_each_allowed_choice_is_what_sglang_resolves_on_both_servers(resolved, n
             assert got["speculative_draft_model_path"] == str(root / "models" / values["dsv4_model"]), got
     assert results[f"{name}|prefill"]["resolved"]["speculative_num_draft_tokens"] == \
         results[f"{name}|decode"]["resolved"]["speculative_num_draft_tokens"]
+
+
+@pytest.mark.parametrize("name", sorted({**ALLOWED, **FP4}))
+def test_every_combination_serves_the_chat_api_with_both_parsers_and_the_served_name(resolved, name):
+    """SGLang itself resolves each unit to the DeepSeek-V4 parsers, the inventory's served name (the
+    model's repository id by default) and no custom chat template, on prefill and decode alike; the
+    FP4 variants resolve the FP4 cache on, the others off."""
+    _, argvs, results = resolved
+    values = inventory_values({**ALLOWED, **FP4}[name])
+    for server in ("prefill", "decode"):
+        result = results[f"{name}|{server}"]
+        assert result["ok"], (name, server, result, argvs[name][server])
+        got = result["resolved"]
+        assert (got["tool_call_parser"], got["reasoning_parser"]) == ("deepseekv4", "deepseek-v4"), got
+        assert got["served_model_name"] == values["dsv4_model_repo"], got
+        assert got["chat_template"] is None and "--chat-template" not in argvs[name][server], got
+        assert got["enable_deepseek_v4_fp4_indexer"] is bool(values.get("dsv4_fp4_indexer")), got
+        assert got["disaggregation_mode"] == server, got
+        if name.endswith("+fp4"):  # the same speculative resolution as without the FP4 cache
+            plain = results[f"{name.removesuffix('+fp4')}|{server}"]["resolved"]
+            assert {k: v for k, v in got.items() if k != "enable_deepseek_v4_fp4_indexer"} == \
+                {k: v for k, v in plain.items() if k != "enable_deepseek_v4_fp4_indexer"}, (got, plain)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

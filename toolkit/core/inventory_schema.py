@@ -51,6 +51,7 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_speculative_dspark_block_size": (int, "DSPARK: the draft block (gamma); each verify step checks gamma + 1 tokens."),
     "dsv4_speculative_min_acceptance": ((int, float), "validate --gpu: the least acceptance length (tokens per verify step) a configured drafter may show."),
     "dsv4_model_path": (str, "Model directory on the box."),
+    "dsv4_served_model_name": (str, "The model's name in the OpenAI API (--served-model-name, listed by /v1/models); default: dsv4_model_repo."),
     "dsv4_model_repo": (str, "Hugging Face repository of the model, e.g. 'deepseek-ai/DeepSeek-V4-Flash'."),
     "dsv4_model_revision": (str, "Model revision: the commit hash (40 hex digits) downloaded, verified and recorded in bench records."),
     "dsv4_model_allow_unpinned": (bool, "Accept a branch name as dsv4_model_revision (the weights then follow the branch)."),

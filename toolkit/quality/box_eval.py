@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prompts  # noqa: E402  (copied beside this file)
+import api_prompts  # noqa: E402  (copied beside this file; the api check)
 
 REQUEST_TIMEOUT_S = 900.0
 
@@ -524,7 +525,10 @@ def run(spec: dict) -> dict:
                      ("tasks", lambda s: task_check(url, s, parallel, ledger, top_k)),
                      ("tasks_long", lambda s: task_check(url, s, parallel, ledger, top_k, "tasks_long", tokens)),
                      ("tasks_sampled", lambda s: task_check(url, s, parallel, ledger, top_k, "tasks_sampled")),
-                     ("batch", lambda s: batch_check(url, tokens, s, parallel, ledger))):
+                     ("batch", lambda s: batch_check(url, tokens, s, parallel, ledger)),
+                     ("api", lambda s: api_prompts.run_api(url, s, _headers(), REQUEST_TIMEOUT_S, lambda done, total:
+                                                           print(f"progress api {done} {total}", file=sys.stderr,
+                                                                 flush=True)))):
         if name in spec:
             t0 = time.time()
             out["checks"][name] = fn(spec[name])

@@ -565,7 +565,7 @@ def acceptance_check(arms: dict, t: Thresholds) -> Optional[dict]:
                    f"({'>=' if outcome == PASS else '<'} {t.min_acceptance_ratio:.0%})"}
 
 
-def judge(arms: dict, t: Thresholds) -> tuple[str, list[dict]]:
+def judge(arms: dict, t: Thresholds, served_names=()) -> tuple[str, list[dict]]:
     """(outcome, checks) for the arms' results; only checks every arm ran are judged."""
     checks = [validity_check(arms, t)]
     if _has(arms, "logprob"):
@@ -582,6 +582,10 @@ def judge(arms: dict, t: Thresholds) -> tuple[str, list[dict]]:
     if spec is not None:
         checks.append(spec)
     checks.append(reach_check(arms, t))
+    if _has(arms, "api"):
+        from dsv4kit.quality.api_check import api_check
+
+        checks.append(api_check(arms, served_names, t.alpha))
     return worst(c["outcome"] for c in checks), checks
 
 

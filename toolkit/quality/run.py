@@ -179,7 +179,7 @@ class BoxEval:
     def __init__(self, remote, url: str, env: Optional[dict], progress: Say):
         self.remote, self.url, self.env, self.progress = remote, url, env, progress
         here = Path(__file__).resolve().parent
-        for name in ("box_eval.py", "prompts.py"):
+        for name in ("box_eval.py", "prompts.py", "api_prompts.py"):
             remote.session.put(here / name, f"{remote.workdir}/{name}")
         self.script = f"{remote.workdir}/box_eval.py"
 
@@ -316,6 +316,8 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         _check_model(host, probe)
         tasks_path = box.fetch_tasks(p.tasks) if p.tasks is not None else None
         spec = spec_for(ctx, req.quick, req.seed, tasks_path, req.questions)
+        spec["api"] = {"model": served_name(host), "seeds": [req.seed] if req.quick else [req.seed + i for i in range(3)],
+                       "max_tokens": 4096}  # the chat API check (dsv4kit.quality.api_check)
         spec.update(url=box.url, model_path=str(host["dsv4_model_path"]), parallel=min(64, int(
             host.get("dsv4_max_running_requests") or 64)))
         arms, details, provenance, ran = {}, {}, {}, {}
@@ -357,13 +359,18 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         for arm, body in arms.items():  # speculative acceptance is judged with the answers
             details[arm]["speculative"] = {"algorithm": body["speculative_algorithm"],
                                            "accept_length": body["avg_spec_accept_length"]}
-        outcome, checks = judge(details, p.thresholds)
+        outcome, checks = judge(details, p.thresholds, served_names=[served_name(host)])
         record = _build(p, argv, created, started, ctx, spec, provenance["A"], arms, checks, outcome,
                         decode_info(info), toolkit_info(argv))
         record["evidence"]["ran_with"] = agreed(ran)
         return record, details
     finally:
         remote.cleanup()
+
+
+def served_name(host) -> str:
+    """The name clients give the model: dsv4_served_model_name, else the path SGLang serves it as."""
+    return str(host.get("dsv4_served_model_name") or host.get("dsv4_model_path"))
 
 
 def ran_with(host, probe: dict, ab) -> dict:

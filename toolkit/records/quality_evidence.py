@@ -5,7 +5,7 @@
 ``lookup(host, key, facts, served_with) -> {"ok", "why", "record"}``. The newest eval record
 of the host whose A/B key is ``key`` (arms ``0`` and ``1``, or ``false`` and ``true`` for the
 setting) decides. It counts only when it passed every check it had to run (decode against
-re-prefill, arm agreement, needles up to the served context, tasks),
+re-prefill, arm agreement, needles up to the served context, tasks, the chat API),
 and was measured on the host's serving GPU model and driver, with the kernels this checkout ships
 and the inventory's serving configuration as it is now. Otherwise ``why`` names what is missing.
 
@@ -29,7 +29,7 @@ from dsv4kit.records.task_floors import floor_for, task_floors
 from dsv4kit.rollout.targets import INDEXER_FLAG
 
 REQUIRED_CHECKS = ("logprob_validity", "logprob_kl", "topk_reprefill", "arm_agreement", "needles", "tasks",
-                   "kernel_reach")
+                   "logprob_kl_long", "arm_agreement_long", "kernel_reach", "api")
 FP4_SETTING = "dsv4_fp4_indexer"  # dsv4kit.rollout.fp4_plan.SETTING
 
 
