@@ -292,6 +292,8 @@ def responses(result: dict) -> Iterator[tuple[str, dict]]:
                 yield from walk(check, v)
 
     for check, body in ((result.get("checks") or {}).items()):
+        if check == "api":  # OpenAI chat objects (logprobs null unless asked), judged by the api check
+            continue
         yield from walk(check, body)
     for check, body in ((((result.get("control") or {}).get("checks")) or {}).items()):
         yield from walk(f"{check} (control)", body)
@@ -577,7 +579,7 @@ def judge(arms: dict, t: Thresholds, served_names=()) -> tuple[str, list[dict]]:
         checks.append(needle_check(arms, t))
     if _has(arms, "tasks"):
         checks.append(task_check(arms, t))
-    checks += judge_shapes(arms, t)  # the long set, batch mix, extra task sets, logprob health
+    checks += judge_shapes(arms, t, task_check)  # the long set, batch mix, extra task sets, logprob health
     spec = acceptance_check(arms, t)
     if spec is not None:
         checks.append(spec)

@@ -86,9 +86,9 @@ def logprob_health_check(arms: dict) -> dict:
             "why": f"{values} logprob values over every request of every check, all finite"}
 
 
-def judge_shapes(arms: dict, t) -> list[dict]:
+def judge_shapes(arms: dict, t, task_check) -> list[dict]:
     """The checks of the long set, the batch mix, the extra task sets and the logprob health,
-    for whatever every arm ran (``checks.judge`` appends them)."""
+    for whatever every arm ran (``checks.judge`` appends them, and hands in its ``task_check``)."""
     from dsv4kit.quality import checks_long
 
     def has(key):
@@ -101,7 +101,7 @@ def judge_shapes(arms: dict, t) -> list[dict]:
             out.append(checks_long.long_agreement_check(arms))
     for key in ("tasks_long", "tasks_sampled"):
         if has(key):
-            out.append(checks_long.task_set_check(arms, t, key))
+            out.append(checks_long.task_set_check(arms, t, key, task_check))
     if has("batch"):
         out.append(batch_check(arms, t))
     if all(r.get("checks") for r in arms.values()):

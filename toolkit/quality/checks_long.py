@@ -179,10 +179,9 @@ def long_agreement_check(arms: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------ task sets
-def task_set_check(arms: dict, t, key: str) -> dict:
+def task_set_check(arms: dict, t, key: str, task_check) -> dict:
     """``tasks_long`` / ``tasks_sampled`` by the rule of ``tasks`` (alone: the accuracy floor; with
-    ``--ab``: exact McNemar), reported on their own."""
-    from dsv4kit.quality.checks import task_check
+    ``--ab``: exact McNemar), reported on their own; ``task_check`` is ``checks.task_check``."""
 
     view = {arm: {"checks": {"tasks": r["checks"][key]}} for arm, r in arms.items()}
     result = task_check(view, t)
