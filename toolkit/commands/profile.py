@@ -54,7 +54,6 @@ def profile(
         trust_new_host_key=trust_new_host_key)
     plan = run.plan(request)
     check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)
-    doing("profiling the decode server", "the server is asked to stop profiling; nothing was written")
     outcome = run.execute(plan, progress=say)
     if png is not None:
         from dsv4kit.profile.plot import stacked_bars

@@ -167,14 +167,46 @@ def doing(what: str, left: Optional[str] = None) -> None:
         _activity["left"] = left
 
 
+_interrupts = {"count": 0}
+
+
+def _on_sigint(signum, frame) -> None:
+    # Counted as well as raised: Ansible's (or any) __del__ that runs at that moment swallows the
+    # KeyboardInterrupt ("Exception ignored in ..."), and the run must still end as interrupted.
+    _interrupts["count"] += 1
+    raise KeyboardInterrupt
+
+
+def _interrupted(command: str) -> None:
+    typer.echo(f"\ninterrupted: {command} stopped while {_activity['doing']}; {_activity['left']}", err=True)
+    raise typer.Exit(exitcodes.INTERRUPTED)
+
+
 def _run(fn: Callable, command: str, args, kwargs):
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_sigint) if main_thread else None
+    _interrupts["count"] = 0
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except KeyboardInterrupt:
-        typer.echo(f"\ninterrupted: {command} stopped while {_activity['doing']}; {_activity['left']}", err=True)
-        raise typer.Exit(exitcodes.INTERRUPTED)
+        _interrupted(command)
     except Abort as exc:
+        if _interrupts["count"] and exc.exit_code != exitcodes.INTERRUPTED:
+            _interrupted(command)
         fail(exc.exit_code, str(exc))
+    except typer.Exit as exc:
+        if _interrupts["count"] and exc.exit_code != exitcodes.INTERRUPTED:
+            _interrupted(command)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if _interrupts["count"]:
+        _interrupted(command)
+    return result
 
 
 class _Watched:

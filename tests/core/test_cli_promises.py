@@ -1,0 +1,138 @@
+"""The CLI keeps its own promises (docs/cli.md): Ctrl-C at any moment is one line and exit 130, one
+JSON error object under ``--json``, the same condition gives the same exit code, and an option that
+would be ignored is refused.
+
+The box is the real loopback sshd (tests/sshd.py); a "silent port" accepts TCP and never speaks SSH
+(a hung sshd), so a run that reaches the connection waits there until it is interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer
+
+from dsv4kit.core import exitcodes
+from tests.cli_support import REPO_ROOT, cli, interrupt
+from tests.remote_inventory import write_inventory
+
+
+class _SilentPort:
+    """A listening socket that never answers (a hung sshd)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.held: list = []
+
+    def accepted(self) -> bool:
+        """Whether a client has connected (it is held open, never answered)."""
+        try:
+            self.held.append(self.sock.accept()[0])
+        except BlockingIOError:
+            pass
+        return bool(self.held)
+
+    def close(self) -> None:
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def silent_port():
+    port = _SilentPort()
+    try:
+        yield port
+    finally:
+        port.close()
+
+
+def _silent_inventory(tmp_path: Path, sshd, port: int, **overrides) -> Path:
+    values = dict(ansible_port=port, dsv4_connect_timeout=60, dsv4_context_length=4096,
+                  dsv4_model_path="/models/m")
+    values.update(overrides)
+    return write_inventory(tmp_path / "inv", sshd, **values)
+
+
+# ============================================================ 13: Ctrl-C
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_130(tmp_path):
+    """The handler is installed before the heavy imports: a Ctrl-C while typer loads is no traceback."""
+    marker = tmp_path / "importing"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    # Python imports sitecustomize at start-up: it makes the first import of typer wait, so that
+    # the signal lands inside the CLI's heavy imports, every time.
+    (hook / "sitecustomize.py").write_text(
+        "import importlib.abc, sys, time\n"
+        "class _Slow(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'typer':\n"
+        "            sys.meta_path.remove(self)\n"
+        f"            open({str(marker)!r}, 'w').close()\n"
+        "            time.sleep(60)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Slow())\n")
+    env = {"PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    code, out, err = interrupt(["records", "list", "--results-repo", str(tmp_path / "repo")],
+                               lambda out, err: marker.exists(), env=env, timeout=60)
+    assert code == exitcodes.INTERRUPTED, err
+    assert "interrupted: dsv4kit stopped before its command ran; nothing was run" in err
+    assert "Traceback" not in err and "Aborted" not in err
+
+
+class _SwallowsCtrlC:
+    """An object whose finalizer is running when Ctrl-C comes (as Ansible's do): Python prints
+    "Exception ignored in ..." and goes on."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the handler runs here; its KeyboardInterrupt is swallowed
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_swallowed_by_a_finalizer_still_ends_the_run_with_130(capsys):
+    from dsv4kit.core.cli_common import interruptible
+
+    @interruptible("dsv4kit demo", "nothing was run")
+    def command():
+        _SwallowsCtrlC()  # freed at once: its __del__ runs here
+        raise typer.Exit(exitcodes.TIMEOUT)  # what the run went on to do
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(typer.Exit) as info:
+        command()
+    assert info.value.exit_code == exitcodes.INTERRUPTED
+    assert "interrupted: dsv4kit demo stopped while starting; nothing was run" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is before  # restored
+
+
+def test_ctrl_c_while_profile_connects_names_the_connection(tmp_path, loopback_ssh, silent_port):
+    inventory = _silent_inventory(tmp_path, loopback_ssh, silent_port.port)
+    code, out, err = interrupt(["profile", "--ctx", "4096", "-c", "2", "-i", str(inventory)],
+                               lambda out, err: silent_port.accepted())
+    assert code == exitcodes.INTERRUPTED, err
+    assert "interrupted: dsv4kit profile stopped while connecting to lo; nothing was written" in err, err
+    assert "while profiling" not in err and "Traceback" not in err
+
+
+def test_ctrl_c_while_bench_connects_keeps_no_points(tmp_path, loopback_ssh, silent_port):
+    inventory = _silent_inventory(tmp_path, loopback_ssh, silent_port.port)
+    spill = tmp_path / "spill"
+    code, out, err = interrupt(["bench", "--ctx", "4096", "--input-len", "16", "--output-len", "8", "-c", "1",
+                                "--num-prompts", "8", "-i", str(inventory), "--results-repo", str(tmp_path / "repo")],
+                               lambda out, err: silent_port.accepted(), env={"DSV4KIT_SPILL_DIR": str(spill)})
+    assert code == exitcodes.INTERRUPTED, err
+    assert "no point had finished; nothing was kept" in err, err
+    assert "points that had finished" not in err and "Traceback" not in err
+    assert not spill.exists() or not any(spill.iterdir())
