@@ -136,3 +136,82 @@ def test_ctrl_c_while_bench_connects_keeps_no_points(tmp_path, loopback_ssh, sil
     assert "no point had finished; nothing was kept" in err, err
     assert "points that had finished" not in err and "Traceback" not in err
     assert not spill.exists() or not any(spill.iterdir())
+
+
+# ============================================================ 14: --json
+def _blocking(tmp_path: Path, module: str) -> dict:
+    """An environment whose Python cannot import ``module`` (as a control machine without it)."""
+    hook = tmp_path / f"without-{module}"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class _Gone(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {module!r}:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, _Gone())\n")
+    return {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def _envelope(stdout: str, code: int) -> dict:
+    import json
+
+    from dsv4kit.core.cli_common import exit_name
+
+    data = json.loads(stdout)
+    assert data["ok"] is False and data["exit_code"] == code and data["exit"] == exit_name(code), data
+    assert isinstance(data["error"], str) and data["error"], data
+    return data
+
+
+def test_every_json_failure_is_the_same_envelope(tmp_path, loopback_ssh):
+    # rollout plan: it had its own shape (a "host" key, no "exit").
+    code, out, err = cli("rollout", "plan", "-i", tmp_path / "nope.yml", "--json")
+    assert code == exitcodes.USAGE
+    assert "not found" in _envelope(out, code)["error"]
+    # rollout status: the report with no ok/exit/error (this interpreter has no SGLang).
+    code, out, err = cli("rollout", "status", "--json")
+    assert code == exitcodes.ENVIRONMENT, out + err
+    assert "SGLang is not installed" in _envelope(out, code)["error"]
+    # provision: the per-host summary of a failed play (exit 6) names what failed.
+    playbook = tmp_path / "fail.yml"
+    playbook.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - name: this fails\n"
+                        "      ansible.builtin.fail:\n        msg: on purpose\n")
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_connection="local",
+                                ansible_python_interpreter=sys.executable)
+    code, out, err = cli("provision", "-i", inventory, "--json", env={"DSV4KIT_PLAYBOOK": str(playbook)})
+    assert code == exitcodes.TOOL_FAILED, out + err
+    data = _envelope(out, code)
+    assert "lo: this fails" in data["error"] and data["hosts"], data
+
+
+def test_validate_local_without_torch_prints_the_json_object(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dsv4kit.cli", "validate", "--local", "--json"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, env=_blocking(tmp_path, "torch"))
+    assert proc.returncode == exitcodes.ENVIRONMENT, proc.stderr
+    assert "'torch' is missing" in _envelope(proc.stdout, exitcodes.ENVIRONMENT)["error"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_records_show_json_exits_as_the_plain_run(tmp_path):
+    from tests.bench_support import publish_record, synthetic_record
+
+    repo = tmp_path / "results"
+    record = synthetic_record("lo-ctx4096-20260101T000000Z", {1: [100.0]})
+    publish_record(repo, record)
+    gate = ["--max-class-share", "indexer=2%"]  # the record carries no profile: the gate fails
+    plain = cli("records", "show", record["run_id"], "--results-repo", repo, *gate)
+    as_json = cli("records", "show", record["run_id"], "--results-repo", repo, *gate, "--json")
+    assert plain[0] == as_json[0] == exitcodes.CHECK_FAILED, (plain, as_json)
+    import json
+
+    assert json.loads(as_json[1])["run_id"] == record["run_id"]  # the record itself, unchanged
+
+
+def test_every_command_takes_json_as_the_help_says():
+    from tests.core.test_cli_language import all_commands
+
+    code, out, _ = cli("--help")
+    assert "In every command --json" in " ".join(out.split())
+    for name, command in all_commands():
+        assert any("--json" in p.opts for p in command.params if hasattr(p, "opts")), f"{name} has no --json"

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from dsv4kit.core.cli_common import interruptible
+from dsv4kit.core.cli_common import interruptible, json_result
 
 
 @interruptible("dsv4kit provision", "nothing was run")
@@ -59,7 +59,9 @@ def provision(
     table = format_summary(summary)
     if json_out:
         typer.echo(table, err=True)
-        typer.echo(json.dumps(summary.to_dict(), indent=2))
+        failed = "; ".join(f"{f.host}: {f.task}" for f in summary.failures) if summary.failures else None
+        typer.echo(json.dumps(json_result(summary.to_dict(), summary.exit_code, failed and f"failed: {failed}"),
+                              indent=2))
     else:
         typer.echo("")
         typer.echo(table)

@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 
 from dsv4kit.core import exitcodes
-from dsv4kit.core.cli_common import JSON_HELP, check_hosts, doing, interruptible
+from dsv4kit.core.cli_common import JSON_HELP, check_hosts, doing, interruptible, json_result
 from dsv4kit.rollout.status import DEFAULT_DECISION_FILE, render, status_report
 
 app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status, plan.",
@@ -105,7 +105,7 @@ def status(
         report = remote_report(target, timeout=timeout, trust_new_host_key=trust_new_host_key,
                                say=lambda line: typer.echo(line, err=True), decision=decision)
         if json_out:
-            typer.echo(json.dumps(report, indent=2))
+            typer.echo(json.dumps(_enveloped(report), indent=2))
         else:
             typer.echo(environment_line(report, target))
             typer.echo(render(report))
@@ -113,8 +113,15 @@ def status(
     decision = DEFAULT_DECISION_FILE if decision is None else decision
     report = (_report_from(python, timeout, decision) if python is not None
               else status_report(decision_path=decision or None))
-    typer.echo(json.dumps(report, indent=2) if json_out else render(report))
+    typer.echo(json.dumps(_enveloped(report), indent=2) if json_out else render(report))
     raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
+
+
+def _enveloped(report: dict) -> dict:
+    """The rollout report in the envelope of every --json output; its first problem is the error."""
+    code = int(report.get("exit_code", exitcodes.TOOL_FAILED))
+    problems = report.get("problems") or []
+    return json_result(report, code, "; ".join(problems[:3]) or None)
 
 
 @app.command("plan")
@@ -154,10 +161,10 @@ def plan(
     except (InventoryError, kernel_plan.PlanError) as exc:
         code = getattr(exc, "exit_code", exitcodes.USAGE)
         if json_out:  # the summary a script reads says it too
-            typer.echo(json.dumps({"host": host, "ok": False, "exit_code": code, "error": str(exc)}, indent=2))
+            typer.echo(json.dumps(json_result({"host": host}, code, str(exc)), indent=2))
         _fail(str(exc), code)
     if json_out:
-        typer.echo(json.dumps({**result, "ok": True, "exit_code": exitcodes.OK}, indent=2))
+        typer.echo(json.dumps(json_result(result, exitcodes.OK), indent=2))
     else:
         typer.echo("\n".join(kernel_plan.render(result)))
     raise typer.Exit(exitcodes.OK)

@@ -197,6 +197,12 @@ def _run(fn: Callable, command: str, args, kwargs):
         if _interrupts["count"] and exc.exit_code != exitcodes.INTERRUPTED:
             _interrupted(command)
         fail(exc.exit_code, str(exc))
+    except ModuleNotFoundError as exc:  # a package the command needs (torch for validate --local)
+        from dsv4kit.core.missing import message
+
+        if not exc.name or exc.name.split(".")[0] == "dsv4kit":
+            raise
+        fail(exitcodes.ENVIRONMENT, message(exc.name).removeprefix("error: "))
     except typer.Exit as exc:
         if _interrupts["count"] and exc.exit_code != exitcodes.INTERRUPTED:
             _interrupted(command)
@@ -226,10 +232,24 @@ class _Watched:
         return getattr(self.stream, name)
 
 
-def _error_object(code: int, message: str) -> dict:
+def exit_name(code: int) -> str:
+    """The name of an exit code (``usage``, ``unreachable``, ...), as the JSON envelope gives it."""
     names = {v: k.lower() for k, v in vars(exitcodes).items() if k.isupper() and isinstance(v, int)}
-    return {"ok": False, "exit_code": code, "exit": names.get(code, "error"),
-            "error": message or f"exit {code}; see the messages on stderr"}
+    return names.get(code, "error")
+
+
+def json_result(data: dict, code: int, error: Optional[str] = None) -> dict:
+    """``data`` in the envelope every ``--json`` output shares: ``ok`` and ``exit_code`` always;
+    on failure also ``exit`` (the code's name) and ``error`` (one line, or a pointer to stderr)."""
+    out = {**data, "ok": code == exitcodes.OK, "exit_code": code}
+    if code != exitcodes.OK:
+        out["exit"] = exit_name(code)
+        out["error"] = error or data.get("error") or f"exit {code}; see the messages on stderr"
+    return out
+
+
+def _error_object(code: int, message: str) -> dict:
+    return json_result({}, code, message)
 
 
 def usage_error_as_json(app) -> int:
