@@ -58,6 +58,10 @@ def silent_port():
         port.close()
 
 
+# Where a check is missing, provision would run this instead of the real site.yml on this machine.
+_HARMLESS_PLAY = {"DSV4KIT_PLAYBOOK": str(REPO_ROOT / "tests" / "core" / "harmless_play.yml")}
+
+
 def _silent_inventory(tmp_path: Path, sshd, port: int, **overrides) -> Path:
     values = dict(ansible_port=port, dsv4_connect_timeout=60, dsv4_context_length=4096,
                   dsv4_model_path="/models/m")
@@ -215,3 +219,90 @@ def test_every_command_takes_json_as_the_help_says():
     assert "In every command --json" in " ".join(out.split())
     for name, command in all_commands():
         assert any("--json" in p.opts for p in command.params if hasattr(p, "opts")), f"{name} has no --json"
+
+
+# ============================================================ 15: the same condition, the same exit code
+def test_a_hung_sshd_is_unreachable_as_in_provision(tmp_path, loopback_ssh, silent_port):
+    inventory = _silent_inventory(tmp_path, loopback_ssh, silent_port.port, dsv4_connect_timeout=2)
+    code, out, err = cli("rollout", "status", "--host", "lo", "-i", inventory)
+    assert code == exitcodes.UNREACHABLE, err
+    assert "no SSH server answered within 2s" in err
+
+
+def test_a_missing_vault_id_file_is_bad_input(tmp_path, loopback_ssh):
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_connection="local")
+    code, out, err = cli("provision", "-i", inventory, "--vault-id", f"prod@{tmp_path / 'no-such-pass'}",
+                         env=_HARMLESS_PLAY)
+    assert code == exitcodes.USAGE, out + err
+    assert f"--vault-id 'prod@{tmp_path / 'no-such-pass'}'" in err and "does not exist" in err
+
+
+def test_a_python_that_is_not_a_program_is_bad_input(tmp_path):
+    text = tmp_path / "python"
+    text.write_text("not a program\n")  # executable, but no interpreter line: exec format error
+    text.chmod(0o755)
+    code, out, err = cli("rollout", "status", "--python", text)
+    assert code == exitcodes.USAGE, err
+    assert f"--python {text}: not an executable interpreter" in err
+
+
+def test_records_refuses_a_repository_on_another_branch_as_bench_does(tmp_path):
+    repo = tmp_path / "results"
+    subprocess.run(["git", "init", "-q", "-b", "master", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "first"], check=True)
+    code, out, err = cli("records", "list", "--results-repo", repo)
+    assert code == exitcodes.USAGE, out + err
+    assert "HEAD is on branch 'master'" in err and f"git -C {repo} checkout main" in err
+    assert "no records" not in out
+
+
+# ============================================================ 16: refuse what would be ignored
+@pytest.mark.parametrize("extra, named", [
+    (["--host", "box1"], "--host"),
+    (["--installed"], "--installed"),
+    (["--trust-new-host-key"], "--trust-new-host-key"),
+    (["--wheel", "x.whl", "--results-dir", "/tmp"], "--results-dir, --wheel"),
+])
+def test_validate_local_refuses_the_remote_only_options(extra, named):
+    code, out, err = cli("validate", "--local", *extra)
+    assert code == exitcodes.USAGE, err
+    assert f"{named} only apply to a run on the box" in err
+
+
+def test_validate_refuses_verdict_shapes_without_the_verdict():
+    code, out, err = cli("validate", "--local", "--no-verdict", "-c", "1,16")
+    assert code == exitcodes.USAGE and "--no-verdict skips the verdict" in err, err
+
+
+@pytest.mark.parametrize("args", [["validate", "--local", "-c", "1,,2"],
+                                  ["bench", "--ctx", "4096", "-c", "1,,2", "-i", "{inv}"]])
+def test_an_empty_concurrency_item_is_refused(args, tmp_path, loopback_ssh):
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_model_path="/models/m")
+    code, out, err = cli(*[a.format(inv=inventory) for a in args], "--json")
+    assert code == exitcodes.USAGE, err
+    assert "--concurrency '1,,2' has an empty item" in err
+    _envelope(out, code)
+
+
+@pytest.mark.parametrize("option", ["--timeout", "--steady-timeout"])
+def test_profile_refuses_a_negative_timeout(option):
+    code, out, err = cli("profile", "--ctx", "4096", option, "-5")
+    assert code == exitcodes.USAGE and option in err, err
+
+
+@pytest.mark.parametrize("args", [["--skip-tags", ""], ["--tags", "preflight,,nvidia_driver"], ["--limit", ""]])
+def test_provision_refuses_an_empty_name(args, tmp_path, loopback_ssh):
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_connection="local")
+    code, out, err = cli("provision", "-i", inventory, *args, env=_HARMLESS_PLAY)
+    assert code == exitcodes.USAGE, out + err
+    assert f"{args[0]} {args[1]!r} has an empty name" in err
+
+
+def test_a_results_dir_variable_naming_a_file_is_refused(tmp_path, loopback_ssh):
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh)
+    afile = tmp_path / "reports"
+    afile.write_text("not a directory\n")
+    code, out, err = cli("rollout", "plan", "-i", inventory, env={"DSV4KIT_RESULTS_DIR": str(afile)})
+    assert code == exitcodes.USAGE, out + err
+    assert f"$DSV4KIT_RESULTS_DIR {str(afile)!r} is a file, not a directory" in err

@@ -8,7 +8,9 @@ from typing import List, Optional
 
 import typer
 
+from dsv4kit.core import exitcodes
 from dsv4kit.core.cli_common import interruptible, json_result
+from dsv4kit.core.exitcodes import Abort
 
 
 @interruptible("dsv4kit provision", "nothing was run")
@@ -47,6 +49,9 @@ def provision(
     in known_hosts (checked before Ansible runs), 5 ansible-playbook missing, 6 a task failed,
     130 interrupted.
     """
+    _check_vault_ids(vault_id or [])
+    for option, values in (("--tags", tags), ("--skip-tags", skip_tags), ("--limit", limit)):
+        _check_not_empty(option, values or [])
     from dsv4kit.core.inventory import default_inventory_path
     from dsv4kit.provision.playbook import format_summary
     from dsv4kit.provision.run import provision as run_provision
@@ -66,3 +71,25 @@ def provision(
         typer.echo("")
         typer.echo(table)
     raise typer.Exit(summary.exit_code)
+
+
+def _check_vault_ids(values: List[str]) -> None:
+    """Each --vault-id's password file exists (exit 2), before ansible-playbook would fail on it (6)."""
+    for value in values:
+        source = value.split("@", 1)[1] if "@" in value else value
+        if source == "prompt" or not source:
+            continue
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise Abort(exitcodes.USAGE, f"--vault-id {value!r}: the password file {source!r} "
+                                         f"{'is not a file' if path.exists() else 'does not exist'} "
+                                         f"(give LABEL@FILE or LABEL@prompt)")
+
+
+def _check_not_empty(option: str, values: List[str]) -> None:
+    """An empty value (``--skip-tags ''``, ``--limit a,,b``) would be dropped, and the run would do
+    more than asked (every stage, every host): exit 2."""
+    for value in values:
+        if any(not part.strip() for part in str(value).split(",")):
+            raise Abort(exitcodes.USAGE, f"{option} {value!r} has an empty name; give comma-separated names, "
+                                         f"or leave {option} out")

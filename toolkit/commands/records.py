@@ -51,10 +51,12 @@ def _repo(path: Optional[Path]) -> Path:
 
 def _check_git(repo: Path) -> None:
     """Exit 2 unless ``repo`` is a git repository of its own (reading never creates one)."""
-    from dsv4kit.records.results_repo import ResultsRepoError, check_path
+    from dsv4kit.records.results_repo import ResultsRepoError, check_branch, check_path
 
     try:
         is_repo = check_path(repo)
+        if is_repo:  # on another branch (or detached) bench refuses it: reading it says so too
+            check_branch(repo)
     except ResultsRepoError as exc:
         _fail(exitcodes.USAGE, str(exc))
     if not is_repo:

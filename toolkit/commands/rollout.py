@@ -9,6 +9,7 @@ over SSH, with the serving units' environment (:mod:`dsv4kit.rollout.remote`). T
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -47,7 +48,11 @@ def _report_from(python: Path, timeout: float, decision: str = "") -> dict:
     except subprocess.TimeoutExpired:
         _fail(f"{' '.join(cmd)} did not finish within {timeout:g}s (--timeout)", exitcodes.TIMEOUT)
     except OSError as exc:
-        _fail(f"cannot run {python}: {exc}", exitcodes.ENVIRONMENT)
+        # Not a program this machine can run (a text file, a binary of another architecture) is
+        # the user's input (2), as a non-executable file is; a broken venv's interpreter is 5.
+        bad_input = exc.errno in (errno.ENOEXEC, errno.EACCES, errno.EISDIR)
+        _fail(f"--python {python}: not an executable interpreter ({exc.strerror})" if bad_input
+              else f"cannot run {python}: {exc}", exitcodes.USAGE if bad_input else exitcodes.ENVIRONMENT)
     try:
         return json.loads(done.stdout)
     except ValueError:

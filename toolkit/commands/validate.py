@@ -12,6 +12,10 @@ from dsv4kit.core import exitcodes
 from dsv4kit.core.cli_common import doing, fail, interruptible
 
 
+_OPTION = {"host": "--host", "installed": "--installed", "trust_new_host_key": "--trust-new-host-key",
+           "results_dir": "--results-dir", "wheel": "--wheel", "timeout": "--timeout", "inventory": "--inventory"}
+
+
 @interruptible("dsv4kit validate")
 def validate(
     ctx: typer.Context,
@@ -49,6 +53,16 @@ def validate(
                               f"or leave --cases out to run every suite's default cases")
     if local and gpu is not None:
         fail(exitcodes.USAGE, "give exactly one of --local or --gpu N")
+    given = {name for name in ("host", "installed", "trust_new_host_key", "results_dir", "wheel", "timeout",
+                               "inventory") if ctx.get_parameter_source(name).name != "DEFAULT"}
+    if local and given:  # remote-only options would be ignored here
+        names = ", ".join(_OPTION[name] for name in sorted(given))
+        fail(exitcodes.USAGE, f"{names} only apply to a run on the box (--gpu N or --host NAME); --local ignores "
+                              f"{'them' if len(given) > 1 else 'it'}: leave {'them' if len(given) > 1 else 'it'} out")
+    if not verdict and {"verdict_ctx", "concurrency"} & {
+            name for name in ("verdict_ctx", "concurrency") if ctx.get_parameter_source(name).name != "DEFAULT"}:
+        fail(exitcodes.USAGE, "--ctx and -c/--concurrency set the kernel verdict's shapes; --no-verdict skips the "
+                              "verdict: give one or the other")
     if not local and gpu is None and host is None:
         fail(exitcodes.USAGE, "give --local, --gpu N, or --host NAME (which runs on that host's "
                               "dsv4_validate_gpu from the inventory)")
