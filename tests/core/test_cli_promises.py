@@ -306,3 +306,34 @@ def test_a_results_dir_variable_naming_a_file_is_refused(tmp_path, loopback_ssh)
     code, out, err = cli("rollout", "plan", "-i", inventory, env={"DSV4KIT_RESULTS_DIR": str(afile)})
     assert code == exitcodes.USAGE, out + err
     assert f"$DSV4KIT_RESULTS_DIR {str(afile)!r} is a file, not a directory" in err
+
+
+# ============================================================ 19: what this audience expects
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_version_names_the_commit_and_the_pins(flag):
+    import yaml
+
+    from dsv4kit import __version__
+
+    pins = yaml.safe_load((REPO_ROOT / "inventory" / "group_vars" / "all.yml").read_text())
+    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    code, out, err = cli(flag)
+    assert code == 0, err
+    assert out.startswith(f"dsv4kit {__version__} (commit {head.strip()}")
+    assert f"SGLang {pins['dsv4_sglang_version']}" in out and f"torch {pins['dsv4_torch_version']}" in out
+
+
+def test_shell_completion_is_offered():
+    code, out, err = cli("--show-completion", "bash")
+    assert code == 0 and "_DSV4KIT_COMPLETE" in out.upper(), out + err
+
+
+@pytest.mark.parametrize("flag, shows", [("--list-hosts", "lo"), ("--list-tasks", "Say so"),
+                                         ("--syntax-check", "harmless_play.yml")])
+def test_provision_passes_the_listing_modes_through(flag, shows, tmp_path, loopback_ssh):
+    """Through the real ansible-playbook, over the same inventory and selection; nothing runs."""
+    inventory = write_inventory(tmp_path / "inv", loopback_ssh, ansible_connection="local")
+    code, out, err = cli("provision", "-i", inventory, "--tags", "preflight", flag, env=_HARMLESS_PLAY)
+    assert code == exitcodes.OK, out + err
+    assert shows in out + err
+    assert "PLAY RECAP" not in out + err  # nothing ran
