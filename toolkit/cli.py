@@ -1,11 +1,10 @@
 """The ``dsv4kit`` console script and ``python -m dsv4kit.cli``.
 
-:func:`main` first installs a Ctrl-C handler (exit 130, one line, no traceback), then imports the
-typer application under the missing-package guard, so a copy installed without its dependencies
-(``--no-deps``, as on the GPU box) exits 5 with the install command instead of a traceback.
-``app`` (``dsv4kit.commands.app.app``) is imported on first use, so importing this module costs
-nothing. Under ``--json``, an option click refuses still prints the JSON error object (the
-command's own failures print it in ``interruptible``).
+The console script first installs a Ctrl-C handler (exit 130, one line, no traceback), then
+imports the typer application under the missing-package guard, so a copy installed without its
+dependencies (``--no-deps``, as on the GPU box) exits 5 with the install command instead of a
+traceback. ``app`` is ``dsv4kit.commands.app.app``. Under ``--json``, an option click refuses
+still prints the JSON error object (the command's own failures print it in ``interruptible``).
 """
 
 from __future__ import annotations
@@ -30,20 +29,18 @@ def _interrupted_before_the_command(signum, frame) -> None:
     os._exit(INTERRUPTED)
 
 
-def __getattr__(name: str):
-    if name == "app":
-        with missing_package_exit():
-            from dsv4kit.commands.app import app
-        return app
-    raise AttributeError(name)
+# The console script (or ``python -m``) gets the handler before the heavy imports below; a test or
+# a tool that imports this module keeps its own.
+if __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "dsv4kit":
+    signal.signal(signal.SIGINT, _interrupted_before_the_command)
+
+with missing_package_exit():
+    from dsv4kit.commands.app import app
 
 
 def main() -> None:
-    # Before the heavy imports (typer, ansible, paramiko): a Ctrl-C there is no traceback.
     signal.signal(signal.SIGINT, _interrupted_before_the_command)
     with missing_package_exit():
-        from dsv4kit.commands.app import app
-
         if "--json" not in sys.argv[1:]:
             app()
             return

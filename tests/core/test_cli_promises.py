@@ -337,3 +337,36 @@ def test_provision_passes_the_listing_modes_through(flag, shows, tmp_path, loopb
     assert code == exitcodes.OK, out + err
     assert shows in out + err
     assert "PLAY RECAP" not in out + err  # nothing ran
+
+
+# ============================================================ 20: the CLI's vocabulary, declared once
+def test_a_shared_option_has_one_help_text_everywhere():
+    """--trust-new-host-key had four help texts; a shared option is declared once (core.options)."""
+    from tests.core.test_cli_language import all_commands
+
+    shared = {"--trust-new-host-key", "--inventory"}
+    helps: dict = {}
+    for name, command in all_commands():
+        for param in command.params:
+            for opt in set(getattr(param, "opts", [])) & shared:
+                helps.setdefault(opt, {}).setdefault(param.help, []).append(name)
+    assert set(helps) == shared
+    for opt, texts in helps.items():
+        assert len(texts) == 1, f"{opt} has {len(texts)} help texts: {texts}"
+        (text,) = texts
+        assert len(text) <= 120, f"{opt}: one short line, the story in docs/cli.md"
+
+
+def test_the_formatter_setting_is_in_pyproject():
+    import re
+
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    assert re.search(r"^\[tool\.black\]\nline-length = 120$", text, re.M), "no [tool.black] line-length"
+
+
+def test_one_cli_runner_serves_the_tests():
+    """tests/cli_support.cli is the one in-process run of dsv4kit; no test file keeps its own copy."""
+    needle = "result.exit_code, " + "result.stdout, result.stderr"  # split: this file holds no copy
+    copies = [path.relative_to(REPO_ROOT) for path in (REPO_ROOT / "tests").rglob("*.py")
+              if needle in path.read_text() and path.name != "cli_support.py"]
+    assert copies == [], f"use tests.cli_support.cli instead of a copy in {copies}"

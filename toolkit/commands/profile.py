@@ -15,6 +15,7 @@ from typing import List, Optional
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, check_output, doing, interruptible
+from dsv4kit.core.options import Inventory, TrustNewHostKey
 
 
 @interruptible("dsv4kit profile", "the server was asked to stop profiling; nothing was written")
@@ -31,10 +32,10 @@ def profile(
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds to wait for every rank's trace after /start_profile."),
     restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart the serving units when their context length differs (default), or fail."),
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    inventory: Inventory = None,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the stacked-bar PNG here (checked before connecting)."),
     json_out: bool = typer.Option(False, "--json", help="Print the profile(s) as JSON on stdout (progress stays on stderr)."),
-    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key."),
+    trust_new_host_key: TrustNewHostKey = False,
 ) -> None:
     """Profile a bounded number of decode steps of the live decode server under a steady load
     from the real bench client, and break the decode GPU time down by kernel class (MoE GEMM,

@@ -11,14 +11,12 @@ import typer
 from dsv4kit.core import exitcodes
 from dsv4kit.core.cli_common import interruptible, json_result
 from dsv4kit.core.exitcodes import Abort
+from dsv4kit.core.options import Inventory
 
 
 @interruptible("dsv4kit provision", "nothing was run")
 def provision(
-    inventory: Optional[Path] = typer.Option(
-        None, "--inventory", "-i",
-        help="Ansible inventory (default: $DSV4KIT_INVENTORY or inventory/hosts.yml).",
-    ),
+    inventory: Inventory = None,
     limit: Optional[List[str]] = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated or repeated)."),
     tags: Optional[List[str]] = typer.Option(
         None, "--tags", "-t",

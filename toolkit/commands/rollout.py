@@ -20,6 +20,7 @@ import typer
 
 from dsv4kit.core import exitcodes
 from dsv4kit.core.cli_common import JSON_HELP, check_hosts, doing, interruptible, json_result
+from dsv4kit.core.options import Inventory, TrustNewHostKey
 from dsv4kit.rollout.status import DEFAULT_DECISION_FILE, render, status_report
 
 app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status, plan.",
@@ -77,8 +78,8 @@ def status(
     host: Optional[str] = typer.Option(
         None, "--host", help="Inventory host to inspect over SSH (the SSH layer of dsv4kit validate): its "
         "dsv4_venv_dir python, with the environment its serving units get."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
-    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="--host: accept and record an unknown host key (a changed key is always refused)."),
+    inventory: Inventory = None,
+    trust_new_host_key: TrustNewHostKey = False,
     timeout: float = typer.Option(60.0, "--timeout", min=1.0,
                                   help="Seconds to wait for the report of --python or --host."),
     decision: Optional[str] = typer.Option(
@@ -133,7 +134,7 @@ def _enveloped(report: dict) -> dict:
 @interruptible("dsv4kit rollout plan", "nothing was changed")
 def plan(
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    inventory: Inventory = None,
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records (the quality evidence). Default: results/bench or $DSV4KIT_RESULTS_REPO."),

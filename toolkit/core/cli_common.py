@@ -25,8 +25,7 @@ from dsv4kit.core import exitcodes
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.core.paths import cannot_write
 
-OUTPUT_HELP = "Write the report to this file (checked for writability before any work)."
-JSON_HELP = "Print a machine-readable summary as JSON on stdout (progress goes to stderr)."
+from dsv4kit.core.options import JSON_HELP, OUTPUT_HELP  # noqa: F401 - their one home is core.options
 
 
 def fail(code: int, message: str) -> None:
