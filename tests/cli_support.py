@@ -1,5 +1,6 @@
-"""Helpers for the CLI-language tests: a box venv whose python can be made to wait, and a run of
-the ``dsv4kit`` console command that is sent SIGINT at a known point."""
+"""Helpers for the CLI tests: :func:`cli`, the one in-process run of ``dsv4kit`` the tests share; a
+box venv whose python can be made to wait; and a run of the ``dsv4kit`` console command that is
+sent SIGINT at a known point."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ from pathlib import Path
 from typing import Callable, Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, env: Optional[dict] = None) -> tuple[int, str, str]:
+    """``dsv4kit ARGS`` in this process (typer's CliRunner): (exit code, stdout, stderr)."""
+    from typer.testing import CliRunner
+
+    from dsv4kit.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    return result.exit_code, result.stdout, result.stderr
 
 
 def waiting_venv(venv: Path, *, when: str = "", marker: Optional[Path] = None, sleep: str = "") -> Path:

@@ -32,7 +32,9 @@ DEFAULT_CONTEXT = 131072
 
 
 def parse_concurrency(text: str) -> tuple:
-    """``"1,16,64"`` -> (1, 16, 64); ValueError naming the problem."""
+    """``"1,16,64"`` -> (1, 16, 64); ValueError naming the problem (an empty item too)."""
+    if any(not x.strip() for x in str(text).split(",")):
+        raise ValueError(f"--concurrency {text!r} has an empty item; give comma-separated integers, e.g. 1,16,64")
     try:
         values = tuple(int(x) for x in str(text).split(",") if x.strip())
     except ValueError:

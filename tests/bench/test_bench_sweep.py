@@ -203,6 +203,7 @@ def test_an_interrupted_sweep_records_nothing(bench_box, tmp_path):
             proc.kill()
     assert proc.returncode == 130, "".join(seen) + rest
     assert "nothing was recorded" in rest
+    assert "1 finished point(s) are kept in" in rest  # the first point, and where it is
     repo_is_untouched(repo)
     assert scratch_dirs(inventory) == []
     assert clients_running(inventory) == []  # the remote client's process group was killed

@@ -13,7 +13,7 @@ runner = CliRunner()
 def test_version():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
-    assert result.stdout.strip() == f"dsv4kit {__version__}"
+    assert result.stdout.startswith(f"dsv4kit {__version__} (commit ")
 
 
 def test_help_lists_every_command():

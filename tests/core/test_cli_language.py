@@ -23,13 +23,9 @@ from dsv4kit.core import exitcodes
 from dsv4kit.cli import app
 from tests.cli_support import REPO_ROOT, fake_tool, interrupt, running, waiting_venv
 from tests.remote_inventory import closed_port, keygen, write_inventory
+from tests.cli_support import cli
 
 CASE = "indexer:1x2x100x16"  # one tiny case: seconds in the interpreter
-
-
-def cli(*args: str, env: dict | None = None):
-    result = CliRunner().invoke(app, list(args), env=env)
-    return result.exit_code, result.stdout, result.stderr
 
 
 def dsv4kit(*args: str) -> tuple[int, str, str]:

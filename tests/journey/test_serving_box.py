@@ -20,16 +20,12 @@ from dsv4kit.core import exitcodes
 from tests.journey.simulated_box import SimulatedBox
 from tests.listening import listeners
 from tests.remote_inventory import write_inventory
+from tests.cli_support import cli
 
 pytestmark = pytest.mark.slow
 
 INDEXER, ATTENTION = "SGLANG_SM120_TRITON_INDEXER", "SGLANG_SM120_MMA_ATTENTION"
 KEY = "sk-journey-7f2"
-
-
-def cli(*args):
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")

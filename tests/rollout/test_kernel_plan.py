@@ -18,18 +18,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from dsv4kit.core import exitcodes
 from dsv4kit.records.quality_evidence import REQUIRED_CHECKS
 
 from dsv4kit.rollout import plan as kernel_plan
-from dsv4kit.cli import app
 from dsv4kit.validate.remote import report_filename
 from dsv4kit.validation import harness, verdict_run
 from tests import verdict_standins as standins
 from dsv4kit.records import quality_evidence
 from tests.quality_support import keep_quality, quality_record
+from tests.cli_support import cli
 
 INDEXER, ATTENTION = "SGLANG_SM120_TRITON_INDEXER", "SGLANG_SM120_MMA_ATTENTION"
 CASES = "indexer:1x2x100x16,attention:c4-T1-H16-ps64-x64-L300"
@@ -110,11 +109,6 @@ def quality_repo(tmp_path, monkeypatch):
         keep_quality(repo, quality_record(host, flag, **{"gpu": standins.GPU, "driver": standins.DRIVER, **kw}))
 
     return keep_record
-
-
-def cli(*args):
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 # --------------------------------------------------------------------------- the working path

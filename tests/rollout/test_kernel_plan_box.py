@@ -19,25 +19,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from dsv4kit.core import exitcodes
 
 from dsv4kit.rollout import plan as kernel_plan
 
 from dsv4kit.core import wheelbuild
-from dsv4kit.cli import app
 from dsv4kit.provision.playbook import run_playbook
 from tests.provision_inventory import write_loopback_inventory
 from tests.remote_inventory import write_inventory
 from tests.rollout.test_kernel_plan import ATTENTION, HOST_FACTS, INDEXER, keep, validated_report
+from tests.cli_support import cli
 
 AUTO = {INDEXER: "auto", ATTENTION: "auto"}
-
-
-def cli(*args, env=None):
-    result = CliRunner().invoke(app, list(args), env=env)
-    return result.exit_code, result.stdout, result.stderr
 
 
 def box_python(venv: Path) -> None:

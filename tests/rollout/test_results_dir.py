@@ -6,22 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
 
-from dsv4kit.cli import app
 from dsv4kit.core import exitcodes, wheelbuild
 from dsv4kit.core.paths import default_results_dir
 from dsv4kit.rollout import plan as kernel_plan
 from tests.remote_inventory import write_inventory
 from tests.rollout.test_kernel_plan import ATTENTION, INDEXER, keep, validated_report
 from tests.rollout.test_kernel_plan_box import box_python
+from tests.cli_support import cli
 
 AUTO = {INDEXER: "auto", ATTENTION: "auto"}
-
-
-def cli(*args):
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 def test_default_is_in_the_home_not_the_current_directory(tmp_path, monkeypatch):

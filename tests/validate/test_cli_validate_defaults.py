@@ -10,20 +10,18 @@ from __future__ import annotations
 import json
 import re
 
-from typer.testing import CliRunner
 
 from dsv4kit.core import exitcodes
 
 from dsv4kit.validate import remote as remote_validate
-from dsv4kit.cli import app
 from tests.remote_inventory import closed_port, write_inventory
+from tests.cli_support import cli
 
 CASE = "indexer:1x2x100x16"
 
 
 def validate(*args: str):
-    result = CliRunner().invoke(app, ["validate", *args])
-    return result.exit_code, result.stdout, result.stderr
+    return cli("validate", *args)
 
 
 def test_host_without_gpu_uses_its_dsv4_validate_gpu(tmp_path, loopback_ssh):

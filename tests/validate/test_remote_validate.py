@@ -15,15 +15,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from dsv4kit.core import exitcodes
 
 from dsv4kit.validate import remote as remote_validate
 
 from dsv4kit.core import wheelbuild
-from dsv4kit.cli import app
 from tests.remote_inventory import BOX_VENV_LAYOUT, closed_port, keygen, write_inventory
+from tests.cli_support import cli
 
 CASE = "indexer:1x2x100x16"  # one tiny case: a few seconds in the interpreter
 SECRET = "s3cr3t-value-never-logged"
@@ -43,8 +42,7 @@ def box(tmp_path, loopback_ssh):
 
 
 def validate(*args: str):
-    result = CliRunner().invoke(app, ["validate", *args])
-    return result.exit_code, result.stdout, result.stderr
+    return cli("validate", *args)
 
 
 def no_leftovers(results: Path, scratch: Path) -> None:

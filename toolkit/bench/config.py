@@ -195,6 +195,9 @@ def check_restart_tools(host, context_length: int) -> Optional[str]:
 
 
 def parse_concurrency(text: str) -> list[int]:
+    if any(not v.strip() for v in text.split(",")):
+        raise BenchAbort(exitcodes.USAGE, f"--concurrency {text!r} has an empty item; give comma-separated "
+                                          f"integers, e.g. 1,16,64")
     try:
         values = [int(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:

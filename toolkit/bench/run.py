@@ -258,6 +258,14 @@ def exit_code(record: dict, comparison, ab_spec) -> int:
     return code
 
 
+def _kept(interrupt: KeyboardInterrupt) -> str:
+    """What a Ctrl-C during the sweep left: the finished points' spill, or nothing (still connecting)."""
+    count, where = getattr(interrupt, "points_kept", (0, None))
+    if not count or where is None:
+        return "no point had finished; nothing was kept"
+    return f"{count} finished point(s) are kept in {where}: `dsv4kit records publish {where}` publishes them"
+
+
 def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
     """Connect, sweep, publish, compare. Abort with the sweep's own exit code on failure (with what
     was published of it); Abort(INTERRUPTED) on Ctrl-C, saying what was kept."""
@@ -270,9 +278,9 @@ def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
             result = sweep.run_sweep(p.cfg, host=p.target, session=session, inventory_path=p.inventory_path,
                                      progress=progress, argv=argv, spill_root=spill_root, ab=p.ab_spec,
                                      profile=p.request.profile_hook)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         raise Abort(exitcodes.INTERRUPTED, f"interrupted: the sweep was stopped; nothing was recorded in {repo} "
-                                           f"(points that had finished are kept under {spill_root})") from None
+                                           f"({_kept(exc)})") from None
     except config.BenchAbort as exc:
         raise Abort(exc.exit_code, f"{exc}\n{publish_partial(p, exc, spill_root)}") from None
     except RemoteError as exc:

@@ -137,9 +137,10 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
         elif spill is not None:
             spill.remove()  # no point finished: nothing to keep
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if not s.points and spill is not None:
             spill.remove()
+        exc.points_kept = (len(s.points), spill.directory if s.points and spill is not None else None)
         raise
     finally:
         remote.cleanup()

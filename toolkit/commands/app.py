@@ -6,7 +6,6 @@ from typing import Optional
 
 import typer
 
-from dsv4kit import __version__
 from dsv4kit.commands import bench, eval as eval_, profile, provision, records, rollout, validate
 
 app = typer.Typer(
@@ -21,7 +20,7 @@ app = typer.Typer(
         "130 interrupted."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     # Click's own help layout: it wraps the text to the terminal (or $COLUMNS, 80 when piped) but
     # never cuts an option name, as rich's tables do at 80 columns. -h is --help in every command.
@@ -32,14 +31,17 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"dsv4kit {__version__}")
+        from dsv4kit.core.version_info import describe
+
+        typer.echo(describe())
         raise typer.Exit()
 
 
 @app.callback()
 def _root(
     version: Optional[bool] = typer.Option(
-        None, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        None, "--version", "-V", callback=_print_version, is_eager=True,
+        help="Print the version, the checkout's commit and the SGLang and torch pins, and exit."
     ),
 ) -> None:
     """dsv4kit: provision, validate, eval, bench, profile, records, rollout."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, doing, interruptible
+from dsv4kit.core.options import Inventory, TrustNewHostKey
 
 if TYPE_CHECKING:  # imported when the command runs, so that --help stays fast
     from dsv4kit.bench import run as bench_run
@@ -40,7 +41,7 @@ def bench(
     warmup_requests: Optional[int] = typer.Option(None, "--warmup-requests", min=0, help="Warm-up requests per point (default max(C, 8))."),
     seed: int = typer.Option(42, "--seed", help="Client seed (prompts are identical across points; the cache is flushed)."),
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    inventory: Inventory = None,
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare against this record (run id, tag or record.json path); exit 1 on a regression."),
     baseline_ctx: Optional[int] = typer.Option(None, "--baseline-ctx", help="Compare against the newest record of this host at this context length (the context length may differ; nothing else may, so give --input-len/--output-len that fit both). Checked before connecting."),
     results_repo_path: Path = typer.Option(None, "--results-repo", help="Results git repository (created if absent; git and write access are checked before connecting). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
@@ -55,7 +56,7 @@ def bench(
     ab: Optional[str] = typer.Option(None, "--ab", metavar="KEY=A,B", help="A/B in one record: KEY is an environment variable of the serving units (e.g. SGLANG_SM120_TRITON_INDEXER=0,1), a server flag (e.g. --attention-backend=triton,dsv4) or the inventory setting dsv4_fp4_indexer (=false,true). Repetitions run interleaved A B A B with a server restart (the playbook) before every arm; the record holds both arms and the verdict of B against A (exit 0 B no worse, 1 B regressed or a point invalid, 7 inconclusive)."),
     restarts: int = typer.Option(0, "--restarts", min=0, help="Restart the serving units (systemctl restart) this many times between repetitions, spread evenly (--repeat minus 1: before every repetition), so that a verdict includes start-to-start variance. Each start's provenance is recorded."),
     idle_timeout: float = typer.Option(120.0, "--idle-timeout", min=0.0, help="Seconds to wait before each point for the servers to run and queue nothing; still busy (another client's load) fails the point (gate idle)."),
-    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key (a changed key is always refused)."),
+    trust_new_host_key: TrustNewHostKey = False,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the client's own output."),
     prefill: bool = typer.Option(False, "--prefill", help="Also measure cold prefill tokens/s at each --prefill-lengths prompt length (one request at a time, the cache flushed before each), from the prefill server's own counters, into the same record."),
     prefill_lengths: Optional[str] = typer.Option(None, "--prefill-lengths", help="With --prefill: comma-separated prompt lengths. Default: 1024, 8192, 32768 and ctx - 1024, those that fit the context."),

@@ -17,6 +17,7 @@ from typing import Optional
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, doing, interruptible
+from dsv4kit.core.options import Inventory, TrustNewHostKey
 
 
 @interruptible("dsv4kit eval", "nothing was recorded")
@@ -28,12 +29,12 @@ def eval_cmd(
     seed: int = typer.Option(42, "--seed", help="Seed of the generated prompts and needles (the same seed asks the same questions)."),
     ab: Optional[str] = typer.Option(None, "--ab", metavar="KEY=A,B", help="Compare two arms, as bench --ab does: KEY is an environment variable of the serving units (e.g. SGLANG_SM120_TRITON_INDEXER=0,1), a server flag, or the inventory setting dsv4_fp4_indexer (=false,true: FP8 against FP4); a restart through the playbook before each arm. Without it, the served configuration is checked alone."),
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    inventory: Inventory = None,
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Results git repository (default: results/bench or $DSV4KIT_RESULTS_REPO); the eval record goes beside the bench records."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress stays on stderr)."),
     server_timeout: float = typer.Option(1800.0, "--server-timeout", min=1.0, help="Seconds to wait for the servers after an arm's restart."),
     arm_timeout: float = typer.Option(3600.0, "--arm-timeout", min=1.0, help="Seconds one arm's checks may run on the box."),
-    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key."),
+    trust_new_host_key: TrustNewHostKey = False,
 ) -> None:
     """Ask the served model through the router (as users reach it) and judge its answers:
     decode against re-prefill logprobs (KL), arm against arm (top-k agreement), pass keys hidden

@@ -15,6 +15,7 @@ from typing import List, Optional
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, check_output, doing, interruptible
+from dsv4kit.core.options import Inventory, TrustNewHostKey
 
 
 @interruptible("dsv4kit profile", "the server was asked to stop profiling; nothing was written")
@@ -27,14 +28,14 @@ def profile(
     output_len: Optional[int] = typer.Option(None, "--output-len", help="Generated tokens per request (default 1024; at least num-steps + 32)."),
     max_trace_mb: float = typer.Option(256.0, "--max-trace-mb", help="Refuse (and delete) a rank's compressed trace above this size."),
     max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="Gate: exit 1 when CLASS takes more than PCT% of decode kernel time (e.g. indexer=2%); repeatable."),
-    steady_timeout: float = typer.Option(900.0, "--steady-timeout", help="Seconds to wait for the load to be steady (all requests decoding)."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for every rank's trace after /start_profile."),
+    steady_timeout: float = typer.Option(900.0, "--steady-timeout", min=1.0, help="Seconds to wait for the load to be steady (all requests decoding)."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds to wait for every rank's trace after /start_profile."),
     restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart the serving units when their context length differs (default), or fail."),
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    inventory: Inventory = None,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the stacked-bar PNG here (checked before connecting)."),
     json_out: bool = typer.Option(False, "--json", help="Print the profile(s) as JSON on stdout (progress stays on stderr)."),
-    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key."),
+    trust_new_host_key: TrustNewHostKey = False,
 ) -> None:
     """Profile a bounded number of decode steps of the live decode server under a steady load
     from the real bench client, and break the decode GPU time down by kernel class (MoE GEMM,
@@ -54,7 +55,6 @@ def profile(
         trust_new_host_key=trust_new_host_key)
     plan = run.plan(request)
     check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)
-    doing("profiling the decode server", "the server is asked to stop profiling; nothing was written")
     outcome = run.execute(plan, progress=say)
     if png is not None:
         from dsv4kit.profile.plot import stacked_bars

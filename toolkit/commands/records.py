@@ -51,10 +51,12 @@ def _repo(path: Optional[Path]) -> Path:
 
 def _check_git(repo: Path) -> None:
     """Exit 2 unless ``repo`` is a git repository of its own (reading never creates one)."""
-    from dsv4kit.records.results_repo import ResultsRepoError, check_path
+    from dsv4kit.records.results_repo import ResultsRepoError, check_branch, check_path
 
     try:
         is_repo = check_path(repo)
+        if is_repo:  # on another branch (or detached) bench refuses it: reading it says so too
+            check_branch(repo)
     except ResultsRepoError as exc:
         _fail(exitcodes.USAGE, str(exc))
     if not is_repo:
@@ -152,9 +154,9 @@ def show(
     from dsv4kit.bench.sweep import format_summary
 
     record = _load(_repo(results_repo), record_id)
-    if json_out:
+    if json_out:  # the record as it is; the gate still decides the exit code, as in the plain run
         typer.echo(json.dumps(record, indent=2))
-        return
+        raise typer.Exit(_profile_gate(record, max_class_share, show=False))
     if record.get("kind") == "dsv4kit-eval":
         from dsv4kit.records.eval_record import format_record
 
@@ -314,6 +316,7 @@ def plot_cmd(
     old_out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Deprecated spelling of --output."),
     metric: str = typer.Option("decode_tok_s", "--metric", help="decode_tok_s (default), output_throughput, decode_tok_s_per_gpu, ..."),
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Write a PNG of tok/s against concurrency, one line per record (e.g. 8K vs 128K context)."""
     from dsv4kit.records.plot import plot_records
@@ -346,4 +349,10 @@ def plot_cmd(
         path = plot_records(records, out, metric=metric)
     except RuntimeError as exc:
         _fail(exitcodes.ENVIRONMENT, str(exc))
-    typer.echo(f"wrote {path}")
+    if json_out:
+        from dsv4kit.core.cli_common import json_result
+
+        typer.echo(json.dumps(json_result({"output": str(path), "metric": metric,
+                                           "records": [r.get("run_id") for r in records]}, exitcodes.OK), indent=2))
+    else:
+        typer.echo(f"wrote {path}")

@@ -9,6 +9,7 @@ over SSH, with the serving units' environment (:mod:`dsv4kit.rollout.remote`). T
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -18,7 +19,8 @@ from typing import Optional
 import typer
 
 from dsv4kit.core import exitcodes
-from dsv4kit.core.cli_common import JSON_HELP, check_hosts, doing, interruptible
+from dsv4kit.core.cli_common import JSON_HELP, check_hosts, doing, interruptible, json_result
+from dsv4kit.core.options import Inventory, TrustNewHostKey
 from dsv4kit.rollout.status import DEFAULT_DECISION_FILE, render, status_report
 
 app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status, plan.",
@@ -47,7 +49,11 @@ def _report_from(python: Path, timeout: float, decision: str = "") -> dict:
     except subprocess.TimeoutExpired:
         _fail(f"{' '.join(cmd)} did not finish within {timeout:g}s (--timeout)", exitcodes.TIMEOUT)
     except OSError as exc:
-        _fail(f"cannot run {python}: {exc}", exitcodes.ENVIRONMENT)
+        # Not a program this machine can run (a text file, a binary of another architecture) is
+        # the user's input (2), as a non-executable file is; a broken venv's interpreter is 5.
+        bad_input = exc.errno in (errno.ENOEXEC, errno.EACCES, errno.EISDIR)
+        _fail(f"--python {python}: not an executable interpreter ({exc.strerror})" if bad_input
+              else f"cannot run {python}: {exc}", exitcodes.USAGE if bad_input else exitcodes.ENVIRONMENT)
     try:
         return json.loads(done.stdout)
     except ValueError:
@@ -72,8 +78,8 @@ def status(
     host: Optional[str] = typer.Option(
         None, "--host", help="Inventory host to inspect over SSH (the SSH layer of dsv4kit validate): its "
         "dsv4_venv_dir python, with the environment its serving units get."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
-    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="--host: accept and record an unknown host key (a changed key is always refused)."),
+    inventory: Inventory = None,
+    trust_new_host_key: TrustNewHostKey = False,
     timeout: float = typer.Option(60.0, "--timeout", min=1.0,
                                   help="Seconds to wait for the report of --python or --host."),
     decision: Optional[str] = typer.Option(
@@ -105,7 +111,7 @@ def status(
         report = remote_report(target, timeout=timeout, trust_new_host_key=trust_new_host_key,
                                say=lambda line: typer.echo(line, err=True), decision=decision)
         if json_out:
-            typer.echo(json.dumps(report, indent=2))
+            typer.echo(json.dumps(_enveloped(report), indent=2))
         else:
             typer.echo(environment_line(report, target))
             typer.echo(render(report))
@@ -113,15 +119,22 @@ def status(
     decision = DEFAULT_DECISION_FILE if decision is None else decision
     report = (_report_from(python, timeout, decision) if python is not None
               else status_report(decision_path=decision or None))
-    typer.echo(json.dumps(report, indent=2) if json_out else render(report))
+    typer.echo(json.dumps(_enveloped(report), indent=2) if json_out else render(report))
     raise typer.Exit(int(report.get("exit_code", exitcodes.TOOL_FAILED)))
+
+
+def _enveloped(report: dict) -> dict:
+    """The rollout report in the envelope of every --json output; its first problem is the error."""
+    code = int(report.get("exit_code", exitcodes.TOOL_FAILED))
+    problems = report.get("problems") or []
+    return json_result(report, code, "; ".join(problems[:3]) or None)
 
 
 @app.command("plan")
 @interruptible("dsv4kit rollout plan", "nothing was changed")
 def plan(
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    inventory: Inventory = None,
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
     results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records (the quality evidence). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
@@ -154,10 +167,10 @@ def plan(
     except (InventoryError, kernel_plan.PlanError) as exc:
         code = getattr(exc, "exit_code", exitcodes.USAGE)
         if json_out:  # the summary a script reads says it too
-            typer.echo(json.dumps({"host": host, "ok": False, "exit_code": code, "error": str(exc)}, indent=2))
+            typer.echo(json.dumps(json_result({"host": host}, code, str(exc)), indent=2))
         _fail(str(exc), code)
     if json_out:
-        typer.echo(json.dumps({**result, "ok": True, "exit_code": exitcodes.OK}, indent=2))
+        typer.echo(json.dumps(json_result(result, exitcodes.OK), indent=2))
     else:
         typer.echo("\n".join(kernel_plan.render(result)))
     raise typer.Exit(exitcodes.OK)

@@ -10,6 +10,11 @@ import typer
 
 from dsv4kit.core import exitcodes
 from dsv4kit.core.cli_common import doing, fail, interruptible
+from dsv4kit.core.options import Inventory, TrustNewHostKey
+
+
+_OPTION = {"host": "--host", "installed": "--installed", "trust_new_host_key": "--trust-new-host-key",
+           "results_dir": "--results-dir", "wheel": "--wheel", "timeout": "--timeout", "inventory": "--inventory"}
 
 
 @interruptible("dsv4kit validate")
@@ -18,14 +23,14 @@ def validate(
     local: bool = typer.Option(False, "--local", help="Run on this machine: its GPU, or the Triton CPU interpreter when there is none."),
     gpu: Optional[int] = typer.Option(None, "--gpu", min=0, help="Run on this GPU index of the box (CUDA_VISIBLE_DEVICES=N). With --host and no --gpu: the host's dsv4_validate_gpu."),
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host name to validate on (default with --gpu: the only host). Without --gpu, runs on its dsv4_validate_gpu."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    inventory: Inventory = None,
     timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Hard timeout in seconds for the remote run; the remote process group is killed past it."),
     cases: Optional[str] = typer.Option(None, "--cases", help="Comma-separated SUITE or SUITE:SPEC items, e.g. 'indexer' or 'indexer:16x32x2048'. Default: every suite's default cases."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout (the table and progress go to stderr)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the report to this file (checked for writability before any work)."),
     interpret: Optional[bool] = typer.Option(None, "--interpret/--no-interpret", help="Force (or forbid) Triton's CPU interpreter. Default for --local: the interpreter only when no GPU is visible. A remote run never falls back silently."),
     installed: bool = typer.Option(False, "--installed", help="Remote: use the dsv4kit already rolled out into the box's SGLang venv instead of shipping this checkout's wheel."),
-    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Remote: accept and record an unknown host key (its fingerprint is printed and saved). A changed key is always refused."),
+    trust_new_host_key: TrustNewHostKey = False,
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Remote: where reports are kept, named by host, GPU and time. Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
     wheel: Optional[Path] = typer.Option(None, "--wheel", help="Remote: ship this prebuilt dsv4kit wheel instead of building one from this checkout."),
     verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (see --ctx, --concurrency); `dsv4kit provision` takes 'auto' kernel flags from it."),
@@ -49,6 +54,7 @@ def validate(
                               f"or leave --cases out to run every suite's default cases")
     if local and gpu is not None:
         fail(exitcodes.USAGE, "give exactly one of --local or --gpu N")
+    _refuse_ignored(ctx, local, verdict)
     if not local and gpu is None and host is None:
         fail(exitcodes.USAGE, "give --local, --gpu N, or --host NAME (which runs on that host's "
                               "dsv4_validate_gpu from the inventory)")
@@ -77,3 +83,17 @@ def validate(
         verdict=verdict, ctx=verdict_ctx, concurrency=concurrency,
     )
     raise typer.Exit(code)
+
+
+def _refuse_ignored(ctx: typer.Context, local: bool, verdict: bool) -> None:
+    """Exit 2 on an option the run would ignore: a remote-only one with --local, the verdict's
+    shapes with --no-verdict."""
+    given = {name for name in (*_OPTION, "verdict_ctx", "concurrency") if ctx.get_parameter_source(name).name != "DEFAULT"}
+    remote_only = sorted(given & set(_OPTION))
+    if local and remote_only:
+        them = "them" if len(remote_only) > 1 else "it"
+        fail(exitcodes.USAGE, f"{', '.join(_OPTION[n] for n in remote_only)} only apply to a run on the box (--gpu N or "
+                              f"--host NAME); --local ignores {them}: leave {them} out")
+    if not verdict and given & {"verdict_ctx", "concurrency"}:
+        fail(exitcodes.USAGE, "--ctx and -c/--concurrency set the kernel verdict's shapes; --no-verdict skips the "
+                              "verdict: give one or the other")

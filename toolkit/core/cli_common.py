@@ -25,8 +25,7 @@ from dsv4kit.core import exitcodes
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.core.paths import cannot_write
 
-OUTPUT_HELP = "Write the report to this file (checked for writability before any work)."
-JSON_HELP = "Print a machine-readable summary as JSON on stdout (progress goes to stderr)."
+from dsv4kit.core.options import JSON_HELP, OUTPUT_HELP  # noqa: F401 - their one home is core.options
 
 
 def fail(code: int, message: str) -> None:
@@ -167,14 +166,52 @@ def doing(what: str, left: Optional[str] = None) -> None:
         _activity["left"] = left
 
 
+_interrupts = {"count": 0}
+
+
+def _on_sigint(signum, frame) -> None:
+    # Counted as well as raised: Ansible's (or any) __del__ that runs at that moment swallows the
+    # KeyboardInterrupt ("Exception ignored in ..."), and the run must still end as interrupted.
+    _interrupts["count"] += 1
+    raise KeyboardInterrupt
+
+
+def _interrupted(command: str) -> None:
+    typer.echo(f"\ninterrupted: {command} stopped while {_activity['doing']}; {_activity['left']}", err=True)
+    raise typer.Exit(exitcodes.INTERRUPTED)
+
+
 def _run(fn: Callable, command: str, args, kwargs):
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_sigint) if main_thread else None
+    _interrupts["count"] = 0
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except KeyboardInterrupt:
-        typer.echo(f"\ninterrupted: {command} stopped while {_activity['doing']}; {_activity['left']}", err=True)
-        raise typer.Exit(exitcodes.INTERRUPTED)
+        _interrupted(command)
     except Abort as exc:
+        if _interrupts["count"] and exc.exit_code != exitcodes.INTERRUPTED:
+            _interrupted(command)
         fail(exc.exit_code, str(exc))
+    except ModuleNotFoundError as exc:  # a package the command needs (torch for validate --local)
+        from dsv4kit.core.missing import message
+
+        if not exc.name or exc.name.split(".")[0] == "dsv4kit":
+            raise
+        fail(exitcodes.ENVIRONMENT, message(exc.name).removeprefix("error: "))
+    except typer.Exit as exc:
+        if _interrupts["count"] and exc.exit_code != exitcodes.INTERRUPTED:
+            _interrupted(command)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if _interrupts["count"]:
+        _interrupted(command)
+    return result
 
 
 class _Watched:
@@ -194,10 +231,24 @@ class _Watched:
         return getattr(self.stream, name)
 
 
-def _error_object(code: int, message: str) -> dict:
+def exit_name(code: int) -> str:
+    """The name of an exit code (``usage``, ``unreachable``, ...), as the JSON envelope gives it."""
     names = {v: k.lower() for k, v in vars(exitcodes).items() if k.isupper() and isinstance(v, int)}
-    return {"ok": False, "exit_code": code, "exit": names.get(code, "error"),
-            "error": message or f"exit {code}; see the messages on stderr"}
+    return names.get(code, "error")
+
+
+def json_result(data: dict, code: int, error: Optional[str] = None) -> dict:
+    """``data`` in the envelope every ``--json`` output shares: ``ok`` and ``exit_code`` always;
+    on failure also ``exit`` (the code's name) and ``error`` (one line, or a pointer to stderr)."""
+    out = {**data, "ok": code == exitcodes.OK, "exit_code": code}
+    if code != exitcodes.OK:
+        out["exit"] = exit_name(code)
+        out["error"] = error or data.get("error") or f"exit {code}; see the messages on stderr"
+    return out
+
+
+def _error_object(code: int, message: str) -> dict:
+    return json_result({}, code, message)
 
 
 def usage_error_as_json(app) -> int:

@@ -40,5 +40,18 @@ def default_results_dir() -> Path:
 
 
 def results_dir_or_default(given: Optional[Path]) -> Path:
-    """``given`` (the ``--results-dir`` option, ``~`` expanded) or :func:`default_results_dir`."""
-    return Path(given).expanduser() if given is not None else default_results_dir()
+    """``given`` (the ``--results-dir`` option, ``~`` expanded) or :func:`default_results_dir`.
+
+    Abort(USAGE) when it names something that is not a directory (a file): nothing would be found
+    there, nor written."""
+    from dsv4kit.core import exitcodes
+    from dsv4kit.core.exitcodes import Abort
+
+    path = Path(given).expanduser() if given is not None else default_results_dir()
+    if path.exists() and not path.is_dir():
+        what = (f"--results-dir {str(given)!r}" if given is not None else
+                f"${RESULTS_DIR_ENV} {os.environ[RESULTS_DIR_ENV]!r}" if os.environ.get(RESULTS_DIR_ENV) else
+                f"the default results directory {str(path)!r}")
+        raise Abort(exitcodes.USAGE, f"{what} is a file, not a directory: validation reports are kept in a "
+                                     f"directory (give one with --results-dir DIR)")
+    return path

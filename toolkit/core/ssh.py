@@ -71,9 +71,10 @@ class RemoteTimeout(RemoteError):
 
 
 class HandshakeTimeout(RemoteError):
-    """The port accepted the TCP connection but no SSH server answered within the connect timeout."""
+    """The port accepted the TCP connection but no SSH server answered within the connect timeout:
+    the host is unreachable (3), as Ansible reports the same hung sshd in ``provision``."""
 
-    exit_code = exitcodes.TIMEOUT
+    exit_code = exitcodes.UNREACHABLE
 
 
 class MissingRemoteTool(RemoteError):

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from dsv4kit.bench import sweep
 from dsv4kit.core import exitcodes
+from dsv4kit.core.cli_common import doing
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.profile import breakdown, trace
 from dsv4kit.records.record import decode_info
@@ -132,6 +133,7 @@ def capture(remote, session, host, *, ctx: int, concurrency: int, num_steps: int
                "--min-running", str(concurrency), "--expect-ranks", str(ranks),
                "--max-trace-bytes", str(int(max_trace_mb * 1e6)), "--steady-timeout", f"{steady_timeout:g}",
                "--files-timeout", f"{timeout:g}", "--", *argv]
+    doing(f"profiling the decode server at context {ctx}", "the server is asked to stop profiling; nothing was written")
     progress(f"profile at context {ctx}: {concurrency} requests of {isl}+{osl} tokens, then {num_steps} decode "
              f"steps of profile on port {decode_port} ({ranks} rank(s))...")
     try:
@@ -231,13 +233,16 @@ def execute(p: ProfilePlan, progress: Say, restart: Optional[Callable] = None) -
     env = {"OPENAI_API_KEY": os.environ["DSV4KIT_API_KEY"]} if os.environ.get("DSV4KIT_API_KEY") else None
     req = p.request
     profiles = []
+    doing(f"connecting to {p.target.name}", "nothing was written")
     try:
         with open_session(p.target, trust_new_host_key=req.trust_new_host_key, say=progress) as session:
             remote = sweep.Remote(session, p.target, progress)
             try:
+                doing(f"preparing the bench client on {p.target.name}", "nothing was written")
                 remote.setup()
                 check_client(remote, session, p.target)
                 for ctx in p.contexts:
+                    doing(f"checking the serving units' context length ({ctx})", "nothing was written")
                     ensure_context(remote, p.target, ctx, p, progress, env, restart)
                     profiles.append(capture(remote, session, p.target, ctx=ctx, concurrency=req.concurrency,
                                             num_steps=req.num_steps, isl=p.input_len, osl=p.output_len,
