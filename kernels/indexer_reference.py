@@ -274,7 +274,7 @@ def make_prefill_inputs(requests: list[tuple[int, int]], heads: int = 64, pages_
         request_rows[i, :n] = perm[cursor:cursor + n]
         cursor += n
     if shared_prefix_pages:
-        request_rows[:, :shared_prefix_pages] = request_rows[0, :shared_prefix_pages]
+        request_rows[:, :shared_prefix_pages] = request_rows[0, :shared_prefix_pages].clone()
     table = request_rows[torch.tensor(owners, device=device, dtype=torch.long)].contiguous()
     max_len = max(max(lengths), 1)
     return IndexerInputs(

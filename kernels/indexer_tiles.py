@@ -40,6 +40,7 @@ import triton.language as tl
 ROWS = 4  # rows per tile: a page read once serves four rows
 NUM_WARPS = 4
 NUM_STAGES = 2
+HEADS_MAJOR = False  # products as [H x 128] @ [128 x 64] (q left) instead of [64 x 128] @ [128 x H]
 
 
 @triton.jit
@@ -87,13 +88,21 @@ def _page_id(pt_row, p, n_pages, num_pages):
 
 
 @triton.jit
-def _score(k, s_k, ok, q, w, seq_len, p, out_row, store_end, PAGE: tl.constexpr):
+def _score(k, s_k, ok, q, w, seq_len, p, out_row, store_end, PAGE: tl.constexpr,
+           HEADS_MAJOR: tl.constexpr):
     """Score page ``p`` of one row from a loaded key tile; store below ``store_end``."""
     offs_t = tl.arange(0, PAGE)
     scored_until = tl.where(ok, seq_len, 0)
-    scores = tl.dot(k, tl.trans(q))  # [PAGE, H], fp32 accumulation
-    scores = tl.maximum(scores, 0.0)
-    logit = tl.sum(scores * w[None, :], axis=1) * s_k
+    if HEADS_MAJOR:
+        # q as the left operand (it may stay in registers on sm_90), the key tile shared by
+        # the tile's four products as the right one.
+        scores = tl.dot(q, tl.trans(k))  # [H, PAGE], fp32 accumulation
+        scores = tl.maximum(scores, 0.0)
+        logit = tl.sum(scores * w[:, None], axis=0) * s_k
+    else:
+        scores = tl.dot(k, tl.trans(q))  # [PAGE, H], fp32 accumulation
+        scores = tl.maximum(scores, 0.0)
+        logit = tl.sum(scores * w[None, :], axis=1) * s_k
     t = p * PAGE + offs_t
     logit = tl.where(t < scored_until, logit, float("-inf"))
     tl.store(out_row + t, logit, mask=t < store_end)
@@ -132,6 +141,7 @@ def _shared_rows_kernel(
     SCALE_OFFSET: tl.constexpr,
     FILL: tl.constexpr,
     EXACT_TAIL: tl.constexpr,
+    HEADS_MAJOR: tl.constexpr,
 ):
     tile = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -157,11 +167,17 @@ def _shared_rows_kernel(
     kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
     n_max = tl.maximum(tl.maximum(n0, n1), tl.maximum(n2, n3))
+    # Page ids are read one step ahead, so a page's key load waits on nothing but its own id.
+    nid0, nok0 = _page_id(pt0, j, n0, num_pages)
+    nid1, nok1 = _page_id(pt1, j, n1, num_pages)
+    nid2, nok2 = _page_id(pt2, j, n2, num_pages)
+    nid3, nok3 = _page_id(pt3, j, n3, num_pages)
     for p in range(j, n_max, progs):
-        id0, ok0 = _page_id(pt0, p, n0, num_pages)
-        id1, ok1 = _page_id(pt1, p, n1, num_pages)
-        id2, ok2 = _page_id(pt2, p, n2, num_pages)
-        id3, ok3 = _page_id(pt3, p, n3, num_pages)
+        id0, ok0, id1, ok1, id2, ok2, id3, ok3 = nid0, nok0, nid1, nok1, nid2, nok2, nid3, nok3
+        nid0, nok0 = _page_id(pt0, p + progs, n0, num_pages)
+        nid1, nok1 = _page_id(pt1, p + progs, n1, num_pages)
+        nid2, nok2 = _page_id(pt2, p + progs, n2, num_pages)
+        nid3, nok3 = _page_id(pt3, p + progs, n3, num_pages)
         # The page the rows that still have page p agree on (-1 marks a row past its length).
         lead = tl.maximum(tl.maximum(id0, id1), tl.maximum(id2, id3))
         same = ((id0 == lead) | (p >= n0)) & ((id1 == lead) | (p >= n1)) & \
@@ -169,23 +185,23 @@ def _shared_rows_kernel(
         if same:
             ok = (lead >= 0) & (lead < num_pages)
             k, s_k = _load_page(kv_fp8, kv_f32, lead, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok, q0, w0, L0, p, o0, e0, PAGE)
-            _score(k, s_k, ok, q1, w1, L1, p, o1, e1, PAGE)
-            _score(k, s_k, ok, q2, w2, L2, p, o2, e2, PAGE)
-            _score(k, s_k, ok, q3, w3, L3, p, o3, e3, PAGE)
+            _score(k, s_k, ok, q0, w0, L0, p, o0, e0, PAGE, HEADS_MAJOR)
+            _score(k, s_k, ok, q1, w1, L1, p, o1, e1, PAGE, HEADS_MAJOR)
+            _score(k, s_k, ok, q2, w2, L2, p, o2, e2, PAGE, HEADS_MAJOR)
+            _score(k, s_k, ok, q3, w3, L3, p, o3, e3, PAGE, HEADS_MAJOR)
         else:
             k, s_k = _load_page(kv_fp8, kv_f32, id0, ok0, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok0, q0, w0, L0, p, o0, e0, PAGE)
+            _score(k, s_k, ok0, q0, w0, L0, p, o0, e0, PAGE, HEADS_MAJOR)
             k, s_k = _load_page(kv_fp8, kv_f32, id1, ok1, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok1, q1, w1, L1, p, o1, e1, PAGE)
+            _score(k, s_k, ok1, q1, w1, L1, p, o1, e1, PAGE, HEADS_MAJOR)
             k, s_k = _load_page(kv_fp8, kv_f32, id2, ok2, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok2, q2, w2, L2, p, o2, e2, PAGE)
+            _score(k, s_k, ok2, q2, w2, L2, p, o2, e2, PAGE, HEADS_MAJOR)
             k, s_k = _load_page(kv_fp8, kv_f32, id3, ok3, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok3, q3, w3, L3, p, o3, e3, PAGE)
+            _score(k, s_k, ok3, q3, w3, L3, p, o3, e3, PAGE, HEADS_MAJOR)
 
 
 def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len, progs,
-           tail, fill_block, num_warps=NUM_WARPS, num_stages=NUM_STAGES):
+           tail, fill_block, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_major=HEADS_MAJOR):
     """Launch on already-checked arguments; ``progs`` is ``R`` for the ``(ceil(B/4), R)`` grid."""
     batch, _, heads, head_dim = q_fp8.shape
     from dsv4kit.kernels import indexer
@@ -196,5 +212,6 @@ def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max
         seq_lens_1d.stride(0), page_table.stride(0), num_pages, max_seq_len, batch, progs,
         H=heads, D=head_dim, PAGE=indexer.PAGE_SIZE, PAGE_BYTES=indexer.PAGE_BYTES,
         SCALE_OFFSET=indexer.SCALE_OFFSET, FILL=fill_block, EXACT_TAIL=tail == indexer.TAIL_EXACT,
+        HEADS_MAJOR=heads_major,
         num_warps=num_warps, num_stages=num_stages,
     )

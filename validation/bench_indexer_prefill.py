@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     started = time.time()
-    env = bench_indexer._environment(torch, "cuda")
+    env = bench_indexer.environment(torch, "cuda")
     rates = timing.matmul_rates(torch)
     copy = timing.copy_bandwidth(torch)
     log(f"rates: fp8 {rates['fp8_flops_per_s'] / 1e12:.0f} TFLOP/s, bf16 "

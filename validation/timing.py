@@ -8,9 +8,9 @@ One definition of each number, so a "floor" means the same thing in every benchm
   size (``copies_for_cold_l2`` says how many copies that takes).
 * ``copy_bandwidth``: bytes per second of a device-to-device ``copy_`` of 1 GiB, counting bytes
   read plus bytes written, median of ``samples`` graph replays.
-* ``matmul_rates``: FLOP/s of an ``n x n x n`` product on random data, median of graph replays:
-  bf16 ``torch.mm`` and FP8 e4m3 ``torch._scaled_mm`` (per-tensor scales, bf16 out), the
-  tensor-core rates a floor of ``FLOPs / rate`` refers to.
+* ``bf16_rate``, ``fp8_rate`` (both: ``matmul_rates``): FLOP/s of an ``n x n x n`` product on
+  random data, median of graph replays: bf16 ``torch.mm`` and FP8 e4m3 ``torch._scaled_mm``
+  (per-tensor scales, bf16 out), the tensor-core rates a floor of ``FLOPs / rate`` refers to.
 
 ``torch`` is passed in so importing this module never needs CUDA.
 """
@@ -70,21 +70,31 @@ def copy_bandwidth(torch, nbytes: int = 1 << 30, samples: int = SAMPLES) -> floa
     return 2 * nbytes / (us * 1e-6)
 
 
-def matmul_rates(torch, n: int = 8192, samples: int = SAMPLES) -> dict:
-    """``{"bf16_flops_per_s", "fp8_flops_per_s"}``: tensor-core rates on random ``n``-cubed
-    products, medians of graph replays."""
+def bf16_rate(torch, n: int = 8192, samples: int = SAMPLES) -> float:
+    """FLOP/s of a bf16 ``n x n x n`` ``torch.mm`` on random data, median of graph replays."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    flops = 2.0 * n ** 3
-    rates = {"bf16_flops_per_s": flops / (graph_time_us(torch, [lambda: a @ b], rounds=5,
-                                                       samples=samples) * 1e-6)}
-    a8 = a.to(torch.float8_e4m3fn)
-    b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major, as _scaled_mm wants
-    one = torch.ones((), device="cuda", dtype=torch.float32)
-    rates["fp8_flops_per_s"] = flops / (graph_time_us(
-        torch, [lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)],
-        rounds=5, samples=samples) * 1e-6)
-    rates["n"] = n
-    del a, b, a8, b8
+    us = graph_time_us(torch, [lambda: a @ b], rounds=5, samples=samples)
+    del a, b
     torch.cuda.empty_cache()
-    return rates
+    return 2.0 * n ** 3 / (us * 1e-6)
+
+
+def fp8_rate(torch, n: int = 8192, samples: int = SAMPLES) -> float:
+    """FLOP/s of an FP8 e4m3 ``n x n x n`` ``torch._scaled_mm`` (per-tensor scales, bf16 out) on
+    random data, median of graph replays."""
+    a8 = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b8 = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as it wants
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    us = graph_time_us(torch, [lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one,
+                                                        out_dtype=torch.bfloat16)],
+                       rounds=5, samples=samples)
+    del a8, b8
+    torch.cuda.empty_cache()
+    return 2.0 * n ** 3 / (us * 1e-6)
+
+
+def matmul_rates(torch, n: int = 8192, samples: int = SAMPLES) -> dict:
+    """``{"bf16_flops_per_s", "fp8_flops_per_s", "n"}``, measured as above."""
+    return {"bf16_flops_per_s": bf16_rate(torch, n, samples),
+            "fp8_flops_per_s": fp8_rate(torch, n, samples), "n": n}
