@@ -21,7 +21,7 @@ per extend token, every row of a request with the same page-table row and a caus
   more than 3%.
 
 Writes ``bench_indexer_prefill.json`` under ``--out`` and prints the table; ``--render JSON`` prints
-the table of an existing result.
+the table of an existing result (``--update-doc docs/indexer.md`` also writes it into the page).
 """
 
 from __future__ import annotations
@@ -189,7 +189,14 @@ def render(payload: dict) -> str:
                      + f" | {_fmt(p['vs_floor'])} | {_fmt(p['per_row_vs_floor'])} | "
                      f"{_fmt(p['vs_tilelang'])} | {'ok' if ok else 'FAIL'} |")
     r = payload["rates"]
+    s = payload["summary"]
     lines.append("")
+    lines.append(f"Targets: ours <= {FLOOR_LONG}x the FP8 floor at a prefix >= 32K (worst "
+                 f"{_fmt(s['worst_vs_floor_long'])}x), <= {FLOOR_EMPTY}x at an empty prefix (worst "
+                 f"{_fmt(s['worst_vs_floor_empty'])}x): {'met' if s['floor_met_everywhere'] else 'NOT met'}; "
+                 f"faster than TileLang at every prefill shape: "
+                 f"{ {True: 'yes', False: 'NO', None: 'TileLang not measured'}[s['faster_than_tilelang_everywhere']] }; "
+                 f"decode within 3% of the per-row kernel: {'yes' if s['decode_within_3pct'] else 'NO'}.")
     lines.append(f"Device: {payload['environment'].get('gpu')}; FP8 `_scaled_mm` rate "
                  f"{r['fp8_flops_per_s'] / 1e12:.0f} TFLOP/s, bf16 {r['bf16_flops_per_s'] / 1e12:.0f} "
                  f"TFLOP/s, copy {payload['copy_bytes_per_s'] / 1e12:.2f} TB/s (same run). "
@@ -219,10 +226,17 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=".", help="directory for bench_indexer_prefill.json")
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--render", metavar="JSON", help="print the table of an existing result")
+    parser.add_argument("--update-doc", metavar="MD",
+                        help="with --render: fill the page's <!-- generated:prefill --> block")
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render, encoding="utf-8") as fh:
-            print(render(json.load(fh)))
+            table = render(json.load(fh))
+        if args.update_doc:
+            from dsv4kit.validation import bench_indexer
+
+            bench_indexer.fill_generated(args.update_doc, {"prefill": table})
+        print(table)
         return 0
     import torch
 

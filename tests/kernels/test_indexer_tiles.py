@@ -65,11 +65,13 @@ sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*u8", "w_ptr": "*fp32", "seq_lens_ptr": "
        "page_table_ptr": "*i32", "out_ptr": "*fp32", "seq_lens_stride": "i32", "pt_stride": "i32",
        "num_pages": "i32", "max_seq_len": "i32", "batch": "i32", "progs": "i32",
        "H": "constexpr", "D": "constexpr", "PAGE": "constexpr", "PAGE_BYTES": "constexpr",
-       "SCALE_OFFSET": "constexpr", "FILL": "constexpr", "EXACT_TAIL": "constexpr"}
+       "SCALE_OFFSET": "constexpr", "FILL": "constexpr", "EXACT_TAIL": "constexpr",
+       "HEADS_MAJOR": "constexpr"}
 out = {}
 for tail in ("exact", "skip"):
     ce = {"H": 64, "D": 128, "PAGE": ix.PAGE_SIZE, "PAGE_BYTES": ix.PAGE_BYTES,
-          "SCALE_OFFSET": ix.SCALE_OFFSET, "FILL": ix.FILL_BLOCK, "EXACT_TAIL": tail == "exact"}
+          "SCALE_OFFSET": ix.SCALE_OFFSET, "FILL": ix.FILL_BLOCK, "EXACT_TAIL": tail == "exact",
+          "HEADS_MAJOR": it.HEADS_MAJOR}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
     c = triton.compile(ASTSource(it._shared_rows_kernel, sig, ce, attrs=attrs),
                        target=GPUTarget("cuda", 120, 32),
