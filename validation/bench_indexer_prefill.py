@@ -78,7 +78,8 @@ def flops(inputs) -> float:
     return float(lengths.sum()) * inputs.q_fp8.shape[2] * 128 * 2
 
 
-def _sample_rows(batch: int) -> list[int]:
+def sample_rows(batch: int) -> list[int]:
+    """The rows a check compares: the first and last six, and about 24 spread between."""
     rows = set(range(min(batch, 6))) | set(range(max(batch - 6, 0), batch))
     rows |= {r for r in range(0, batch, max(1, batch // 24))}
     return sorted(rows)
@@ -87,7 +88,7 @@ def _sample_rows(batch: int) -> list[int]:
 def _check(torch, out, inputs, tail: str) -> dict:
     from dsv4kit.kernels import indexer_reference as ref
 
-    rows = torch.tensor(_sample_rows(inputs.q_fp8.shape[0]), device=out.device)
+    rows = torch.tensor(sample_rows(inputs.q_fp8.shape[0]), device=out.device)
     exact = ref.exact_logits_f64(inputs.q_fp8[rows], inputs.kvcache, inputs.weight[rows],
                                  inputs.seq_lens.reshape(-1)[rows], inputs.page_table[rows],
                                  inputs.max_seq_len)
