@@ -40,7 +40,10 @@ import triton.language as tl
 ROWS = 4  # rows per tile: a page read once serves four rows
 NUM_WARPS = 4
 NUM_STAGES = 2
-HEADS_MAJOR = False  # products as [H x 128] @ [128 x 64] (q left) instead of [64 x 128] @ [128 x H]
+# Products as [H x 128] @ [128 x 64], q on the left: on sm_90 the four q tiles then go to shared
+# memory once, before the page loop, and a key page is stored once for the four products (with q on
+# the right Triton re-stores each q tile at every page).
+HEADS_MAJOR = True
 
 
 @triton.jit
