@@ -37,6 +37,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# The index-K page layout of dsv4kit.kernels.indexer (docs/sglang-contract.md §2.3), repeated here
+# because that module imports this one; a test holds the two equal.
+PAGE_SIZE = 64
+HEAD_DIM = 128
+PAGE_BYTES = PAGE_SIZE * (HEAD_DIM + 4)
+SCALE_OFFSET = PAGE_SIZE * HEAD_DIM
+
 ROWS = 4  # rows per tile: a page read once serves four rows
 NUM_WARPS = 4
 NUM_STAGES = 2
@@ -205,16 +212,14 @@ def _shared_rows_kernel(
 
 def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len, progs,
            tail, fill_block, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_major=HEADS_MAJOR):
-    """Launch on already-checked arguments; ``progs`` is ``R`` for the ``(ceil(B/4), R)`` grid."""
+    """Launch on already-checked arguments (``indexer.check_args``); ``progs`` is ``R`` for the
+    ``(ceil(B/4), R)`` grid, ``tail`` ``"exact"`` or ``"skip"``."""
     batch, _, heads, head_dim = q_fp8.shape
-    from dsv4kit.kernels import indexer
-
     grid = (-(-batch // ROWS), progs)
     _shared_rows_kernel[grid](
         q_fp8, kv_pages, weight, seq_lens_1d, page_table, out,
         seq_lens_1d.stride(0), page_table.stride(0), num_pages, max_seq_len, batch, progs,
-        H=heads, D=head_dim, PAGE=indexer.PAGE_SIZE, PAGE_BYTES=indexer.PAGE_BYTES,
-        SCALE_OFFSET=indexer.SCALE_OFFSET, FILL=fill_block, EXACT_TAIL=tail == indexer.TAIL_EXACT,
-        HEADS_MAJOR=heads_major,
+        H=heads, D=head_dim, PAGE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, SCALE_OFFSET=SCALE_OFFSET,
+        FILL=fill_block, EXACT_TAIL=tail == "exact", HEADS_MAJOR=heads_major,
         num_warps=num_warps, num_stages=num_stages,
     )

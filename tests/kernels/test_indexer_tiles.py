@@ -39,6 +39,15 @@ def test_tiles_match_float64(interp, name, tail):
         assert r["past_page_untouched"]
 
 
+def test_the_page_layout_is_the_per_row_kernels():
+    from dsv4kit.kernels import indexer, indexer_tiles
+
+    assert (indexer_tiles.PAGE_SIZE, indexer_tiles.HEAD_DIM, indexer_tiles.PAGE_BYTES,
+            indexer_tiles.SCALE_OFFSET) == (indexer.PAGE_SIZE, indexer.HEAD_DIM, indexer.PAGE_BYTES,
+                                            indexer.SCALE_OFFSET)
+    assert indexer.TAIL_EXACT == "exact"
+
+
 def test_cases_reach_the_tails_they_claim(interp):
     assert interp[("zero-length row inside a chunk", "skip")]["past_page_cells"] > 0
     assert not interp[("zero-length row inside a chunk", "exact")]["past_page_untouched"]
