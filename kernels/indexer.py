@@ -96,6 +96,12 @@ FILL_BLOCK = 2048  # fp32 elements per -inf store (8 KiB)
 PREFETCH = True  # prefetch the next page's id and scales one iteration ahead (one page a step)
 DIRECT = True  # a program with a single page skips the pipelined loop
 
+# From this many rows on (prefill chunks: one row per extend token) the call goes to the row-tile
+# kernel (dsv4kit.kernels.indexer_tiles), which reads a key page once for the rows of a tile that
+# share it. Decode and verify batches stay on the per-row kernel below. A shape-only choice:
+# capture-safe.
+SHARED_ROWS_MIN_BATCH = 256
+
 TAIL_EXACT = "exact"  # every t >= L is -inf (the torch fallback's contract)
 TAIL_SKIP = "skip"  # nothing at or past ceil(L/64)*64 is written (TileLang's behaviour)
 TAIL_POLICIES = (TAIL_EXACT, TAIL_SKIP)
@@ -379,6 +385,14 @@ def fp8_paged_mqa_logits(
         q_fp8, kvcache, weight, seq_lens, page_table, max_seq_len, clean_logits, tail)
     out = torch.empty((batch, max_seq_len), dtype=torch.float32, device=q_fp8.device)
     if batch == 0:
+        return out
+    if batch >= SHARED_ROWS_MIN_BATCH:
+        from dsv4kit.kernels import indexer_tiles
+
+        tiles = -(-batch // indexer_tiles.ROWS)
+        indexer_tiles.launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages,
+                             max_seq_len, programs_per_row(tiles, table_pages, q_fp8.device, tail=tail),
+                             tail, FILL_BLOCK)
         return out
     launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len,
            programs_per_row(batch, table_pages, q_fp8.device, tail=tail), tail=tail)

@@ -228,3 +228,60 @@ def compare(out: torch.Tensor, ref: torch.Tensor, seq_lens: torch.Tensor, tail: 
         rel = diff_norm / ref_norm
     return {"max_abs": max_abs, "rel": rel, "pattern_ok": tail_ok and head_ok,
             "compared": int(valid.sum())}
+
+
+def make_prefill_inputs(requests: list[tuple[int, int]], heads: int = 64, pages_per_row: Optional[int] = None,
+                        seed: int = 0, device="cpu", shared_prefix_pages: int = 0,
+                        zero_rows: tuple[int, ...] = ()) -> IndexerInputs:
+    """Rows as SGLang's prefill hands them to the indexer (docs/sglang-contract.md §2.8).
+
+    ``requests`` is a list of ``(prefix_tokens, extend_tokens)``: request ``i`` contributes one row
+    per extend token, row ``r`` with the causal compressed length ``(prefix + r + 1) // 4``, and
+    all its rows carry the same page-table row (the request's pages, shuffled pool pages). The
+    first ``shared_prefix_pages`` pages of every request are the same pool pages (a radix-cache
+    prefix). ``zero_rows`` get length 0. ``max_seq_len`` is the largest length (at least 1), as
+    SGLang passes it in prefill; ``P`` is the widest request's page count unless given.
+    """
+    lengths, owners = [], []
+    for i, (prefix, extend) in enumerate(requests):
+        lengths += [(prefix + r + 1) // 4 for r in range(extend)]
+        owners += [i] * extend
+    for r in zero_rows:
+        lengths[r] = 0
+    need = [-(-((prefix + extend) // 4) // PAGE_SIZE) for prefix, extend in requests]
+    pages = pages_per_row or max(max(need), 1)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    num_pages = sum(need) + 3
+    k = torch.randn(num_pages, PAGE_SIZE, HEAD_DIM, generator=gen, device=device)
+    k *= torch.rand(num_pages, PAGE_SIZE, 1, generator=gen, device=device) * 2 + 0.1
+    k8, s_k = quantize_rows(k)
+    del k
+    pool = torch.empty(num_pages, PAGE_BYTES, dtype=torch.uint8, device=device)
+    pool[:, :SCALE_OFFSET] = k8.view(torch.uint8).reshape(num_pages, SCALE_OFFSET)
+    pool[:, SCALE_OFFSET:] = s_k.contiguous().view(torch.uint8).reshape(num_pages, PAGE_SIZE * 4)
+    del k8
+    batch = len(lengths)
+    q = torch.randn(batch, heads, HEAD_DIM, generator=gen, device=device)
+    q8, s_q = quantize_rows(q)
+    w = torch.randn(batch, heads, generator=gen, device=device) * INDEX_WEIGHT_SCALE * s_q
+    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    request_rows = torch.randint(0, num_pages, (len(requests), pages), generator=gen, device=device,
+                                 dtype=torch.int32)  # stale entries: random valid ids
+    cursor = 0
+    for i, n in enumerate(need):
+        n = min(n, pages)
+        request_rows[i, :n] = perm[cursor:cursor + n]
+        cursor += n
+    if shared_prefix_pages:
+        request_rows[:, :shared_prefix_pages] = request_rows[0, :shared_prefix_pages].clone()
+    table = request_rows[torch.tensor(owners, device=device, dtype=torch.long)].contiguous()
+    max_len = max(max(lengths), 1)
+    return IndexerInputs(
+        q_fp8=q8.unsqueeze(1).contiguous(),
+        kvcache=pool.view(num_pages, PAGE_SIZE, 1, HEAD_DIM + 4),
+        weight=w.float().contiguous(),
+        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
+        page_table=table,
+        max_seq_len=min(max_len, pages * PAGE_SIZE),
+    )

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from typing import Callable, Optional
@@ -50,40 +49,22 @@ def _log(msg: str) -> None:
 # Measured rates
 # --------------------------------------------------------------------------------------------
 
-def _event_time_ms(fn: Callable[[], None], reps: int) -> float:
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def measure_copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy, bytes read + written per second."""
+    """Device-to-device copy, bytes read + written per second (``dsv4kit.validation.timing``)."""
     import torch
 
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    ms = _event_time_ms(lambda: dst.copy_(src), 10)
-    return 2 * nbytes / (ms * 1e-3)
+    from dsv4kit.validation import timing
+
+    return timing.copy_bandwidth(torch, nbytes)
 
 
 def measure_bf16_matmul_rate(n: int = 8192) -> float:
+    """bf16 tensor-core FLOP/s on random data (``dsv4kit.validation.timing``)."""
     import torch
 
-    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    for _ in range(3):
-        a @ b
-    ms = _event_time_ms(lambda: a @ b, 10)
-    return 2 * n ** 3 / (ms * 1e-3)
+    from dsv4kit.validation import timing
+
+    return timing.bf16_rate(torch, n)
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,29 +141,16 @@ def with_extra_length(layers, valid: int):
 # --------------------------------------------------------------------------------------------
 
 def time_under_graph(fn, layers, target_ms: float = 3.0, replays: int = 7) -> float:
-    """Microseconds per layer call: one graph of ``reps`` passes over all layers, replayed."""
+    """Microseconds per layer call: one graph of ``reps`` passes over all layers (distinct
+    inputs, so cold in L2), the median of ``replays`` replays (``dsv4kit.validation.timing``)."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # warm-up (JIT compile) outside capture, as SGLang does
-            for kw in layers:
-                fn(**kw)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    eager_ms = _event_time_ms(lambda: [fn(**kw) for kw in layers], 3)
-    reps = int(max(1, min(50, math.ceil(target_ms / max(eager_ms, 1e-3)))))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):  # capture on the warm-up stream, as SGLang does
-        for _ in range(reps):
-            for kw in layers:
-                fn(**kw)
-    graph.replay()
-    torch.cuda.synchronize()
-    ms = _event_time_ms(graph.replay, replays)
-    del graph
-    return ms * 1e3 / (reps * len(layers))
+    from dsv4kit.validation import timing
+
+    calls = [lambda kw=kw: fn(**kw) for kw in layers]
+    one_pass_us = timing.graph_time_us(torch, calls, rounds=1, samples=1) * len(layers)
+    reps = int(max(1, min(50, math.ceil(target_ms * 1e3 / max(one_pass_us, 1.0)))))
+    return timing.graph_time_us(torch, calls, rounds=reps, samples=replays)
 
 
 def check_against_reference(fn, kw) -> float:

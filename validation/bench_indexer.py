@@ -64,7 +64,7 @@ def fallback_peak_bytes(batch: int, pages: int, heads: int = HEADS) -> int:
             + positions * heads * (2 + 2 + 4) + positions * 4 * 3)
 
 
-def _fmt_tokens(n: int) -> str:
+def fmt_tokens(n: int) -> str:
     return f"{n // 1048576}M" if n % 1048576 == 0 else f"{n // 1024}K"
 
 
@@ -87,33 +87,28 @@ def _elapsed_s(torch, device: str, fn: Callable[[], object]) -> float:
 
 
 def measure_bandwidth(torch, device: str = "cuda", nbytes: int = 1 << 30, reps: int = 20) -> dict:
-    """Device-to-device copy bandwidth (read + write bytes / time), best of 3 batches."""
+    """Copy bandwidth as ``dsv4kit.validation.timing`` defines it, and the -inf fill rate."""
+    if device == "cuda":
+        from dsv4kit.validation import timing
+
+        copy = timing.copy_bandwidth(torch, nbytes)
+        fill = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+        fill_us = timing.graph_time_us(torch, [lambda: fill.fill_(float("-inf"))], rounds=reps)
+        del fill
+        torch.cuda.empty_cache()
+        return {"copy_GBps": copy / 1e9, "fill_GBps": nbytes / fill_us / 1e3, "bytes": nbytes,
+                "method": f"dsv4kit.validation.timing.copy_bandwidth of {nbytes >> 20} MiB"}
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
-    fill = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
-    for _ in range(3):
-        dst.copy_(src)
-
-    def copies():
-        for _ in range(reps):
-            dst.copy_(src)
-
-    def fills():
-        for _ in range(reps):
-            fill.fill_(float("-inf"))
-
-    copy_s = [_elapsed_s(torch, device, copies) / reps for _ in range(3)]
-    fill_s = [_elapsed_s(torch, device, fills) / reps for _ in range(3)]
-    del src, dst, fill
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return {"copy_GBps": 2 * nbytes / min(copy_s) / 1e9, "fill_GBps": nbytes / min(fill_s) / 1e9,
-            "bytes": nbytes, "method": f"torch copy_ of {nbytes >> 20} MiB, best of 3 x {reps}"}
+    copy_s = _elapsed_s(torch, device, lambda: dst.copy_(src))
+    return {"copy_GBps": 2 * nbytes / copy_s / 1e9, "fill_GBps": nbytes / copy_s / 1e9,
+            "bytes": nbytes, "method": "CPU smoke run: meaningless"}
 
 
 def time_under_graph(torch, fn: Callable[[], object], calls: int, reps: int,
                      device: str = "cuda") -> float:
-    """Microseconds per call: capture ``calls`` calls in one CUDA graph, replay it ``reps`` times.
+    """Microseconds per call (``dsv4kit.validation.timing.graph_time_us``: a graph of
+    ``calls * reps`` calls, median of 5 replays).
 
     On the CPU smoke path (``--device cpu``) this times eager calls instead; those numbers are
     meaningless and only prove the code path runs.
@@ -121,23 +116,9 @@ def time_under_graph(torch, fn: Callable[[], object], calls: int, reps: int,
     if device != "cuda":
         fn()
         return _elapsed_s(torch, device, fn) * 1e6
-    from dsv4kit.validation.graphs import capture
+    from dsv4kit.validation import timing
 
-    graph = capture(torch, fn, calls)
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / (reps * calls))
-    del graph
-    torch.cuda.synchronize()
-    return sorted(samples)[2]
+    return timing.graph_time_us(torch, [fn], rounds=calls * reps, samples=5)
 
 
 def make_bench_inputs(torch, batch: int, c4_len: int, pages: int, seed: int = 0, device: str = "cuda"):
@@ -332,8 +313,8 @@ def tune(torch, log) -> list[dict]:
         timed = [r for r in point_rows if r["us"] is not None]
         if timed:
             best = min(timed, key=lambda r: r["us"])
-            log(f"tune B={spec['batch']} len={_fmt_tokens(spec['tokens'])} "
-                f"ctx={_fmt_tokens(spec['context'])}: best {best['us']:.2f} us with "
+            log(f"tune B={spec['batch']} len={fmt_tokens(spec['tokens'])} "
+                f"ctx={fmt_tokens(spec['context'])}: best {best['us']:.2f} us with "
                 + ", ".join(f"{k}={best[k]}" for k in TUNE_KEYS))
         del inputs
         torch.cuda.empty_cache()
@@ -361,7 +342,7 @@ def _names(payload: dict) -> list[str]:
     return [n for n in order if n in seen] + [n for n in seen if n not in order]
 
 
-def _us(value) -> str:
+def fmt_us(value) -> str:
     return "-" if value is None else (f"{value:.1f}" if value >= 10 else f"{value:.2f}")
 
 
@@ -374,14 +355,14 @@ def render_table(payload: dict) -> str:
         "|---:|---:|---:|" + "---:|" * len(names) + "---:|---:|---:|:---:|:---:|",
     ]
     for p in payload["points"]:
-        head = f"| {p['batch']} | {_fmt_tokens(p['tokens'])} | {_fmt_tokens(p['context'])} | "
+        head = f"| {p['batch']} | {fmt_tokens(p['tokens'])} | {fmt_tokens(p['context'])} | "
         if p.get("error"):
             lines.append(head + f"error: {p['error'][:60]} |" + " |" * (len(names) + 4))
             continue
         cells = []
         for n in names:
             t = p["times_us"].get(n)
-            cells.append("skipped" if t is None and n in p.get("skipped", {}) else _us(t))
+            cells.append("skipped" if t is None and n in p.get("skipped", {}) else fmt_us(t))
         vs_floor = "-" if p.get("kernel_vs_floor") is None else f"{p['kernel_vs_floor']:.2f}"
         vs_tl = "-" if p.get("vs_tilelang") is None else f"{p['vs_tilelang']:.2f}"
         tl_met = {None: "-", True: "yes", False: "NO"}[p.get("tilelang_target_met")]
@@ -434,11 +415,11 @@ def render_summary(payload: dict) -> str:
         f"{s['tilelang_target_met']} of {s['tilelang_points']} points"
         + listing(s["tilelang_target_missed"]),
         f"Floor target (ours <= {FLOOR_FACTOR} x B*L*{READ_BYTES_PER_POSITION} bytes at the copy "
-        f"bandwidth, lengths >= {_fmt_tokens(FLOOR_MIN_TOKENS)}): met at {s['floor_target_met']} of "
+        f"bandwidth, lengths >= {fmt_tokens(FLOOR_MIN_TOKENS)}): met at {s['floor_target_met']} of "
         f"{s['floor_points']} points" + listing(s["floor_target_missed"]),
         f"Speedup over SGLang's torch fallback (B={SPEEDUP_POINT['batch']}, "
-        f"{_fmt_tokens(SPEEDUP_POINT['context'])} context, "
-        f"{_fmt_tokens(SPEEDUP_POINT['tokens'])}-token requests, >= {SPEEDUP_TARGET:.0f}x): "
+        f"{fmt_tokens(SPEEDUP_POINT['context'])} context, "
+        f"{fmt_tokens(SPEEDUP_POINT['tokens'])}-token requests, >= {SPEEDUP_TARGET:.0f}x): "
         + ("not measured." if speed["speedup"] is None else
            f"{speed['speedup']:.0f}x, {'met' if speed['met'] else 'MISSED'}."),
     ]
@@ -466,13 +447,13 @@ def render_tuning(payload: dict) -> str:
         best = min(sel, key=lambda r: r["us"])
         mine = next((r for r in sel if all(r[k] == chosen[k] for k in keys)), None)
         cfg = ", ".join(f"{k}={best[k]}" for k in keys)
-        lines.append(f"| {sweep} | {batch} | {_fmt_tokens(tokens)} | {_fmt_tokens(context)} "
+        lines.append(f"| {sweep} | {batch} | {fmt_tokens(tokens)} | {fmt_tokens(context)} "
                      f"| {best['us']:.2f} | {cfg} | {'-' if mine is None else format(mine['us'], '.2f')} |")
     return "\n".join(lines)
 
 
 def _label(p: dict) -> str:
-    return f"B={p['batch']} len={_fmt_tokens(p['tokens'])} ctx={_fmt_tokens(p['context'])}"
+    return f"B={p['batch']} len={fmt_tokens(p['tokens'])} ctx={fmt_tokens(p['context'])}"
 
 
 def summarise(points: list[dict]) -> dict:
@@ -547,7 +528,7 @@ def figure(payload: dict):
                 ax.plot(xs, ys, "^--", color="black", label="read floor")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_title(f"B={batch}, length {_fmt_tokens(tokens)} tokens", fontsize=9)
+            ax.set_title(f"B={batch}, length {fmt_tokens(tokens)} tokens", fontsize=9)
             ax.set_xlabel("context (tokens)")
             ax.set_ylabel("time per call (us, median)")
             ax.grid(True, which="both", alpha=0.3)
@@ -598,7 +579,7 @@ def fill_generated(doc_path: str, blocks: dict) -> None:
     os.replace(tmp, doc_path)
 
 
-def _environment(torch, device: str) -> dict:
+def environment(torch, device: str) -> dict:
     import triton
 
     from dsv4kit import __version__
@@ -693,7 +674,7 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
-    env = _environment(torch, device)
+    env = environment(torch, device)
     log(f"device: {env['gpu']} ({env['capability']}, {env['sm_count']} SMs)")
     bandwidth = measure_bandwidth(torch, device, nbytes=(1 << 30) if device == "cuda" else (1 << 24),
                                   reps=20 if device == "cuda" else 2)
@@ -725,9 +706,9 @@ def main(argv=None) -> int:
         points.append(result)
         if result.get("error"):
             continue
-        log(f"B={point['batch']:>2} len={_fmt_tokens(point['tokens']):>4} "
-            f"ctx={_fmt_tokens(point['context']):>4}  "
-            + "  ".join(f"{n}={_us(t)}" for n, t in result["times_us"].items())
+        log(f"B={point['batch']:>2} len={fmt_tokens(point['tokens']):>4} "
+            f"ctx={fmt_tokens(point['context']):>4}  "
+            + "  ".join(f"{n}={fmt_us(t)}" for n, t in result["times_us"].items())
             + f"  floor={result['floor_us']:.2f} us")
 
     payload = {

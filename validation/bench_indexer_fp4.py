@@ -114,37 +114,13 @@ def make_point_inputs(torch, point: dict, copies: int, device: str, seed: int = 
     return fp8_args, fp4_args
 
 
-def _cycling(fn, args_list):
-    state = {"i": 0}
-
-    def call():
-        args = args_list[state["i"] % len(args_list)]
-        state["i"] += 1
-        return fn(*args)
-
-    return call
-
-
 def _time(torch, fn, args_list, eager_s: float) -> float:
-    """Microseconds per call: one graph of ``len(args_list)`` calls cycling the copies."""
-    from dsv4kit.validation.graphs import capture
+    """Microseconds per call (``dsv4kit.validation.timing``): one graph cycling the copies."""
+    from dsv4kit.validation import timing
 
-    calls = len(args_list)
-    graph = capture(torch, _cycling(fn, args_list), calls)
-    graph.replay()
-    torch.cuda.synchronize()
-    reps = max(2, min(50, int(0.2 / max(eager_s * calls, 1e-6))))
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / (reps * calls))
-    del graph
-    return sorted(samples)[2]
+    rounds = max(2, min(50, int(0.2 / max(eager_s * len(args_list), 1e-6))))
+    return timing.graph_time_us(torch, [lambda a=a: fn(*a) for a in args_list], rounds=rounds,
+                                samples=5)
 
 
 def _check(torch, name, fn, args, tail):
@@ -219,8 +195,8 @@ def _derive(result: dict, bandwidth: dict) -> None:
 
 
 def _label(p: dict) -> str:
-    return (f"B={p['batch']} len={base._fmt_tokens(p['tokens'])} "
-            f"ctx={base._fmt_tokens(p['context'])}")
+    return (f"B={p['batch']} len={base.fmt_tokens(p['tokens'])} "
+            f"ctx={base.fmt_tokens(p['context'])}")
 
 
 def summarise(points: list[dict]) -> dict:
@@ -247,11 +223,11 @@ def render_table(payload: dict) -> str:
         t = p.get("times_us", {})
         pools = f"{p.get('copies', '-')}" + (" (l2)" if p.get("l2_resident") else "")
         lines.append(
-            f"| {p['batch']} | {base._fmt_tokens(p['context'])} | {base._fmt_tokens(p['tokens'])} | "
-            f"{_fmt(p.get('fp4_bytes', 0) / 1e6, 1)} | {base._us(t.get(FP4))} | "
+            f"| {p['batch']} | {base.fmt_tokens(p['context'])} | {base.fmt_tokens(p['tokens'])} | "
+            f"{_fmt(p.get('fp4_bytes', 0) / 1e6, 1)} | {base.fmt_us(t.get(FP4))} | "
             f"{_fmt(p.get('fp4_floor_us'))} | {_fmt(p.get('fp4_vs_floor'))} | "
-            f"{base._us(t.get(FP8))} | {_fmt(p.get('fp8_floor_us'))} | {_fmt(p.get('fp8_vs_floor'))} | "
-            f"{base._us(t.get(TILELANG))} | {_fmt(p.get('fp4_vs_fp8'))} | "
+            f"{base.fmt_us(t.get(FP8))} | {_fmt(p.get('fp8_floor_us'))} | {_fmt(p.get('fp8_vs_floor'))} | "
+            f"{base.fmt_us(t.get(TILELANG))} | {_fmt(p.get('fp4_vs_fp8'))} | "
             f"{_fmt(p.get('fp4_vs_tilelang'))} | {pools} |")
     return "\n".join(lines)
 
@@ -302,7 +278,7 @@ def run(args, log) -> int:
         return exitcodes.ENVIRONMENT
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
-    env = base._environment(torch, "cuda")
+    env = base.environment(torch, "cuda")
     bandwidth = base.measure_bandwidth(torch, "cuda")
     log(f"device: {env['gpu']}; copy bandwidth {bandwidth['copy_GBps']:.0f} GB/s")
     impls, unavailable = implementations_here(torch, log)
@@ -316,7 +292,7 @@ def run(args, log) -> int:
             torch.cuda.empty_cache()
         points.append(result)
         log(_label(point) + "  " + "  ".join(
-            f"{n}={base._us(t)}" for n, t in result.get("times_us", {}).items()))
+            f"{n}={base.fmt_us(t)}" for n, t in result.get("times_us", {}).items()))
     payload = {
         "schema": SCHEMA, "kind": KIND,
         "command": "python -m dsv4kit.validation.bench_indexer_fp4 " + " ".join(sys.argv[1:]),

@@ -77,6 +77,22 @@ def decode_shapes(target: str, context_length: int, concurrency: Sequence[int],
     return shapes
 
 
+#: Prefill chunks the indexer verdict also measures (docs/indexer.md, "Prefill and verify"): one
+#: request's extend chunk of ROWS rows (one per token, causal lengths, one shared page-table row)
+#: after a prefix of PREFIX tokens, where prefix + rows fits the context.
+PREFILL_ROWS = (1024, 4096, 8192)
+PREFILL_PREFIXES = (0, 32768, 126976)
+
+
+def prefill_shapes(target: str, context_length: int) -> list[Shape]:
+    """The prefill chunks of the indexer verdict (none for the other targets)."""
+    if target != "indexer":
+        return []
+    return [Shape(target, f"prefill R={rows} prefix={prefix // 1024}K ctx={context_length}",
+                  {"prefill": True, "rows": rows, "prefix": prefix, "context": context_length})
+            for rows in PREFILL_ROWS for prefix in PREFILL_PREFIXES if prefix + rows <= context_length]
+
+
 # --------------------------------------------------------------------------- identity
 def parse_nvrm(line: str) -> Optional[str]:
     """The driver version from /proc/driver/nvidia/version's first line ("NVRM version: ... 580.95.05 ...")."""
@@ -176,6 +192,21 @@ def _build_indexer(shape: Shape, device: str):
     from dsv4kit.validation.bench_indexer import make_bench_inputs, table_pages
 
     p = shape.params
+    if p.get("prefill"):
+        from dsv4kit.kernels.indexer_reference import make_prefill_inputs
+        from dsv4kit.validation.bench_indexer_prefill import sample_rows
+
+        inputs = make_prefill_inputs([(p["prefix"], p["rows"])], device=device)
+        args = inputs.args()
+        rows = torch.tensor(sample_rows(p["rows"]), device=inputs.q_fp8.device)
+        lengths = inputs.seq_lens[rows]
+        reference = exact_logits_f64(inputs.q_fp8[rows], inputs.kvcache, inputs.weight[rows], lengths,
+                                     inputs.page_table[rows], inputs.max_seq_len)
+
+        def check_rows(fn) -> float:  # a sample of rows: the float64 reference is per row
+            return compare(fn(*args)[rows], reference, lengths)["rel"]
+
+        return (lambda fn: [lambda: fn(*args)]), check_rows
     pages = table_pages(p["context"])
     inputs = make_bench_inputs(torch, p["batch"], p["tokens"] // 4, pages, device=device)
     args = inputs.args()
@@ -303,7 +334,8 @@ def run(targets: Sequence[str], context_length: int, concurrency: Sequence[int],
         timer: Optional[Callable] = None, identity_fn: Callable[[str], dict] = identity,
         bars: Optional[dict] = None, progress: Callable[[str], None] = lambda s: None,
         decode_tp: int = heads_of.DEFAULT_DECODE_TP, backend: str = heads_of.DEFAULT_BACKEND) -> dict:
-    """Measure every available implementation of each target at the host's decode shapes; the section."""
+    """Measure every available implementation of each target at the host's decode shapes (and,
+    for the indexer, its prefill chunks); the section."""
     ident = identity_fn(device)
     shapes_info = {"context_length": context_length, "concurrency": list(concurrency), "decode_tp": decode_tp,
                    "attention_backend": backend}
@@ -317,7 +349,8 @@ def run(targets: Sequence[str], context_length: int, concurrency: Sequence[int],
     bars = bars or _bars()
     verdicts, problems = [], []
     for target in targets:
-        shapes = decode_shapes(target, context_length, concurrency, decode_tp, backend)
+        shapes = (decode_shapes(target, context_length, concurrency, decode_tp, backend)
+                  + prefill_shapes(target, context_length))
         try:
             impls, unavailable = provider(target, device)
         except Exception as exc:  # noqa: BLE001 - no implementations: no evidence, said why

@@ -107,6 +107,18 @@ def test_decode_shapes_cover_the_context_and_every_concurrency():
         verdict_run.decode_shapes("moe", 8192, (1,))
 
 
+def test_the_indexer_verdict_also_measures_prefill_chunks_that_fit_the_context():
+    labels = [s.label for s in verdict_run.prefill_shapes("indexer", 131072)]
+    assert labels == [f"prefill R={r} prefix={p}K ctx=131072" for r in (1024, 4096, 8192) for p in (0, 32, 124)
+                      if p * 1024 + r <= 131072]  # 124K + 8K does not fit a 128K context
+    assert len(labels) == 8
+    assert [s.params["rows"] for s in verdict_run.prefill_shapes("indexer", 8192)] == [1024, 4096, 8192]
+    assert verdict_run.prefill_shapes("attention", 131072) == []
+    section = run()
+    shapes = {c["shape"] for c in section["targets"]["indexer"]["comparisons"]}
+    assert {s.label for s in verdict_run.prefill_shapes("indexer", 8192)} <= shapes
+
+
 def test_defaults_are_the_bench_concurrencies_and_the_inventory_context():
     bench = (REPO / "toolkit/commands/bench.py").read_text()
     default = re.search(r'typer\.Option\("([\d,]+)", "--concurrency"', bench).group(1)
