@@ -1,7 +1,7 @@
 """Record assembly: one point's evidence into its record entry, and the points into the record.
 
 ``measured_point`` turns what the box returned for one point (the client's line and
-``box_helper.py run-point``'s evidence) into the point's entry: the exact-occupancy window
+``dsv4box run-point``'s evidence) into the point's entry: the exact-occupancy window
 (``dsv4kit.bench.window``), the gates (``dsv4kit.bench.gates``), the latency block and the
 derived numbers. ``not_run_point`` is the entry of a point whose servers were busy before it.
 ``build_record`` assembles the record from the sweep's state (``SweepState``).

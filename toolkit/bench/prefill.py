@@ -1,6 +1,6 @@
 """``bench --prefill``: cold prefill tokens per second at each prompt length, from the prefill server.
 
-For each length, ``box_helper.py prefill-point`` sends ``PREFILL_REQUESTS`` requests of that many
+For each length, ``dsv4box prefill-point`` sends ``PREFILL_REQUESTS`` requests of that many
 fresh token ids and one new token, one at a time through the router, with the cache flushed before
 each. The prefill server's own ``sglang:realtime_tokens_total`` says what it did: prompt tokens
 computed (mode ``prefill_compute``) and reused (``prefill_cache``). A length is valid when every

@@ -3,13 +3,13 @@
 Steps (each remote step has a timeout; see docs/benchmarking.md):
 
 1. The configuration is checked before anything connects (``dsv4kit.bench.config``).
-2. Connect, make a scratch directory on the box, copy ``box_helper.py`` there (``dsv4kit.bench.remote``).
+2. Connect, make a scratch directory on the box, copy the box-side package there (``dsv4kit.bench.remote``).
 3. Read ``/server_info`` of the decode server. If its ``context_length`` differs from ``--ctx``,
    re-run the playbook's ``sglang_service`` tag with ``dsv4_context_length=<ctx>``, wait for
    ``/health`` on every serving port, and read it back again.
 4. Probe provenance on the box (versions, GPUs, serving processes, model files).
 5. For each repetition, for each concurrency: run ``python -m sglang.benchmark.serving`` under
-   ``box_helper.py run-point`` (``/metrics`` scrapes, GPU telemetry, a ``meta_info`` probe, the
+   ``dsv4box run-point`` (``/metrics`` scrapes, GPU telemetry, a ``meta_info`` probe, the
    client's own request count as progress), fetch the result line and the evidence, and turn
    them into the point's entry (``dsv4kit.bench.assembly``: the exact-occupancy window, the
    gates); spill the point locally at once (``dsv4kit.bench.spill``). With ``--ab`` the
@@ -34,7 +34,7 @@ from dsv4kit.bench.arms import (ABSpec, arm_comparison, arm_extra_vars,  # noqa:
                                 default_apply_arm, parse_ab)
 from dsv4kit.bench.assembly import (PointContext, SweepResult, SweepState, _context_of,  # noqa: F401
                                     _provenance_differs, format_summary)
-from dsv4kit.bench.box_helper import NOT_IDLE_EXIT, PROGRESS_PREFIX
+from dsv4kit.bench.box.point import NOT_IDLE_EXIT, PROGRESS_PREFIX
 from dsv4kit.bench.config import (BOX_KEY_FIELDS, CLIENT_ENV, CLIENT_MODULE, LONG_INPUT,  # noqa: F401
                                   RESTART_TAG, BenchAbort, SweepConfig, check_config, check_host,
                                   check_restart_tools, client_argv, client_section, default_lengths,
@@ -262,7 +262,7 @@ class _SweepLoop:
                                  model_path=str(self.host["dsv4_model_path"]), output_file=out_file,
                                  tag=f"{s.run_id}/c{c}/r{rep}" + (f"/{arm}" if arm else ""))
         evidence_file = f"{remote.workdir}/c{c}_r{rep}{suffix}.evidence.json"
-        wrapped = [remote.python, f"{remote.workdir}/box_helper.py", "run-point",
+        wrapped = [*remote.box_command("run-point"),
                    "--evidence-out", evidence_file, "--metrics-ports", ",".join(map(str, self.ctx.metrics_ports)),
                    "--probe-port", str(self.router_port), "--interval", f"{cfg.metrics_interval_s:g}",
                    "--idle-timeout", f"{cfg.gates.idle_timeout_s:g}", "--progress-every",

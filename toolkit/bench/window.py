@@ -18,7 +18,7 @@ rebuilt exactly, relative to the start of the measured run:
   ``tpot_formula_tok_s`` for reference only).
 
 The headline is the server's own account, not the client's: ``occupancy`` below. The decode
-server's ``/metrics`` is scraped on the box during the point (``box_helper.py run-point``); from
+server's ``/metrics`` is scraped on the box during the point (``dsv4box run-point``); from
 the client's "Starting main benchmark run" line plus the 1 s pause to the client's exit, each
 scrape of the decode server is at **exact occupancy** when it runs exactly C requests
 (``num_running_reqs``), queues none (``num_queue_reqs``), computed no prompt tokens since the
