@@ -92,7 +92,8 @@ def test_a_clean_point_passes_every_gate():
     validity = check(client_line())
     assert validity["passed"], validity
     assert set(validity["gates"]) == {"completed", "no_errors", "output_tokens", "ttft_positive", "input_lens",
-                                      "concurrency", "exact_occupancy", "max_running", "kv_capacity", "cold_cache",
+                                      "concurrency", "exact_occupancy", "conservation", "counters_up",
+                                      "no_foreign_requests", "max_running", "kv_capacity", "cold_cache",
                                       "same_server"}
 
 
@@ -103,7 +104,8 @@ def test_missing_evidence_fails_its_gate_never_passes_it():
     assert "default, not evidence" in v["gates"]["cold_cache"]["detail"]
     # no probe result at all, no window, no limits, no startup_time
     v = evaluate(client_line(), expectation(startup_time=None, max_running_requests=None, max_total_num_tokens=None))
-    assert {"cold_cache", "input_lens", "exact_occupancy", "max_running", "kv_capacity", "same_server"} <= set(v["failed"])
+    assert {"cold_cache", "input_lens", "exact_occupancy", "conservation", "counters_up", "no_foreign_requests",
+            "max_running", "kv_capacity", "same_server"} <= set(v["failed"])
     line = client_line()
     del line["server_info"]["startup_time"]
     assert "no startup_time" in check(line)["gates"]["same_server"]["detail"]

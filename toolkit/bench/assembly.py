@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from dsv4kit.bench.config import CLIENT_MODULE, SweepConfig, client_section
+from dsv4kit.bench.conservation import analyze as second_sources
 from dsv4kit.bench.gates import PointExpectation, effective_max_running, evaluate
 from dsv4kit.bench.metrics import cross_check
 from dsv4kit.bench.slo import latency_block
@@ -228,6 +229,10 @@ def measured_point(s: SweepState, ctx: PointContext, current: dict, *, c: int, r
     problem = cross_check(evidence, ctx.decode_port)
     if problem:
         window["parse_problem"] = problem
+    window["sources"] = second_sources(line, evidence, decode_port=ctx.decode_port, metrics_ports=ctx.metrics_ports,
+                                       num_prompts=n, concurrency=c,
+                                       server_info=decode_info(line.get("server_info") or {}) or limits,
+                                       occupancy=window.get("occupancy"), headline=window.get("decode_tok_s"))
     validity = evaluate(line, expected, cfg.gates, evidence, window)
     latency = latency_block(line, s.slo)
     raw, point_details, _ = split_client_line(line)

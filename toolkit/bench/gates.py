@@ -57,6 +57,9 @@ class GateConfig:
     #: a window may have (docs/benchmarking.md gives their source).
     min_exact_share: float = 0.98
     min_window_scrapes: int = 20
+    #: exact_occupancy: the least share of the decode phase (first to last growth of the decode
+    #: counter) the window spans.
+    min_window_share: float = 0.5
     #: Seconds to wait for idle servers before each point (``idle`` gate).
     idle_timeout_s: float = 120.0
 
@@ -214,6 +217,22 @@ def gate_exact_occupancy(g: GateInputs) -> Verdict:
     return bool(occupancy.get("admissible")), detail
 
 
+def _source_gate(rule: str):
+    def gate(g: GateInputs) -> Verdict:
+        verdict = (g.window.get("sources") or {}).get(rule)
+        if verdict is None:
+            return False, "the point's second sources were not analysed (dsv4kit.bench.conservation)"
+        return verdict["passed"], verdict["detail"]
+    gate.__name__ = f"gate_{rule}"
+    gate.__doc__ = f"``{rule}`` of ``dsv4kit.bench.conservation``: the counters over the run against the client."
+    return gate
+
+
+gate_conservation = _source_gate("conservation")
+gate_counters_up = _source_gate("counters_up")
+gate_no_foreign_requests = _source_gate("no_foreign_requests")
+
+
 def gate_served_model(g: GateInputs) -> Verdict:
     if g.expected.model is None:
         return None
@@ -281,7 +300,9 @@ def gate_same_server(g: GateInputs) -> Verdict:
 #: The gates in the order they are reported: name -> gate function.
 GATES = {"completed": gate_completed, "no_errors": gate_no_errors, "output_tokens": gate_output_tokens,
          "ttft_positive": gate_ttft_positive, "input_lens": gate_input_lens, "concurrency": gate_concurrency,
-         "exact_occupancy": gate_exact_occupancy, "served_model": gate_served_model,
+         "exact_occupancy": gate_exact_occupancy, "conservation": gate_conservation,
+         "counters_up": gate_counters_up, "no_foreign_requests": gate_no_foreign_requests,
+         "served_model": gate_served_model,
          "max_running": gate_max_running, "kv_capacity": gate_kv_capacity, "cold_cache": gate_cold_cache,
          "same_server": gate_same_server}
 

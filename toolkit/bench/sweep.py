@@ -171,7 +171,8 @@ class _SweepLoop:
         """Read the decode server (restarting it for ``--ctx`` when needed), the prefill server and
         the box's provenance."""
         from dsv4kit.bench.arm_pins import pin_running
-        from dsv4kit.records.provenance import sections, serving_gpu_count
+        from dsv4kit.bench import gpu_count
+        from dsv4kit.records.provenance import sections
 
         s, cfg, remote, host = self.s, self.s.cfg, self.remote, self.host
         info = remote.server_info(self.decode_port, self.helper_env)
@@ -219,9 +220,15 @@ class _SweepLoop:
         s.starts = [{"before_repetition": 0, "startup_time": startup_time, "provenance_differs": []}]
         self.current = {"info": info, "startup_time": startup_time, "start": 0,
                         "prefill_startup_time": decode_info(prefill_info or {}).get("startup_time")}
+        serving_gpus, problem = gpu_count.check(host, decode_info(info),
+                                                decode_info(prefill_info or {}) if self.prefill_port else None)
+        if problem:
+            raise BenchAbort(exitcodes.ENVIRONMENT, f"{host.name}: {problem}")
+        s.first_provenance["gpus"]["serving_count"] = serving_gpus  # what the servers say they run on
+        s.first_provenance["gpus"]["serving_count_source"] = "/server_info (tp_size x pp_size x dp replicas)"
         self.ctx = PointContext(decode_port=self.decode_port, prefill_port=self.prefill_port,
                                 metrics_ports=[self.decode_port] + ([self.prefill_port] if self.prefill_port else []),
-                                serving_gpus=serving_gpu_count(host), model=expected_model(host, probe))
+                                serving_gpus=serving_gpus, model=expected_model(host, probe))
 
     def run(self, apply_arm: Optional[Callable], restart_units: Optional[Callable]) -> None:
         s, cfg, ab = self.s, self.s.cfg, self.s.ab
@@ -303,7 +310,8 @@ class _SweepLoop:
         cfg = self.s.cfg
         return prefill.run(self.remote, cfg.prefill_lengths, router_port=self.router_port,
                            prefill_port=self.prefill_port or self.decode_port, requests=cfg.prefill_requests,
-                           seed=cfg.seed, timeout=cfg.point_timeout_s, env=self.helper_env, progress=self.progress)
+                           seed=cfg.seed, timeout=cfg.point_timeout_s, env=self.helper_env, progress=self.progress,
+                           decode_port=self.decode_port, idle_timeout=cfg.gates.idle_timeout_s)
 
     def keep(self, point: dict, details_file: Optional[str]) -> None:
         self.s.points.append(point)

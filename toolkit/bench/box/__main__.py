@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("prefill-point")
     p.add_argument("--router-port", type=int, required=True)
     p.add_argument("--prefill-port", type=int, required=True)
+    p.add_argument("--decode-port", type=int, default=0)
+    p.add_argument("--idle-timeout", type=float, default=120.0,
+                   help="seconds to wait for idle servers with still counters before each request")
     p.add_argument("--length", type=int, required=True)
     p.add_argument("--requests", type=int, default=3)
     p.add_argument("--seed", type=int, default=42)

@@ -23,7 +23,11 @@ METRICS = {"sglang:num_running_reqs": "scheduler-sum", "sglang:num_queue_reqs": 
            "sglang:gen_throughput": "scheduler-sum", "sglang:token_usage": "scheduler-max",
            "sglang:generation_tokens_total": "partition-sum", "sglang:prompt_tokens_total": "partition-sum",
            "sglang:num_requests_total": "partition-sum", "sglang:spec_accept_length": "scheduler-mean",
-           "sglang:realtime_tokens_total": "scheduler-sum", "sglang:cuda_graph_passes_total": "scheduler-sum"}
+           "sglang:realtime_tokens_total": "scheduler-sum", "sglang:cuda_graph_passes_total": "scheduler-sum",
+           "sglang:http_requests_total": "partition-sum"}
+#: The routes a generation request arrives on (``http_requests_total`` counts every route, the
+#: scrapes of ``/metrics`` too).
+GENERATION_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 #: Scheduler counters split by one label: short name -> (metric, label, the label values summed).
 #: ``realtime_tokens_total`` grows every forward pass (mode decode: tokens generated; mode
 #: prefill_compute: prompt tokens computed); ``cuda_graph_passes_total`` counts forward passes.
@@ -32,10 +36,15 @@ METRICS = {"sglang:num_running_reqs": "scheduler-sum", "sglang:num_queue_reqs": 
 SPLIT = {"decode_tokens_total": ("sglang:realtime_tokens_total", "mode", ("decode",)),
          "prefill_tokens_total": ("sglang:realtime_tokens_total", "mode", ("prefill_compute",)),
          "prefill_cached_tokens_total": ("sglang:realtime_tokens_total", "mode", ("prefill_cache",)),
-         "decode_passes_total": ("sglang:cuda_graph_passes_total", "mode", ("decode_cuda_graph", "decode_none"))}
+         "decode_passes_total": ("sglang:cuda_graph_passes_total", "mode", ("decode_cuda_graph", "decode_none")),
+         # SGLang's HTTP middleware counts each request as it arrives: requests started.
+         "requests_started_total": ("sglang:http_requests_total", "endpoint", GENERATION_ENDPOINTS)}
+#: Counters: each only grows while the server runs (``dsv4kit.bench.conservation`` checks it).
+COUNTERS = ("decode_tokens_total", "prefill_tokens_total", "prefill_cached_tokens_total", "decode_passes_total",
+            "requests_started_total", "num_requests_total", "generation_tokens_total", "prompt_tokens_total")
 #: Metrics a point can do without: their absence is no problem (a server without speculative
 #: decoding has no acceptance length; the split counters are named under their short names).
-OPTIONAL = ("spec_accept_length", "realtime_tokens_total", "cuda_graph_passes_total")
+OPTIONAL = ("spec_accept_length", "realtime_tokens_total", "cuda_graph_passes_total", "http_requests_total")
 #: Metrics a point cannot do without: a problem with one of these is named in the gate it feeds.
 REQUIRED = ("num_running_reqs", "num_queue_reqs")
 _RANK_LABELS = ("pp_rank", "tp_rank")
@@ -247,13 +256,18 @@ class Scraper:
     def __exit__(self, *exc):
         self.stop_event.set()
         self.thread.join(timeout=10)
+        for port in self.ports:  # one scrape after the client is done: the run's closing edge
+            self.scrape(port)
 
 
-def wait_idle(ports, timeout: float, interval: float = 0.5) -> dict:
+def wait_idle(ports, timeout: float, interval: float = 0.5, still: bool = False) -> dict:
     """Wait until every port's server runs and queues no request (``num_running_reqs`` and
-    ``num_queue_reqs`` 0), at most ``timeout`` s. ``{"ok", "waited_s", "ports": {port: last
+    ``num_queue_reqs`` 0), at most ``timeout`` s; with ``still``, also until no counter
+    (``COUNTERS``) moved since the previous read, ``interval`` s before (the gauges may be up to
+    40 decode passes old; the counters are not). ``{"ok", "waited_s", "ports": {port: last
     values or problem}}``; not ok names the load (or why it could not be read)."""
     started = time.monotonic()
+    previous: dict = {}
     while True:
         seen, busy, blind = {}, [], []
         for port in ports:
@@ -271,6 +285,15 @@ def wait_idle(ports, timeout: float, interval: float = 0.5) -> dict:
             elif wanted["num_running_reqs"] or wanted["num_queue_reqs"]:
                 busy.append(f"port {port}: {wanted['num_running_reqs']:g} running, {wanted['num_queue_reqs']:g} "
                             f"queued")
+            if still:
+                counters = {k: values.get(k) for k in COUNTERS if values.get(k) is not None}
+                moved = [f"{k} {previous[port][k]:g} -> {v:g}" for k, v in counters.items()
+                         if port not in previous or previous[port].get(k) != v]
+                if port not in previous:
+                    moved = ["first read"]
+                previous[port] = counters
+                if moved:
+                    busy.append(f"port {port}: counters moving ({', '.join(moved[:3])})")
         waited = round(time.monotonic() - started, 2)
         if blind:  # waiting cannot help: the load cannot be read at all
             return {"ok": False, "waited_s": waited, "ports": seen,

@@ -224,15 +224,23 @@ def cmd_run_point(args) -> int:
 
 def cmd_prefill_point(args) -> dict:
     """Cold prefill at one prompt length: ``--requests`` requests of ``--length`` fresh token ids and
-    one new token, one at a time through the router, the cache flushed before each. Per request:
-    the prefill server's ``realtime_tokens_total`` growth in mode prefill_compute (prompt tokens it
-    computed) and prefill_cache (reused: a cold cache reuses none), and the wall time around it."""
+    one new token, one at a time through the router. Before each: the serving ports idle and their
+    counters still (``wait_idle(still=True)``), then the cache flushed. Per request: the prefill
+    server's ``realtime_tokens_total`` growth in mode prefill_compute (prompt tokens it computed)
+    and prefill_cache (reused: a cold cache reuses none), the generation requests that started on
+    each serving port meanwhile (only this one may), and the wall time around it."""
     import random
 
     samples = []
+    ports = [args.prefill_port] + [p for p in (args.decode_port,) if p and p != args.prefill_port]
     for i in range(args.requests):
+        idle = wait_idle(ports, args.idle_timeout, still=True)
+        if not idle["ok"]:
+            return {"ok": False, "length": args.length, "samples": samples,
+                    "error": f"request {i + 1}: {idle['detail']}"}
         try:
             post(args.router_port, "/flush_cache", {}, 120.0)
+            before_all = {port: read_metrics(port)[0] for port in ports}
             before, problems, _ = read_metrics(args.prefill_port)
             rng = random.Random(args.seed * 1000003 + args.length * 31 + i)
             ids = [rng.randrange(1000, 30000) for _ in range(args.length)]
@@ -241,10 +249,14 @@ def cmd_prefill_point(args) -> dict:
                 "max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True}}, args.timeout)
             seconds = time.monotonic() - started
             after, problems_after, _ = read_metrics(args.prefill_port)
+            after_all = {port: read_metrics(port)[0] for port in ports}
         except Exception as exc:
             return {"ok": False, "length": args.length, "samples": samples,
                     "error": f"request {i + 1}: {getattr(exc, 'reason', exc)}"}
-        sample = {"seconds": round(seconds, 4)}
+        sample = {"seconds": round(seconds, 4), "requests_started": {}}
+        for port in ports:
+            a, b = before_all[port].get("requests_started_total"), after_all[port].get("requests_started_total")
+            sample["requests_started"][str(port)] = None if a is None or b is None else b - a
         for name in ("prefill_tokens_total", "prefill_cached_tokens_total"):
             a, b = before.get(name), after.get(name)
             sample[name.replace("_total", "")] = None if a is None or b is None else b - a
