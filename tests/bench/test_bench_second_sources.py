@@ -80,7 +80,7 @@ def test_a_foreign_request_seen_by_any_counter_or_gauge_is_invalid():
     assert "cannot be ruled out" in sources(blind)["no_foreign_requests"]["detail"]
 
 
-def test_a_window_must_span_the_stated_share_of_the_decode_phase():
+def test_exact_occupancy_must_cover_the_stated_share_of_the_decode_phase():
     # exact for 25 scrapes, then 75 scrapes at C - 1: the server held C a quarter of the time
     samples = [{"t": 0.1 * k, "num_running_reqs": float(C if k < 25 else C - 1), "num_queue_reqs": 0.0,
                 "prefill_tokens_total": 0.0, "num_requests_total": 0.0, "decode_tokens_total": 10.0 * k,

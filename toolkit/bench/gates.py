@@ -21,9 +21,13 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
 ``exact_occupancy`` the decode server's own scrapes hold an admissible window (``dsv4kit.bench.window``):
                      at least ``min_window_scrapes`` consecutive scrapes, at least ``min_exact_share`` of
                      them with exactly C running, none queued, no prompt tokens computed and no request
-                     finished in between. The headline comes from that window only. None: the gate says
+                     finished in between; and exact occupancy over at least ``min_window_share`` of the
+                     decode phase (all the run's exact stretches: every wave counts). The headline comes from that window only. None: the gate says
                      what the server ran instead (running and queued over time, foreign load).
                      A series that is missing or ambiguous (box.metrics.select_metric): fail.
+``conservation``, ``counters_up``, ``no_foreign_requests``  the second sources over the whole run
+                     (``dsv4kit.bench.conservation``): the decode server's counters against the
+                     client's tokens, every counter only up, exactly the point's requests.
 ``served_model``     the decode server's ``/server_info`` ``model_path`` and ``served_model_name`` are the
                      record's model, and the weights manifest names the record's revision
                      (``dsv4kit.bench.served_model``).
@@ -58,7 +62,7 @@ class GateConfig:
     min_exact_share: float = 0.98
     min_window_scrapes: int = 20
     #: exact_occupancy: the least share of the decode phase (first to last growth of the decode
-    #: counter) the window spans.
+    #: counter) spent at exact occupancy, over all of the run's exact stretches.
     min_window_share: float = 0.5
     #: Seconds to wait for idle servers before each point (``idle`` gate).
     idle_timeout_s: float = 120.0

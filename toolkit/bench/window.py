@@ -48,7 +48,7 @@ from dsv4kit.records.record import decode_info
 CLIENT_PAUSE_S = 1.0
 #: Fewer /metrics samples than this in the window is no evidence.
 MIN_SAMPLES = 2
-#: The least share of the point's decode phase an admissible window spans (GateConfig).
+#: The least share of the point's decode phase spent at exact occupancy (GateConfig.min_window_share).
 MIN_WINDOW_SHARE = 0.5
 
 
@@ -259,8 +259,11 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
         out["acceptance_length"] = statistics.fmean(accept) if accept else None
         phase = decode_phase(samples)
         phase_s = samples[phase[1]]["t"] - samples[phase[0]]["t"] if phase else 0.0
+        # the time between consecutive exact scrapes anywhere in the run (every wave of a
+        # multi-wave point), over the decode phase
+        exact_s = sum(samples[k]["t"] - samples[k - 1]["t"] for k in range(1, len(samples)) if flags[k] and flags[k - 1])
         out["decode_phase_s"] = round(phase_s, 4)
-        out["window_share"] = round((samples[j]["t"] - samples[i]["t"]) / phase_s, 4) if phase_s > 0 else None
+        out["window_share"] = round(exact_s / phase_s, 4) if phase_s > 0 else None
         out["admissible"] = (j - i + 1 >= min_scrapes and n_exact >= min_share * (j - i + 1) and seconds > 0
                              and out["window_share"] is not None and out["window_share"] >= min_window_share)
     out["detail"] = _occupancy_detail(out, samples, concurrency, missing)
@@ -271,16 +274,18 @@ def _occupancy_detail(out: dict, samples: list, concurrency: int, missing: set) 
     rule = (f"exactly {concurrency} running, none queued, no prompt tokens computed and no request finished "
             f"between scrapes, in at least {100 * out['rule']['min_exact_share']:g}% of at least "
             f"{out['rule']['min_window_scrapes']} consecutive scrapes")
-    rule += (f", spanning at least {100 * out['rule']['min_window_share']:g}% of the decode phase")
+    rule += (f", with exact occupancy over at least {100 * out['rule']['min_window_share']:g}% of the decode phase")
     if out["admissible"]:
         return (f"admissible window: {out['window_scrapes']} scrapes ({100 * out['exact_share']:.1f}% at exact "
                 f"occupancy) over {out['window_s'][1] - out['window_s'][0]:.2f} s of the decode server, "
-                f"{100 * out['window_share']:.0f}% of its {out['decode_phase_s']:.2f} s decode phase ({rule})")
+                f"exact occupancy over {100 * out['window_share']:.0f}% of its {out['decode_phase_s']:.2f} s decode "
+                f"phase ({rule})")
     running = [s.get("num_running_reqs") for s in samples if s.get("num_running_reqs") is not None]
     queued = [s.get("num_queue_reqs") for s in samples if s.get("num_queue_reqs") is not None]
     told = (f"no admissible window ({rule}): the longest stretch was {out['window_scrapes']} scrapes"
             + (f" ({100 * out['exact_share']:.1f}% exact)" if out["exact_share"] is not None else "")
-            + (f", {100 * out['window_share']:.0f}% of the {out['decode_phase_s']:.2f} s decode phase"
+            + (f", exact occupancy over {100 * out['window_share']:.0f}% of the {out['decode_phase_s']:.2f} s "
+               f"decode phase"
                if out.get("window_share") is not None else "")
             + f" of {len(samples)}")
     if missing:
