@@ -171,7 +171,6 @@ class _SweepLoop:
         """Read the decode server (restarting it for ``--ctx`` when needed), the prefill server and
         the box's provenance."""
         from dsv4kit.bench.arm_pins import pin_running
-        from dsv4kit.bench import gpu_count
         from dsv4kit.records.provenance import sections
 
         s, cfg, remote, host = self.s, self.s.cfg, self.remote, self.host
@@ -220,12 +219,7 @@ class _SweepLoop:
         s.starts = [{"before_repetition": 0, "startup_time": startup_time, "provenance_differs": []}]
         self.current = {"info": info, "startup_time": startup_time, "start": 0,
                         "prefill_startup_time": decode_info(prefill_info or {}).get("startup_time")}
-        serving_gpus, problem = gpu_count.check(host, decode_info(info),
-                                                decode_info(prefill_info or {}) if self.prefill_port else None)
-        if problem:
-            raise BenchAbort(exitcodes.ENVIRONMENT, f"{host.name}: {problem}")
-        s.first_provenance["gpus"]["serving_count"] = serving_gpus  # what the servers say they run on
-        s.first_provenance["gpus"]["serving_count_source"] = "/server_info (tp_size x pp_size x dp replicas)"
+        serving_gpus = self.serving_gpus(info, prefill_info, s.first_provenance)
         self.ctx = PointContext(decode_port=self.decode_port, prefill_port=self.prefill_port,
                                 metrics_ports=[self.decode_port] + ([self.prefill_port] if self.prefill_port else []),
                                 serving_gpus=serving_gpus, model=expected_model(host, probe))
@@ -319,6 +313,19 @@ class _SweepLoop:
             self.spill.point(point, details_file, self.s.details.get(details_file) if details_file else None)
             self.spill.progress(assembly.build_record(self.s, incomplete="the sweep did not finish"))
 
+    def serving_gpus(self, info: dict, prefill_info: Optional[dict], provenance: dict) -> int:
+        """The GPUs the serving servers report (``dsv4kit.bench.gpu_count``), written into
+        ``provenance``; a disagreement with the inventory stops the run."""
+        from dsv4kit.bench import gpu_count
+
+        total, problem = gpu_count.check(self.host, decode_info(info),
+                                         decode_info(prefill_info or {}) if self.prefill_port else None)
+        if problem:
+            raise BenchAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: {problem}")
+        provenance["gpus"]["serving_count"] = total
+        provenance["gpus"]["serving_count_source"] = "/server_info (tp_size x pp_size x dp replicas)"
+        return total
+
     def restarted(self, what: str) -> dict:
         """After a restart: wait for the servers, read them again, and take this start's own
         provenance (what ran after the restart, not before it)."""
@@ -339,8 +346,10 @@ class _SweepLoop:
             self.current["prefill_startup_time"] = decode_info(prefill or {}).get("startup_time")
         start_probe = remote.probe()
         self.ctx.model = expected_model(self.host, start_probe)
-        return sections(host=self.host, probe=start_probe, server_info=self.current["info"],
-                        context_length=cfg.context_length, restarted=True, prefill_server_info=prefill)
+        provenance = sections(host=self.host, probe=start_probe, server_info=self.current["info"],
+                              context_length=cfg.context_length, restarted=True, prefill_server_info=prefill)
+        self.ctx.serving_gpus = self.serving_gpus(self.current["info"], prefill, provenance)
+        return provenance
 
 
 def restart_before(rep: int, repeat: int, restarts: int) -> bool:
