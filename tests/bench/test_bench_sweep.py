@@ -102,7 +102,7 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(bench_box, tmp_path):
         raw = point["raw"]
         assert raw["completed"] == 8 and raw["random_range_ratio"] == 1.0 and raw["max_concurrency"] in (1, 4)
         assert point["derived"]["tpot_formula_tok_s"] == pytest.approx(raw["max_concurrency"] * 1000 / raw["median_tpot_ms"])
-        assert point["derived"]["decode_tok_s_per_gpu"] == pytest.approx(point["derived"]["decode_tok_s"] / 4)
+        assert point["derived"]["decode_tok_s_per_gpu"] == pytest.approx(point["derived"]["decode_tok_s"] / 8)
         assert point["window"]["occupancy"]["admissible"] and point["window"]["occupancy"]["window_scrapes"] >= 20
         assert point["server_evidence"]["meta_info"]["ok"] and "cached_tokens" in point["server_evidence"]["meta_info"]["keys"]
         assert "--random-range-ratio" in point["argv"] and "--flush-cache" in point["argv"]
@@ -120,7 +120,7 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(bench_box, tmp_path):
     sw = record["software"]
     assert sw["sglang_version"] == "0.5.23" and sw["torch"] and sw["triton"] and sw["sglang_wheel"]
     assert record["gpus"]["model"] is None and "nvidia-smi" in record["gpus"]["reason"]
-    assert record["gpus"]["serving_count"] == 4  # the one server's tp_size (its /server_info), not the inventory's 8
+    assert record["gpus"]["serving_count"] == 8 and record["gpus"]["servers_report"] == 8  # 4 prefill + 4 decode
     assert record["server"]["context_length"] == 4096 and record["server"]["launch_args_sha256"]
     assert record["server"]["resolved_args"]["tp_size"] == 4 and record["server"]["resolved_args_sha256"]
     assert record["server"]["prefill"]["resolved_args_sha256"] and record["server"]["prefill"]["context_length"] == 4096

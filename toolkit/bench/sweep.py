@@ -322,8 +322,9 @@ class _SweepLoop:
                                          decode_info(prefill_info or {}) if self.prefill_port else None)
         if problem:
             raise BenchAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: {problem}")
-        provenance["gpus"]["serving_count"] = total
-        provenance["gpus"]["serving_count_source"] = "/server_info (tp_size x pp_size x dp replicas)"
+        # serving_count stays the inventory's (the records' comparability key); the per-GPU
+        # rates divide by what the servers report, which agrees with it server by server
+        provenance["gpus"]["servers_report"] = total
         return total
 
     def restarted(self, what: str) -> dict:

@@ -287,10 +287,9 @@ def wait_idle(ports, timeout: float, interval: float = 0.5, still: bool = False)
                             f"queued")
             if still:
                 counters = {k: values.get(k) for k in COUNTERS if values.get(k) is not None}
-                moved = [f"{k} {previous[port][k]:g} -> {v:g}" for k, v in counters.items()
-                         if port not in previous or previous[port].get(k) != v]
-                if port not in previous:
-                    moved = ["first read"]
+                before = previous.get(port)
+                moved = ["first read"] if before is None else [
+                    f"{k} {before.get(k)} -> {v:g}" for k, v in counters.items() if before.get(k) != v]
                 previous[port] = counters
                 if moved:
                     busy.append(f"port {port}: counters moving ({', '.join(moved[:3])})")
