@@ -220,7 +220,9 @@ def good_evidence(concurrency: int, *, meta_keys=("prompt_tokens", "completion_t
                 "decode_passes_total": float(k)} for k in range(30)]
     window = {"running": {"median": held, "min": held, "max": held, "mean": held}, "samples": 30,
               "duration_s": 3.0, "decode_tok_s": None, "evidence": None,
-              "occupancy": exact_occupancy(samples, concurrency, 0.98, 20)}
+              "occupancy": exact_occupancy(samples, concurrency, 0.98, 20),
+              "sources": {rule: {"passed": True, "detail": "held"}
+                          for rule in ("conservation", "counters_up", "no_foreign_requests")}}
     return evidence, window
 
 

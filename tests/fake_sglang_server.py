@@ -36,9 +36,16 @@ model that reads its prompt, with SGLang 0.5.23's logprob fields (tests/fake_mod
 are set with ``POST /_test/config {"model": {...}}``.
 
 ``GET /metrics`` tells the truth about its own batch, in SGLang 0.5.23's Prometheus format and
-labels (``--enable-metrics``): ``sglang:num_running_reqs`` (decoding now), ``num_queue_reqs``
-(waiting for a slot or for prefill), ``gen_throughput`` (tokens emitted in the last second),
-``token_usage`` and the ``generation_tokens_total`` counter. ``POST /_test/stats`` returns the
+labels (``--enable-metrics``), on its cadence (docs/sglang-contract.md §9.3): the gauges
+``sglang:num_running_reqs`` (decoding), ``num_queue_reqs`` (waiting for a slot or for prefill),
+``gen_throughput`` and ``token_usage`` are written on a prefill batch, every
+``--gauge-refresh-passes`` (40) decode passes and when idle; the scheduler counters
+(``realtime_tokens_total`` by mode, a request's first token counted by its prefill pass, not as
+decode; ``cuda_graph_passes_total``) move every pass; the tokenizer counters
+(``num_requests_total``, ``generation_tokens_total``, ``prompt_tokens_total``) when a request
+finishes; ``http_requests_total{endpoint,method}`` as each request arrives. Faults of bench round
+five: ``--decode-counter-scale K`` (the decode counter counts K times the tokens) and
+``--counter-reset-at N`` (the scheduler counters restart from 0 once, without a restart). ``POST /_test/stats`` returns the
 wall-clock time of every emitted token, so tests can check a headline against what was delivered.
 Any number of clients may load it at once (a second client's requests count in its batch and
 its ``/metrics`` like the bench's own; ``tests/bench_support.ForeignLoad``).
@@ -113,6 +120,51 @@ class State:
         self.served_model_path = getattr(args, "served_model_path", "")
         self.kv_transfer_ms = getattr(args, "kv_transfer_ms", 0.0)
         self.chat = chat_standin.ChatStandIn(getattr(args, "served_model_name", "") or args.model_path)
+        # SGLang's HTTP middleware counts every request it receives by (endpoint, method), as it arrives.
+        self.http_requests: dict = {}
+        # The scheduler gauges as published: refreshed only where 0.5.23's scheduler refreshes them
+        # (a prefill batch, every decode_log_interval decode passes, the idle check); 0: live.
+        self.gauge_refresh_passes = getattr(args, "gauge_refresh_passes", 40)
+        self.published: dict = {}
+        self.next_refresh = 0.0
+        # Faults of bench round five: the decode counter grows by this factor of the tokens
+        # emitted; once it passes counter_reset_at, the scheduler's counters restart from 0.
+        self.decode_counter_scale = getattr(args, "decode_counter_scale", 1.0)
+        self.counter_reset_at = getattr(args, "counter_reset_at", 0)
+        self.publish_gauges()
+
+    def publish_gauges(self) -> None:
+        """Take the scheduler gauges' values now (lock held), as 0.5.23's metrics reporter does."""
+        now = time.time()
+        self.published = {"running": self.running, "queued": self.queued,
+                          "running_by_priority": dict(self.running_by_priority),
+                          "queued_by_priority": dict(self.queued_by_priority),
+                          "gen_throughput": float(sum(1 for t in self.token_times[-5000:] if t > now - 1.0)),
+                          "token_usage": self.running_tokens / self.max_total_num_tokens}
+        self.next_refresh = (int(self.passes) // self.gauge_refresh_passes + 1) * self.gauge_refresh_passes \
+            if self.gauge_refresh_passes else 0.0
+
+    def gauges(self) -> dict:
+        """The gauge values /metrics shows now (lock held): live without a refresh cadence; else the
+        last published ones, refreshed on idle (the scheduler's idle check publishes at once when
+        the running gauge disagrees with an empty batch) and every decode_log_interval passes."""
+        idle = not self.running and not self.queued
+        if not self.gauge_refresh_passes or (idle and self.published["running"] != 0) \
+                or self.passes >= self.next_refresh:
+            self.publish_gauges()
+        return self.published
+
+    def count_http(self, endpoint: str, method: str) -> None:
+        with self.lock:
+            self.http_requests[(endpoint, method)] = self.http_requests.get((endpoint, method), 0) + 1
+
+    def count_decode(self, tokens: int) -> None:
+        """A decode pass's tokens into the scheduler's counter (lock held), with the counter faults."""
+        self.decode_tokens += tokens * self.decode_counter_scale
+        if self.counter_reset_at and self.decode_tokens >= self.counter_reset_at:
+            self.counter_reset_at = 0
+            self.decode_tokens = self.prefill_tokens = self.prefill_cached = self.passes = 0.0
+            self.next_refresh = 0.0
 
     def metrics(self) -> str:
         """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here), in
@@ -120,14 +172,14 @@ class State:
         ``--enable-priority-scheduling`` the total is the ``priority=""`` series and one series per
         priority seen follows it; with ``--enable-metrics-for-all-schedulers`` every TP rank writes
         its own copy (the same batch), not only rank 0."""
-        now = time.time()
-        recent = sum(1 for t in self.token_times[-5000:] if t > now - 1.0)
+        shown = self.gauges()
         ranks = range(self.tp_size) if self.all_schedulers else range(1)
         gauges = [
-            ("num_running_reqs", "The number of running requests.", self.running, self.running_by_priority),
-            ("num_queue_reqs", "The number of requests in the waiting queue.", self.queued, self.queued_by_priority),
-            ("gen_throughput", "The generation throughput (token/s).", float(recent), None),
-            ("token_usage", "The token usage.", self.running_tokens / self.max_total_num_tokens, None),
+            ("num_running_reqs", "The number of running requests.", shown["running"], shown["running_by_priority"]),
+            ("num_queue_reqs", "The number of requests in the waiting queue.", shown["queued"],
+             shown["queued_by_priority"]),
+            ("gen_throughput", "The generation throughput (token/s).", shown["gen_throughput"], None),
+            ("token_usage", "The token usage.", shown["token_usage"], None),
         ]
         lines = []
         for name, doc, value, by_priority in gauges:
@@ -176,7 +228,11 @@ class State:
                   "# HELP sglang:num_requests_total Number of requests processed.",
                   "# TYPE sglang:num_requests_total counter",
                   f'sglang:num_requests_total{{model_name="{self.model_path}",engine_type="unified",'
-                  f'is_streaming="true"}} {float(self.finished)}']
+                  f'is_streaming="true"}} {float(self.finished)}',
+                  "# HELP sglang:http_requests_total Total number of HTTP requests by endpoint and method",
+                  "# TYPE sglang:http_requests_total counter"]
+        lines += [f'sglang:http_requests_total{{endpoint="{endpoint}",method="{method}"}} {float(count)}'
+                  for (endpoint, method), count in sorted(self.http_requests.items())]
         if self.spec_accept_length:
             lines += ["# HELP sglang:spec_accept_length Mean acceptance length of speculative decoding.",
                       "# TYPE sglang:spec_accept_length gauge",
@@ -218,6 +274,9 @@ class State:
             "max_req_input_len": self.context_length - 1,
             "startup_time": self.startup_time,
             "kv_events": None,
+            # With a drafter: the most tokens one verify pass can emit a request (the bench's bound).
+            "speculative_algorithm": "EAGLE" if self.spec_accept_length else None,
+            "speculative_num_draft_tokens": (int(self.spec_accept_length) + 2) if self.spec_accept_length else None,
             "internal_states": [
                 {"last_gen_throughput": 123.4, "memory_usage": {"kv_cache": 1.0},
                  "avg_spec_accept_length": self.spec_accept_length or None,
@@ -231,6 +290,13 @@ class State:
 def make_handler(state: State):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def parse_request(self):
+            parsed = super().parse_request()
+            if parsed:
+                state.count_http(urlparse(self.path).path, self.command)
+            return parsed
+
 
         def log_message(self, format, *args):  # quiet
             pass
@@ -312,9 +378,12 @@ def make_handler(state: State):
                 with state.lock:
                     for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status",
                                 "priority_scheduling", "all_schedulers", "tp_size", "served_model_path",
-                                "spec_accept_length", "kv_transfer_ms"):
+                                "spec_accept_length", "kv_transfer_ms", "decode_counter_scale",
+                                "counter_reset_at", "gauge_refresh_passes"):
                         if key in body:
                             setattr(state, key, body[key])
+                    if body.get("counter_reset_at"):  # from now: once the decode counter grew by that much
+                        state.counter_reset_at = state.decode_tokens + body["counter_reset_at"]
                     if "decode_cap" in body:  # for requests that arrive from now on
                         state.decode_cap = body["decode_cap"]
                         state.slots = threading.BoundedSemaphore(body["decode_cap"]) if body["decode_cap"] else None
@@ -425,12 +494,13 @@ def make_handler(state: State):
                     state.enter("running", priority, 1)
                     state.running_tokens += prompt_tokens
                     state.prompt_total += prompt_tokens
-                    state.prompt_by_priority[priority] = state.prompt_by_priority.get(priority, 0) + prompt_tokens
                     if not state.kv_transfer_ms:  # a PD decode server computes no prompt tokens
                         state.prefill_tokens += prompt_tokens - cached
                         state.prefill_cached += cached
+                    state.publish_gauges()  # a prefill batch refreshes the scheduler gauges
                 try:
                     done_passes = 0
+                    first_pass = True
                     while len(ids) < max_new:
                         with state.lock:
                             step = delay * (1.0 + state.batch_slowdown * max(state.running - 1, 0))
@@ -448,16 +518,22 @@ def make_handler(state: State):
                         with state.lock:
                             state.token_times += [time.time()] * new
                             state.generated_total += new
-                            state.generated_by_priority[priority] = state.generated_by_priority.get(priority, 0) + new
                             state.running_tokens += new
-                            state.decode_tokens += new
-                            state.passes += 1.0 / max(state.running, 1)  # this request's share of the batch's pass
+                            # The first token comes from the prefill pass (here or, in PD, on the
+                            # prefill server): 0.5.23 counts decode tokens only in decode passes.
+                            prefill_pass = first_pass and not state.kv_transfer_ms
+                            state.count_decode(new - (1 if prefill_pass else 0))
+                            if not prefill_pass:
+                                state.passes += 1.0 / max(state.running, 1)  # this request's share of the pass
+                            first_pass = False
                         self._chunk({"text": " ".join(words), "output_ids": list(ids),
                                      "meta_info": self._meta(index, prompt_tokens, len(ids), cached,
                                                              len(ids) == max_new, max_new)})
                 finally:
-                    with state.lock:
+                    with state.lock:  # the tokenizer's counters grow when a request finishes
                         state.finished += 1
+                        state.prompt_by_priority[priority] = state.prompt_by_priority.get(priority, 0) + prompt_tokens
+                        state.generated_by_priority[priority] = state.generated_by_priority.get(priority, 0) + len(ids)
                         state.enter("running", priority, -1)
                         state.running_tokens -= prompt_tokens + len(ids)
             finally:
@@ -520,6 +596,14 @@ def main(argv=None) -> int:
                              "reported as sglang:spec_accept_length and avg_spec_accept_length")
     parser.add_argument("--served-model-path", default="",
                         help="/server_info names this model path and served name (another model served)")
+    parser.add_argument("--gauge-refresh-passes", type=int, default=40,
+                        help="publish the scheduler gauges every N decode passes (0.5.23's decode_log_interval), "
+                             "on a prefill batch and when idle; 0: live")
+    parser.add_argument("--decode-counter-scale", type=float, default=1.0,
+                        help="fault: the decode token counter grows by this factor of the tokens emitted")
+    parser.add_argument("--counter-reset-at", type=int, default=0,
+                        help="fault: the scheduler's counters restart from 0 once the decode counter passes N "
+                             "(/_test/config: once it grew by N from then)")
     parser.add_argument("--kv-transfer-ms", type=float, default=0.0,
                         help="PD decode: the first token comes at once (the prefill server's), then the KV "
                              "transfer takes this long before the request runs here")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from dsv4kit.bench import box_helper
+from dsv4kit.bench.box import metrics as box_helper
 from dsv4kit.bench.metrics import cross_check, prometheus_samples
 from tests.bench_support import client_line, good_evidence, point_expectation, synthetic_record
 
@@ -39,7 +39,8 @@ def standin_texts() -> list[str]:
                                       error_every=0, cached_tokens=0, vocab_size=10, decode_cap=0, prefill_ms=0,
                                       serial_prefill=False, batch_slowdown=0, omit="", max_running_requests=256,
                                       max_total_num_tokens=1000, tp_size=4, enable_priority_scheduling=priority,
-                                      enable_metrics_for_all_schedulers=all_schedulers)
+                                      enable_metrics_for_all_schedulers=all_schedulers,
+                                      gauge_refresh_passes=0)  # live gauges: the shapes, not the cadence
             state = State(args)
             for p, n in ((0, 3), (5, 2)):
                 for _ in range(n):

@@ -120,7 +120,7 @@ def test_full_sweep_is_recorded_as_one_commit_and_tag(bench_box, tmp_path):
     sw = record["software"]
     assert sw["sglang_version"] == "0.5.23" and sw["torch"] and sw["triton"] and sw["sglang_wheel"]
     assert record["gpus"]["model"] is None and "nvidia-smi" in record["gpus"]["reason"]
-    assert record["gpus"]["serving_count"] == 8
+    assert record["gpus"]["serving_count"] == 8 and record["gpus"]["servers_report"] == 8  # 4 prefill + 4 decode
     assert record["server"]["context_length"] == 4096 and record["server"]["launch_args_sha256"]
     assert record["server"]["resolved_args"]["tp_size"] == 4 and record["server"]["resolved_args_sha256"]
     assert record["server"]["prefill"]["resolved_args_sha256"] and record["server"]["prefill"]["context_length"] == 4096

@@ -92,7 +92,8 @@ def test_a_clean_point_passes_every_gate():
     validity = check(client_line())
     assert validity["passed"], validity
     assert set(validity["gates"]) == {"completed", "no_errors", "output_tokens", "ttft_positive", "input_lens",
-                                      "concurrency", "exact_occupancy", "max_running", "kv_capacity", "cold_cache",
+                                      "concurrency", "exact_occupancy", "conservation", "counters_up",
+                                      "no_foreign_requests", "max_running", "kv_capacity", "cold_cache",
                                       "same_server"}
 
 
@@ -103,7 +104,8 @@ def test_missing_evidence_fails_its_gate_never_passes_it():
     assert "default, not evidence" in v["gates"]["cold_cache"]["detail"]
     # no probe result at all, no window, no limits, no startup_time
     v = evaluate(client_line(), expectation(startup_time=None, max_running_requests=None, max_total_num_tokens=None))
-    assert {"cold_cache", "input_lens", "exact_occupancy", "max_running", "kv_capacity", "same_server"} <= set(v["failed"])
+    assert {"cold_cache", "input_lens", "exact_occupancy", "conservation", "counters_up", "no_foreign_requests",
+            "max_running", "kv_capacity", "same_server"} <= set(v["failed"])
     line = client_line()
     del line["server_info"]["startup_time"]
     assert "no startup_time" in check(line)["gates"]["same_server"]["detail"]
@@ -331,7 +333,7 @@ def test_window_samples_are_placed_on_the_box_clock():
 
 
 def test_prometheus_text_is_parsed_as_sglang_serves_it():
-    from dsv4kit.bench.box_helper import parse_exposition, select_metrics
+    from dsv4kit.bench.box.metrics import parse_exposition, select_metrics
 
     text = (
         "# HELP sglang:num_running_reqs The number of running requests.\n"
@@ -414,7 +416,7 @@ def fake_nvidia_smi(tmp_path, monkeypatch):
 def test_gpu_telemetry_is_sampled_with_lms_and_summarised(fake_nvidia_smi, tmp_path, monkeypatch, old_driver):
     import time as _time
 
-    from dsv4kit.bench.box_helper import Telemetry, gpu_settings
+    from dsv4kit.bench.box.telemetry import Telemetry, gpu_settings
 
     if old_driver:
         monkeypatch.setenv("FAKE_NVSMI_OLD", "1")
@@ -434,7 +436,7 @@ def test_gpu_telemetry_is_sampled_with_lms_and_summarised(fake_nvidia_smi, tmp_p
 
 
 def test_no_nvidia_smi_is_said_not_hidden(tmp_path, monkeypatch):
-    from dsv4kit.bench.box_helper import Telemetry
+    from dsv4kit.bench.box.telemetry import Telemetry
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with Telemetry(100, str(tmp_path / "t.csv")) as telemetry:

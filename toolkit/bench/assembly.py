@@ -1,7 +1,7 @@
 """Record assembly: one point's evidence into its record entry, and the points into the record.
 
 ``measured_point`` turns what the box returned for one point (the client's line and
-``box_helper.py run-point``'s evidence) into the point's entry: the exact-occupancy window
+``dsv4box run-point``'s evidence) into the point's entry: the exact-occupancy window
 (``dsv4kit.bench.window``), the gates (``dsv4kit.bench.gates``), the latency block and the
 derived numbers. ``not_run_point`` is the entry of a point whose servers were busy before it.
 ``build_record`` assembles the record from the sweep's state (``SweepState``).
@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from dsv4kit.bench.config import CLIENT_MODULE, SweepConfig, client_section
+from dsv4kit.bench.conservation import analyze as second_sources
 from dsv4kit.bench.gates import PointExpectation, effective_max_running, evaluate
 from dsv4kit.bench.metrics import cross_check
 from dsv4kit.bench.slo import latency_block
@@ -228,6 +229,10 @@ def measured_point(s: SweepState, ctx: PointContext, current: dict, *, c: int, r
     problem = cross_check(evidence, ctx.decode_port)
     if problem:
         window["parse_problem"] = problem
+    window["sources"] = second_sources(line, evidence, decode_port=ctx.decode_port, metrics_ports=ctx.metrics_ports,
+                                       num_prompts=n, concurrency=c,
+                                       server_info=decode_info(line.get("server_info") or {}) or limits,
+                                       occupancy=window.get("occupancy"), headline=window.get("decode_tok_s"))
     validity = evaluate(line, expected, cfg.gates, evidence, window)
     latency = latency_block(line, s.slo)
     raw, point_details, _ = split_client_line(line)

@@ -249,7 +249,7 @@ def client_argv(python: str, cfg: SweepConfig, *, concurrency: int, base_url: st
         "--output-file", output_file,
         "--tag", tag,
         "--ready-check-timeout-sec", "60",
-    ]  # the client's progress bar stays on: box_helper.py reads its request count for the progress lines
+    ]  # the client's progress bar stays on: the box side reads its request count for the progress lines
 
 
 

@@ -21,9 +21,13 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
 ``exact_occupancy`` the decode server's own scrapes hold an admissible window (``dsv4kit.bench.window``):
                      at least ``min_window_scrapes`` consecutive scrapes, at least ``min_exact_share`` of
                      them with exactly C running, none queued, no prompt tokens computed and no request
-                     finished in between. The headline comes from that window only. None: the gate says
+                     finished in between; and exact occupancy over at least ``min_window_share`` of the
+                     decode phase (all the run's exact stretches: every wave counts). The headline comes from that window only. None: the gate says
                      what the server ran instead (running and queued over time, foreign load).
-                     A series that is missing or ambiguous (box_helper.select_metric): fail.
+                     A series that is missing or ambiguous (box.metrics.select_metric): fail.
+``conservation``, ``counters_up``, ``no_foreign_requests``  the second sources over the whole run
+                     (``dsv4kit.bench.conservation``): the decode server's counters against the
+                     client's tokens, every counter only up, exactly the point's requests.
 ``served_model``     the decode server's ``/server_info`` ``model_path`` and ``served_model_name`` are the
                      record's model, and the weights manifest names the record's revision
                      (``dsv4kit.bench.served_model``).
@@ -57,6 +61,9 @@ class GateConfig:
     #: a window may have (docs/benchmarking.md gives their source).
     min_exact_share: float = 0.98
     min_window_scrapes: int = 20
+    #: exact_occupancy: the least share of the decode phase (first to last growth of the decode
+    #: counter) spent at exact occupancy, over all of the run's exact stretches.
+    min_window_share: float = 0.5
     #: Seconds to wait for idle servers before each point (``idle`` gate).
     idle_timeout_s: float = 120.0
 
@@ -99,161 +106,235 @@ def _empty(error: Any) -> bool:
     return error in (None, "")
 
 
-def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateConfig(),
-             evidence: Optional[dict] = None, window: Optional[dict] = None) -> dict:
-    """Check one client result line (with ``--output-details``); return the ``validity`` block.
+@dataclass(frozen=True)
+class GateInputs:
+    """What every gate reads: the client's line, what was asked, the thresholds, the box's evidence
+    and the window block."""
+    raw: dict
+    expected: PointExpectation
+    config: GateConfig
+    evidence: dict
+    window: dict
 
-    ``evidence``: what ``box_helper.py run-point`` saw on the box (``meta_info`` fields, the
-    servers' startup times after the point); ``window``: ``bench_window.analyze``'s block. Without
-    them the gates that need them fail.
+    @property
+    def meta_keys(self) -> Optional[set]:
+        meta = self.evidence.get("meta_info") or {}
+        return set(meta.get("keys") or ()) if meta.get("ok") else None
 
-    ``{"passed": bool, "failed": [names], "gates": {name: {"passed": bool, "detail": str}},
-    "retok_ratio", "achieved_concurrency_ratio", "cache_hit_pct", "errors"}``.
-    """
-    gates: dict[str, dict] = {}
+    @property
+    def no_meta(self) -> str:
+        meta = self.evidence.get("meta_info") or {}
+        return ("no evidence of the server's meta_info fields (the probe request after the point "
+                f"{'failed: ' + str(meta.get('error')) if meta else 'did not run'})")
 
-    def gate(name: str, passed: bool, detail: str) -> None:
-        gates[name] = {"passed": bool(passed), "detail": detail}
 
-    n = expected.num_prompts
-    completed = raw.get("completed")
-    gate("completed", completed == n, f"completed {completed} of {n} requests")
+#: A gate: its inputs -> (passed, detail), or None where it does not apply to this point.
+Verdict = Optional[tuple]
 
-    errors = raw.get("errors")
-    if errors is None:
-        gate("no_errors", False, "the client line has no per-request details (run with --output-details)")
-        bad_errors = []
-    else:
-        bad_errors = [e for e in errors if not _empty(e)]
-        first = (str(bad_errors[0]).strip().splitlines() or [""])[-1][:200] if bad_errors else ""
-        gate("no_errors", not bad_errors,
-             f"{len(bad_errors)} request(s) reported an error" + (f"; first: {first}" if first else ""))
 
+def gate_completed(g: GateInputs) -> Verdict:
+    n, completed = g.expected.num_prompts, g.raw.get("completed")
+    return completed == n, f"completed {completed} of {n} requests"
+
+
+def bad_errors(raw: dict) -> list:
+    return [e for e in raw.get("errors") or [] if not _empty(e)]
+
+
+def gate_no_errors(g: GateInputs) -> Verdict:
+    if g.raw.get("errors") is None:
+        return False, "the client line has no per-request details (run with --output-details)"
+    bad = bad_errors(g.raw)
+    first = (str(bad[0]).strip().splitlines() or [""])[-1][:200] if bad else ""
+    return not bad, f"{len(bad)} request(s) reported an error" + (f"; first: {first}" if first else "")
+
+
+def retok_ratio(raw: dict) -> Optional[float]:
+    total_out = raw.get("total_output_tokens") or 0
+    return ((raw.get("total_output_tokens_retokenized") or 0) / total_out) if total_out else None
+
+
+def gate_output_tokens(g: GateInputs) -> Verdict:
+    raw = g.raw
     total_out = raw.get("total_output_tokens") or 0
     retok = raw.get("total_output_tokens_retokenized") or 0
-    ratio = (retok / total_out) if total_out else None
+    ratio = retok_ratio(raw)
     texts = raw.get("generated_texts")
     output_lens = raw.get("output_lens") or []
     empty_texts = 0
     if texts is not None:
         empty_texts = sum(1 for text, length in zip(texts, output_lens) if length and not text)
-    expected_total = n * expected.output_len
-    ok = (
-        total_out == expected_total
-        and ratio is not None
-        and abs(ratio - 1.0) <= config.retok_tolerance
-        and empty_texts == 0
-    )
-    detail = (
-        f"output tokens {total_out} (expected {expected_total}), retokenized {retok}"
-        + (f" (ratio {ratio:.3f}, tolerance ±{config.retok_tolerance:g})" if ratio is not None else "")
-    )
+    expected_total = g.expected.num_prompts * g.expected.output_len
+    ok = (total_out == expected_total and ratio is not None and abs(ratio - 1.0) <= g.config.retok_tolerance
+          and empty_texts == 0)
+    detail = (f"output tokens {total_out} (expected {expected_total}), retokenized {retok}"
+              + (f" (ratio {ratio:.3f}, tolerance ±{g.config.retok_tolerance:g})" if ratio is not None else ""))
     if empty_texts:
         detail += f"; {empty_texts} request(s) 'succeeded' with empty text (error chunk counted as success)"
-    gate("output_tokens", ok, detail)
+    return ok, detail
 
-    ttfts = raw.get("ttfts")
+
+def gate_ttft_positive(g: GateInputs) -> Verdict:
+    ttfts = g.raw.get("ttfts")
     if ttfts is None:
-        gate("ttft_positive", False, "no per-request TTFTs in the client line (run with --output-details)")
-    else:
-        zero = sum(1 for t in ttfts if not (t is not None and t > 0))
-        gate("ttft_positive", zero == 0 and len(ttfts) == n,
-             f"{zero} of {len(ttfts)} request(s) have TTFT <= 0" if zero else f"all {len(ttfts)} TTFTs > 0")
+        return False, "no per-request TTFTs in the client line (run with --output-details)"
+    zero = sum(1 for t in ttfts if not (t is not None and t > 0))
+    return (zero == 0 and len(ttfts) == g.expected.num_prompts,
+            f"{zero} of {len(ttfts)} request(s) have TTFT <= 0" if zero else f"all {len(ttfts)} TTFTs > 0")
 
-    meta = (evidence or {}).get("meta_info") or {}
-    meta_keys = set(meta.get("keys") or ()) if meta.get("ok") else None
-    no_meta = ("no evidence of the server's meta_info fields (the probe request after the point "
-               f"{'failed: ' + str(meta.get('error')) if meta else 'did not run'})")
-    input_lens = raw.get("input_lens")
+
+def gate_input_lens(g: GateInputs) -> Verdict:
+    input_lens, meta_keys = g.raw.get("input_lens"), g.meta_keys
     if input_lens is None:
-        gate("input_lens", False, "no per-request input lengths in the client line")
-    elif meta_keys is None or "prompt_tokens" not in meta_keys:
-        gate("input_lens", False, no_meta if meta_keys is None else
-             "the server does not report meta_info.prompt_tokens: the client's input lengths are the planned "
-             "ones, not evidence")
-    else:
-        off = [x for x in input_lens if x != expected.input_len]
-        gate("input_lens", not off,
-             f"{len(off)} request(s) with prompt length != {expected.input_len} (e.g. {off[0]})" if off
-             else f"all prompts {expected.input_len} tokens")
+        return False, "no per-request input lengths in the client line"
+    if meta_keys is None or "prompt_tokens" not in meta_keys:
+        return False, (g.no_meta if meta_keys is None else "the server does not report meta_info.prompt_tokens: the "
+                       "client's input lengths are the planned ones, not evidence")
+    off = [x for x in input_lens if x != g.expected.input_len]
+    return not off, (f"{len(off)} request(s) with prompt length != {g.expected.input_len} (e.g. {off[0]})" if off
+                     else f"all prompts {g.expected.input_len} tokens")
 
+
+def concurrency_ratio(raw: dict, expected: PointExpectation) -> Optional[float]:
     achieved = raw.get("concurrency")
-    conc_ratio = (achieved / expected.max_concurrency) if (achieved is not None and expected.max_concurrency) else None
-    gate("concurrency", conc_ratio is not None and conc_ratio >= config.min_concurrency_ratio,
-         f"achieved concurrency {achieved if achieved is None else round(achieved, 3)} of "
-         f"{expected.max_concurrency} requested (ratio "
-         f"{'n/a' if conc_ratio is None else f'{conc_ratio:.3f}'}, minimum {config.min_concurrency_ratio:g})")
+    return (achieved / expected.max_concurrency) if (achieved is not None and expected.max_concurrency) else None
 
-    c = expected.max_concurrency
-    w = window or {}
+
+def gate_concurrency(g: GateInputs) -> Verdict:
+    achieved, ratio = g.raw.get("concurrency"), concurrency_ratio(g.raw, g.expected)
+    return (ratio is not None and ratio >= g.config.min_concurrency_ratio,
+            f"achieved concurrency {achieved if achieved is None else round(achieved, 3)} of "
+            f"{g.expected.max_concurrency} requested (ratio {'n/a' if ratio is None else f'{ratio:.3f}'}, "
+            f"minimum {g.config.min_concurrency_ratio:g})")
+
+
+def gate_exact_occupancy(g: GateInputs) -> Verdict:
+    w = g.window
     occupancy = w.get("occupancy")
     if occupancy is None:
-        gate("exact_occupancy", False, f"no evidence of what the decode server ran: "
-                                       f"{w.get('evidence') or 'no window was analysed'}")
-    elif w.get("parse_problem"):
-        gate("exact_occupancy", False, w["parse_problem"])
-    else:
-        detail = occupancy.get("detail") or ""
-        if not occupancy.get("admissible") and w.get("decode_evidence"):
-            detail += f"; {w['decode_evidence']}"
-        gate("exact_occupancy", bool(occupancy.get("admissible")), detail)
-    if expected.model is not None:
-        from dsv4kit.bench.served_model import check as check_model
+        return False, f"no evidence of what the decode server ran: {w.get('evidence') or 'no window was analysed'}"
+    if w.get("parse_problem"):
+        return False, w["parse_problem"]
+    detail = occupancy.get("detail") or ""
+    if not occupancy.get("admissible") and w.get("decode_evidence"):
+        detail += f"; {w['decode_evidence']}"
+    return bool(occupancy.get("admissible")), detail
 
-        passed, detail = check_model(decode_info(raw.get("server_info") or {}), expected.model)
-        gate("served_model", passed, detail)
-    limit = expected.max_running_requests
-    gate("max_running", limit is not None and c <= limit,
-         "the decode server's /server_info has no max_running_requests" if limit is None
-         else f"C={c}, max_running_requests {limit}")
-    need = c * (expected.input_len + expected.output_len)
-    capacity = expected.max_total_num_tokens
-    gate("kv_capacity", capacity is not None and need <= capacity,
-         "the decode server's /server_info has no max_total_num_tokens" if capacity is None
-         else f"C x (ISL + OSL) = {need} tokens, max_total_num_tokens {capacity}")
 
-    cache_pct = None
+def _source_gate(rule: str):
+    def gate(g: GateInputs) -> Verdict:
+        verdict = (g.window.get("sources") or {}).get(rule)
+        if verdict is None:
+            return False, "the point's second sources were not analysed (dsv4kit.bench.conservation)"
+        return verdict["passed"], verdict["detail"]
+    gate.__name__ = f"gate_{rule}"
+    gate.__doc__ = f"``{rule}`` of ``dsv4kit.bench.conservation``: the counters over the run against the client."
+    return gate
+
+
+gate_conservation = _source_gate("conservation")
+gate_counters_up = _source_gate("counters_up")
+gate_no_foreign_requests = _source_gate("no_foreign_requests")
+
+
+def gate_served_model(g: GateInputs) -> Verdict:
+    if g.expected.model is None:
+        return None
+    from dsv4kit.bench.served_model import check as check_model
+
+    return check_model(decode_info(g.raw.get("server_info") or {}), g.expected.model)
+
+
+def gate_max_running(g: GateInputs) -> Verdict:
+    limit, c = g.expected.max_running_requests, g.expected.max_concurrency
+    return (limit is not None and c <= limit,
+            "the decode server's /server_info has no max_running_requests" if limit is None
+            else f"C={c}, max_running_requests {limit}")
+
+
+def gate_kv_capacity(g: GateInputs) -> Verdict:
+    e = g.expected
+    need, capacity = e.max_concurrency * (e.input_len + e.output_len), e.max_total_num_tokens
+    return (capacity is not None and need <= capacity,
+            "the decode server's /server_info has no max_total_num_tokens" if capacity is None
+            else f"C x (ISL + OSL) = {need} tokens, max_total_num_tokens {capacity}")
+
+
+def cache_hit_pct(raw: dict) -> Optional[float]:
     report = raw.get("cache_report")
     if report is not None:
-        cache_pct = float(report.get("cache_hit_rate_pct") or 0.0)
-    elif raw.get("cached_tokens") is not None and sum(raw.get("input_lens") or []):
-        cache_pct = 100.0 * sum(raw["cached_tokens"]) / sum(raw["input_lens"])
-    if config.expect_cold:
-        if cache_pct is None:
-            gate("cold_cache", False, "no cache report in the client line (run with --cache-report)")
-        elif meta_keys is None or "cached_tokens" not in meta_keys:
-            gate("cold_cache", False, no_meta if meta_keys is None else
-                 "the server does not report meta_info.cached_tokens: the client's 0 is a default, not evidence "
-                 "of a cold cache")
-        else:
-            gate("cold_cache", cache_pct <= config.max_cache_hit_pct,
-                 f"prefix-cache hit rate {cache_pct:.2f}% (maximum {config.max_cache_hit_pct:g}% when cold)")
+        return float(report.get("cache_hit_rate_pct") or 0.0)
+    if raw.get("cached_tokens") is not None and sum(raw.get("input_lens") or []):
+        return 100.0 * sum(raw["cached_tokens"]) / sum(raw["input_lens"])
+    return None
 
-    problems = []
-    started = decode_info(raw.get("server_info") or {}).get("startup_time")
+
+def gate_cold_cache(g: GateInputs) -> Verdict:
+    if not g.config.expect_cold:
+        return None
+    cache_pct, meta_keys = cache_hit_pct(g.raw), g.meta_keys
+    if cache_pct is None:
+        return False, "no cache report in the client line (run with --cache-report)"
+    if meta_keys is None or "cached_tokens" not in meta_keys:
+        return False, (g.no_meta if meta_keys is None else "the server does not report meta_info.cached_tokens: the "
+                       "client's 0 is a default, not evidence of a cold cache")
+    return (cache_pct <= g.config.max_cache_hit_pct,
+            f"prefix-cache hit rate {cache_pct:.2f}% (maximum {g.config.max_cache_hit_pct:g}% when cold)")
+
+
+def gate_same_server(g: GateInputs) -> Verdict:
+    expected, problems = g.expected, []
+    started = decode_info(g.raw.get("server_info") or {}).get("startup_time")
     if expected.startup_time is None or started is None:
         problems.append("the decode server reports no startup_time, so a restart cannot be ruled out")
     elif started != expected.startup_time:
         problems.append(f"the decode server's startup_time changed ({expected.startup_time} -> {started}): "
                         f"it restarted mid-sweep")
     if expected.prefill_port:
-        after = ((evidence or {}).get("startup_after") or {}).get(str(expected.prefill_port)) or {}
+        after = (g.evidence.get("startup_after") or {}).get(str(expected.prefill_port)) or {}
         if expected.prefill_startup_time is None or after.get("startup_time") is None:
             problems.append("the prefill server reports no startup_time, so a restart cannot be ruled out")
         elif after["startup_time"] != expected.prefill_startup_time:
             problems.append(f"the prefill server's startup_time changed ({expected.prefill_startup_time} -> "
                             f"{after['startup_time']}): it restarted mid-sweep")
-    gate("same_server", not problems, "; ".join(problems) or
-         ("decode and prefill servers' startup_time unchanged" if expected.prefill_port
-          else "server startup_time unchanged"))
+    return not problems, "; ".join(problems) or (
+        "decode and prefill servers' startup_time unchanged" if expected.prefill_port else "server startup_time unchanged")
 
+
+#: The gates in the order they are reported: name -> gate function.
+GATES = {"completed": gate_completed, "no_errors": gate_no_errors, "output_tokens": gate_output_tokens,
+         "ttft_positive": gate_ttft_positive, "input_lens": gate_input_lens, "concurrency": gate_concurrency,
+         "exact_occupancy": gate_exact_occupancy, "conservation": gate_conservation,
+         "counters_up": gate_counters_up, "no_foreign_requests": gate_no_foreign_requests,
+         "served_model": gate_served_model,
+         "max_running": gate_max_running, "kv_capacity": gate_kv_capacity, "cold_cache": gate_cold_cache,
+         "same_server": gate_same_server}
+
+
+def evaluate(raw: dict, expected: PointExpectation, config: GateConfig = GateConfig(),
+             evidence: Optional[dict] = None, window: Optional[dict] = None) -> dict:
+    """Check one client result line (with ``--output-details``); return the ``validity`` block.
+
+    ``evidence``: what ``dsv4box run-point`` saw on the box (``meta_info`` fields, the
+    servers' startup times after the point); ``window``: ``bench_window.analyze``'s block. Without
+    them the gates that need them fail.
+
+    ``{"passed": bool, "failed": [names], "gates": {name: {"passed": bool, "detail": str}},
+    "retok_ratio", "achieved_concurrency_ratio", "cache_hit_pct", "errors"}``.
+    """
+    inputs = GateInputs(raw, expected, config, evidence or {}, window or {})
+    gates: dict[str, dict] = {}
+    for name, check in GATES.items():
+        verdict = check(inputs)
+        if verdict is not None:
+            gates[name] = {"passed": bool(verdict[0]), "detail": verdict[1]}
     failed = [name for name, g in gates.items() if not g["passed"]]
     return {
         "passed": not failed,
         "failed": failed,
         "gates": gates,
-        "retok_ratio": ratio,
-        "achieved_concurrency_ratio": conc_ratio,
-        "cache_hit_pct": cache_pct,
-        "errors": len(bad_errors),
+        "retok_ratio": retok_ratio(raw),
+        "achieved_concurrency_ratio": concurrency_ratio(raw, expected),
+        "cache_hit_pct": cache_hit_pct(raw),
+        "errors": len(bad_errors(raw)),
     }

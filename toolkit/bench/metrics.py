@@ -1,6 +1,6 @@
 """The box-side ``/metrics`` parse, checked against prometheus_client's on the control machine.
 
-The box helper (``box_helper.py``, standard library only) parses every scrape itself and keeps
+The box helper (``box_metrics.py``, standard library only) parses every scrape itself and keeps
 only the selected numbers (a point scraped 4 times a second for an hour would otherwise ship
 hundreds of megabytes of text). It also ships the raw text of each port's first scrape
 (``evidence["exposition"]``); here that text is parsed again with ``prometheus_client``'s text
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from dsv4kit.bench import box_helper
+from dsv4kit.bench.box import metrics as box_metrics
 
 
 def prometheus_samples(text: str) -> list:
@@ -36,10 +36,10 @@ def cross_check(evidence: Optional[dict], port: int) -> Optional[str]:
     if text is None:
         return None  # no scrape succeeded: the gates say so from the samples
     try:
-        reference = box_helper.select_metrics(prometheus_samples(text))
+        reference = box_metrics.select_metrics(prometheus_samples(text))
     except Exception as exc:  # prometheus_client raises ValueError and friends on bad text
         return f"prometheus_client cannot parse the /metrics text of port {port}: {exc}"
-    ours = box_helper.select_metrics(box_helper.parse_exposition(text, names=box_helper.METRICS))
+    ours = box_metrics.select_metrics(box_metrics.parse_exposition(text, names=box_metrics.METRICS))
     if not _same(ours[0], reference[0]) or ours[1] != reference[1]:
         return (f"the box-side /metrics parse of port {port} disagrees with prometheus_client's: "
                 f"{ours[0]} vs {reference[0]}")

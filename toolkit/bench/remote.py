@@ -1,7 +1,8 @@
 """The box-side steps of a sweep over one SSH session (``Remote``), and the context-length restart.
 
-Each remote step has a timeout. ``Remote.setup`` copies ``box_helper.py`` (and
-``core/unit_env.py``) into a scratch directory on the box; the other methods run its commands.
+Each remote step has a timeout. ``Remote.setup`` copies the box-side package
+(``dsv4kit.bench.box``, with ``core/unit_env.py``) into a scratch directory on the box as
+``dsv4box``; the other methods run its commands there (``python -m dsv4box``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import Callable, Optional
 
 from dsv4kit.bench.config import PROBE_TIMEOUT_S, RESTART_TAG, SMALL_TIMEOUT_S, BenchAbort
 from dsv4kit.core import exitcodes
+
+#: The name the box-side package (``dsv4kit.bench.box``) has in the scratch directory on the box.
+BOX_PACKAGE = "dsv4box"
 
 
 class Remote:
@@ -41,8 +45,13 @@ class Remote:
         self.workdir = made.stdout.strip().splitlines()[-1]
         from dsv4kit.core import unit_env
 
-        for module in (Path(__file__).with_name("box_helper.py"), Path(unit_env.__file__)):
-            self.session.put(module, f"{self.workdir}/{module.name}")
+        self.session.run(f"mkdir -p {shlex.quote(self.workdir + '/' + BOX_PACKAGE)}", timeout=SMALL_TIMEOUT_S)
+        for module in (*sorted(Path(__file__).with_name("box").glob("*.py")), Path(unit_env.__file__)):
+            self.session.put(module, f"{self.workdir}/{BOX_PACKAGE}/{module.name}")
+
+    def box_command(self, *args: str) -> list:
+        """The argv of one box-side command (run with ``cwd`` = the scratch directory)."""
+        return [self.python, "-m", BOX_PACKAGE, *args]
 
     def restart_units(self, progress: Callable[[str], None], timeout: float) -> None:
         """``systemctl restart`` of the serving units the probe found (``sudo -n`` unless root):
@@ -67,8 +76,8 @@ class Remote:
         self.workdir = None
 
     def helper(self, *args: str, timeout: float = SMALL_TIMEOUT_S, env: Optional[dict] = None) -> dict:
-        command = shlex.join([self.python, f"{self.workdir}/box_helper.py", *args])
-        result = self.session.run(command, timeout=timeout, env=env, check=False)
+        command = shlex.join(self.box_command(*args))
+        result = self.session.run(command, timeout=timeout, env=env, cwd=self.workdir, check=False)
         lines = [l for l in result.stdout.splitlines() if l.strip()]
         try:
             return json.loads(lines[-1])

@@ -3,13 +3,13 @@
 Steps (each remote step has a timeout; see docs/benchmarking.md):
 
 1. The configuration is checked before anything connects (``dsv4kit.bench.config``).
-2. Connect, make a scratch directory on the box, copy ``box_helper.py`` there (``dsv4kit.bench.remote``).
+2. Connect, make a scratch directory on the box, copy the box-side package there (``dsv4kit.bench.remote``).
 3. Read ``/server_info`` of the decode server. If its ``context_length`` differs from ``--ctx``,
    re-run the playbook's ``sglang_service`` tag with ``dsv4_context_length=<ctx>``, wait for
    ``/health`` on every serving port, and read it back again.
 4. Probe provenance on the box (versions, GPUs, serving processes, model files).
 5. For each repetition, for each concurrency: run ``python -m sglang.benchmark.serving`` under
-   ``box_helper.py run-point`` (``/metrics`` scrapes, GPU telemetry, a ``meta_info`` probe, the
+   ``dsv4box run-point`` (``/metrics`` scrapes, GPU telemetry, a ``meta_info`` probe, the
    client's own request count as progress), fetch the result line and the evidence, and turn
    them into the point's entry (``dsv4kit.bench.assembly``: the exact-occupancy window, the
    gates); spill the point locally at once (``dsv4kit.bench.spill``). With ``--ab`` the
@@ -34,7 +34,7 @@ from dsv4kit.bench.arms import (ABSpec, arm_comparison, arm_extra_vars,  # noqa:
                                 default_apply_arm, parse_ab)
 from dsv4kit.bench.assembly import (PointContext, SweepResult, SweepState, _context_of,  # noqa: F401
                                     _provenance_differs, format_summary)
-from dsv4kit.bench.box_helper import NOT_IDLE_EXIT, PROGRESS_PREFIX
+from dsv4kit.bench.box.point import NOT_IDLE_EXIT, PROGRESS_PREFIX
 from dsv4kit.bench.config import (BOX_KEY_FIELDS, CLIENT_ENV, CLIENT_MODULE, LONG_INPUT,  # noqa: F401
                                   RESTART_TAG, BenchAbort, SweepConfig, check_config, check_host,
                                   check_restart_tools, client_argv, client_section, default_lengths,
@@ -172,7 +172,7 @@ class _SweepLoop:
         """Read the decode server (restarting it for ``--ctx`` when needed), the prefill server and
         the box's provenance."""
         from dsv4kit.bench.arm_pins import pin_running
-        from dsv4kit.records.provenance import sections, serving_gpu_count
+        from dsv4kit.records.provenance import sections
 
         s, cfg, remote, host = self.s, self.s.cfg, self.remote, self.host
         info = remote.server_info(self.decode_port, self.helper_env)
@@ -220,9 +220,10 @@ class _SweepLoop:
         s.starts = [{"before_repetition": 0, "startup_time": startup_time, "provenance_differs": []}]
         self.current = {"info": info, "startup_time": startup_time, "start": 0,
                         "prefill_startup_time": decode_info(prefill_info or {}).get("startup_time")}
+        serving_gpus = self.serving_gpus(info, prefill_info, s.first_provenance)
         self.ctx = PointContext(decode_port=self.decode_port, prefill_port=self.prefill_port,
                                 metrics_ports=[self.decode_port] + ([self.prefill_port] if self.prefill_port else []),
-                                serving_gpus=serving_gpu_count(host), model=expected_model(host, probe))
+                                serving_gpus=serving_gpus, model=expected_model(host, probe))
 
     def run(self, apply_arm: Optional[Callable], restart_units: Optional[Callable]) -> None:
         s, cfg, ab = self.s, self.s.cfg, self.s.ab
@@ -263,7 +264,7 @@ class _SweepLoop:
                                  model_path=str(self.host["dsv4_model_path"]), output_file=out_file,
                                  tag=f"{s.run_id}/c{c}/r{rep}" + (f"/{arm}" if arm else ""))
         evidence_file = f"{remote.workdir}/c{c}_r{rep}{suffix}.evidence.json"
-        wrapped = [remote.python, f"{remote.workdir}/box_helper.py", "run-point",
+        wrapped = [*remote.box_command("run-point"),
                    "--evidence-out", evidence_file, "--metrics-ports", ",".join(map(str, self.ctx.metrics_ports)),
                    "--probe-port", str(self.router_port), "--interval", f"{cfg.metrics_interval_s:g}",
                    "--idle-timeout", f"{cfg.gates.idle_timeout_s:g}", "--progress-every",
@@ -304,13 +305,28 @@ class _SweepLoop:
         cfg = self.s.cfg
         return prefill.run(self.remote, cfg.prefill_lengths, router_port=self.router_port,
                            prefill_port=self.prefill_port or self.decode_port, requests=cfg.prefill_requests,
-                           seed=cfg.seed, timeout=cfg.point_timeout_s, env=self.helper_env, progress=self.progress)
+                           seed=cfg.seed, timeout=cfg.point_timeout_s, env=self.helper_env, progress=self.progress,
+                           decode_port=self.decode_port, idle_timeout=cfg.gates.idle_timeout_s)
 
     def keep(self, point: dict, details_file: Optional[str]) -> None:
         self.s.points.append(point)
         if self.spill is not None:
             self.spill.point(point, details_file, self.s.details.get(details_file) if details_file else None)
             self.spill.progress(assembly.build_record(self.s, incomplete="the sweep did not finish"))
+
+    def serving_gpus(self, info: dict, prefill_info: Optional[dict], provenance: dict) -> int:
+        """The GPUs the serving servers report (``dsv4kit.bench.gpu_count``), written into
+        ``provenance``; a disagreement with the inventory stops the run."""
+        from dsv4kit.bench import gpu_count
+
+        total, problem = gpu_count.check(self.host, decode_info(info),
+                                         decode_info(prefill_info or {}) if self.prefill_port else None)
+        if problem:
+            raise BenchAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: {problem}")
+        # serving_count stays the inventory's (the records' comparability key); the per-GPU
+        # rates divide by what the servers report, which agrees with it server by server
+        provenance["gpus"]["servers_report"] = total
+        return total
 
     def restarted(self, what: str) -> dict:
         """After a restart: wait for the servers, read them again, and take this start's own
@@ -332,8 +348,10 @@ class _SweepLoop:
             self.current["prefill_startup_time"] = decode_info(prefill or {}).get("startup_time")
         start_probe = remote.probe()
         self.ctx.model = expected_model(self.host, start_probe)
-        return sections(host=self.host, probe=start_probe, server_info=self.current["info"],
-                        context_length=cfg.context_length, restarted=True, prefill_server_info=prefill)
+        provenance = sections(host=self.host, probe=start_probe, server_info=self.current["info"],
+                              context_length=cfg.context_length, restarted=True, prefill_server_info=prefill)
+        self.ctx.serving_gpus = self.serving_gpus(self.current["info"], prefill, provenance)
+        return provenance
 
 
 def restart_before(rep: int, repeat: int, restarts: int) -> bool:

@@ -18,7 +18,7 @@ rebuilt exactly, relative to the start of the measured run:
   ``tpot_formula_tok_s`` for reference only).
 
 The headline is the server's own account, not the client's: ``occupancy`` below. The decode
-server's ``/metrics`` is scraped on the box during the point (``box_helper.py run-point``); from
+server's ``/metrics`` is scraped on the box during the point (``dsv4box run-point``); from
 the client's "Starting main benchmark run" line plus the 1 s pause to the client's exit, each
 scrape of the decode server is at **exact occupancy** when it runs exactly C requests
 (``num_running_reqs``), queues none (``num_queue_reqs``), computed no prompt tokens since the
@@ -48,6 +48,8 @@ from dsv4kit.records.record import decode_info
 CLIENT_PAUSE_S = 1.0
 #: Fewer /metrics samples than this in the window is no evidence.
 MIN_SAMPLES = 2
+#: The least share of the point's decode phase spent at exact occupancy (GateConfig.min_window_share).
+MIN_WINDOW_SHARE = 0.5
 
 
 def token_timeline(ttfts: Sequence[float], itls: Sequence[Sequence[float]], concurrency: int,
@@ -199,12 +201,23 @@ def _best_window(exact: list, min_share: float) -> Optional[tuple[int, int]]:
     return best
 
 
-def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrapes: int) -> dict:
+def decode_phase(samples: list) -> Optional[tuple]:
+    """(first, last) index of the scrapes that bound the decode phase: from the scrape before the
+    decode counter first grew to the last scrape at which it grew; None when it never grew."""
+    grew = [k for k in range(1, len(samples))
+            if None not in (samples[k].get("decode_tokens_total"), samples[k - 1].get("decode_tokens_total"))
+            and samples[k]["decode_tokens_total"] > samples[k - 1]["decode_tokens_total"]]
+    return (grew[0] - 1, grew[-1]) if grew else None
+
+
+def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrapes: int,
+                    min_window_share: float = MIN_WINDOW_SHARE) -> dict:
     """The ``occupancy`` block: the decode server's scrapes of the measured run (time order) judged
     by the module doc's rule. ``admissible`` says whether a window qualified; ``decode_tok_s``,
     ``forward_passes_per_s`` and ``acceptance_length`` come from it; ``detail`` says in words what
     the server did."""
-    out: dict = {"rule": {"concurrency": concurrency, "min_exact_share": min_share, "min_window_scrapes": min_scrapes},
+    out: dict = {"rule": {"concurrency": concurrency, "min_exact_share": min_share, "min_window_scrapes": min_scrapes,
+                          "min_window_share": min_window_share},
                  "scrapes": len(samples), "admissible": False, "window_scrapes": 0, "exact_share": None,
                  "decode_tok_s": None, "forward_passes_per_s": None, "acceptance_length": None,
                  "tokens_per_pass_per_request": None, "foreign_scrapes": 0, "foreign_max": 0}
@@ -244,7 +257,15 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
         if passes:
             out["tokens_per_pass_per_request"] = tokens / passes / concurrency
         out["acceptance_length"] = statistics.fmean(accept) if accept else None
-        out["admissible"] = (j - i + 1 >= min_scrapes and n_exact >= min_share * (j - i + 1) and seconds > 0)
+        phase = decode_phase(samples)
+        phase_s = samples[phase[1]]["t"] - samples[phase[0]]["t"] if phase else 0.0
+        # the time between consecutive exact scrapes anywhere in the run (every wave of a
+        # multi-wave point), over the decode phase
+        exact_s = sum(samples[k]["t"] - samples[k - 1]["t"] for k in range(1, len(samples)) if flags[k] and flags[k - 1])
+        out["decode_phase_s"] = round(phase_s, 4)
+        out["window_share"] = round(exact_s / phase_s, 4) if phase_s > 0 else None
+        out["admissible"] = (j - i + 1 >= min_scrapes and n_exact >= min_share * (j - i + 1) and seconds > 0
+                             and out["window_share"] is not None and out["window_share"] >= min_window_share)
     out["detail"] = _occupancy_detail(out, samples, concurrency, missing)
     return out
 
@@ -253,13 +274,19 @@ def _occupancy_detail(out: dict, samples: list, concurrency: int, missing: set) 
     rule = (f"exactly {concurrency} running, none queued, no prompt tokens computed and no request finished "
             f"between scrapes, in at least {100 * out['rule']['min_exact_share']:g}% of at least "
             f"{out['rule']['min_window_scrapes']} consecutive scrapes")
+    rule += (f", with exact occupancy over at least {100 * out['rule']['min_window_share']:g}% of the decode phase")
     if out["admissible"]:
         return (f"admissible window: {out['window_scrapes']} scrapes ({100 * out['exact_share']:.1f}% at exact "
-                f"occupancy) over {out['window_s'][1] - out['window_s'][0]:.2f} s of the decode server ({rule})")
+                f"occupancy) over {out['window_s'][1] - out['window_s'][0]:.2f} s of the decode server, "
+                f"exact occupancy over {100 * out['window_share']:.0f}% of its {out['decode_phase_s']:.2f} s decode "
+                f"phase ({rule})")
     running = [s.get("num_running_reqs") for s in samples if s.get("num_running_reqs") is not None]
     queued = [s.get("num_queue_reqs") for s in samples if s.get("num_queue_reqs") is not None]
     told = (f"no admissible window ({rule}): the longest stretch was {out['window_scrapes']} scrapes"
             + (f" ({100 * out['exact_share']:.1f}% exact)" if out["exact_share"] is not None else "")
+            + (f", exact occupancy over {100 * out['window_share']:.0f}% of the {out['decode_phase_s']:.2f} s "
+               f"decode phase"
+               if out.get("window_share") is not None else "")
             + f" of {len(samples)}")
     if missing:
         told += "; the decode server's /metrics lacks " + ", ".join(sorted(m[3:] for m in missing))
@@ -348,7 +375,8 @@ def analyze(line: dict, concurrency: int, evidence: Optional[dict], decode_port:
                            f"(need {MIN_SAMPLES})" + (f"; scrape errors: {errors['count']}x {errors['first']}"
                                                       if errors else ""))
         return out
-    occupancy = exact_occupancy(samples, concurrency, min_share, min_scrapes)
+    occupancy = exact_occupancy(samples, concurrency, min_share, min_scrapes,
+                                getattr(gates, "min_window_share", MIN_WINDOW_SHARE))
     if problems:
         occupancy["detail"] = f"{problems[0]}; {occupancy['detail']}"
     out["occupancy"] = occupancy

@@ -211,7 +211,7 @@ def _gates_key(gates) -> Optional[str]:
 
 
 def _wheel_hash(info) -> Optional[str]:
-    """A wheel's sha256, else the hash of its installed RECORD (``box_helper._installed_fingerprint``)."""
+    """A wheel's sha256, else the hash of its installed RECORD (``box.probe._installed_fingerprint``)."""
     if not isinstance(info, dict):
         return None
     return info.get("sha256") or info.get("record_sha256")

@@ -1,0 +1,70 @@
+"""The box side's one HTTP client: loopback requests to the serving ports, the API key from the
+environment (``OPENAI_API_KEY``), never from argv."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+
+
+def headers() -> dict:
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def http_get(port: int, path: str, timeout: float = 10.0):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers())
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.status, response.read().decode("utf-8", "replace")
+
+
+def cmd_server_info(args) -> dict:
+    try:
+        status, body = http_get(args.port, "/server_info", args.timeout)
+    except urllib.error.HTTPError as exc:
+        return {"ok": False, "error": f"HTTP {exc.code} from /server_info"}
+    except (urllib.error.URLError, OSError, socket.timeout) as exc:
+        return {"ok": False, "error": f"no answer from 127.0.0.1:{args.port}/server_info: {getattr(exc, 'reason', exc)}"}
+    try:
+        return {"ok": True, "status": status, "server_info": json.loads(body)}
+    except ValueError:
+        return {"ok": False, "error": f"/server_info did not return JSON: {body[:200]!r}"}
+
+
+def cmd_wait_health(args) -> dict:
+    ports = [int(p) for p in args.ports.split(",") if p]
+    deadline = time.monotonic() + args.timeout
+    pending = set(ports)
+    last = {}
+    while pending:
+        for port in sorted(pending):
+            try:
+                status, _ = http_get(port, "/health", 5.0)
+                if status == 200:
+                    pending.discard(port)
+            except Exception as exc:  # not up yet
+                last[port] = str(getattr(exc, "reason", exc))
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            return {"ok": False, "pending": sorted(pending), "last_error": {str(k): v for k, v in last.items()}}
+        time.sleep(args.interval)
+    return {"ok": True, "ports": ports}
+
+
+
+def post(port: int, path: str, body: dict, timeout: float):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers()})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read()
+
+
+def server_info(port: int, timeout: float = 10.0) -> dict:
+    """``GET /server_info`` as JSON (raises on no answer or no JSON)."""
+    _, body = http_get(port, "/server_info", timeout)
+    return json.loads(body)
