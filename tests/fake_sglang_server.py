@@ -24,6 +24,8 @@ Fault injection (the traps the bench gates must catch):
   and ``/server_info`` (the client then silently falls back to 0 / the planned length).
   ``--enable-priority-scheduling``, ``--enable-metrics-for-all-schedulers`` (with ``--tp-size``):
   ``/metrics`` in the shapes 0.5.23 writes with those server flags (see ``State.metrics``).
+  ``POST /_test/config {"stalled": true}``: queued requests stop entering the batch (a stuck
+  scheduler); ``{"retract": N}``: N more retracted requests (``num_retracted_requests_total``).
   ``POST /_test/config`` with a JSON body changes ``context_length``, ``error_every``,
   ``cached_tokens``, ``token_delay_ms``, ``decode_cap``, ``priority_scheduling``,
   ``all_schedulers``, ``tp_size`` or ``flush_status`` (400: the flush fails, as SGLang's does
@@ -110,6 +112,10 @@ class State:
         self.spec_accept_length = getattr(args, "spec_accept_length", 0.0)
         self.served_model_path = getattr(args, "served_model_path", "")
         self.kv_transfer_ms = getattr(args, "kv_transfer_ms", 0.0)
+        # Planted faults for the monitoring tests: a scheduler that stops taking requests from its
+        # queue (``stalled``), and retracted requests (0.5.23's counter appears at the first one).
+        self.stalled = False
+        self.retracted_total = 0
 
     def metrics(self) -> str:
         """The Prometheus text SGLang 0.5.23 serves with --enable-metrics (the metrics used here), in
@@ -174,6 +180,11 @@ class State:
                   "# TYPE sglang:num_requests_total counter",
                   f'sglang:num_requests_total{{model_name="{self.model_path}",engine_type="unified",'
                   f'is_streaming="true"}} {float(self.finished)}']
+        if self.retracted_total:
+            lines += ["# HELP sglang:num_retracted_requests_total Total number of retracted requests.",
+                      "# TYPE sglang:num_retracted_requests_total counter",
+                      f"sglang:num_retracted_requests_total{{{labels}}} {float(self.retracted_total)}",
+                      f"sglang:num_retracted_requests_created{{{labels}}} {self.startup_time}"]
         if self.spec_accept_length:
             lines += ["# HELP sglang:spec_accept_length Mean acceptance length of speculative decoding.",
                       "# TYPE sglang:spec_accept_length gauge",
@@ -309,7 +320,7 @@ def make_handler(state: State):
                 with state.lock:
                     for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status",
                                 "priority_scheduling", "all_schedulers", "tp_size", "served_model_path",
-                                "spec_accept_length", "kv_transfer_ms"):
+                                "spec_accept_length", "kv_transfer_ms", "stalled"):
                         if key in body:
                             setattr(state, key, body[key])
                     if "decode_cap" in body:  # for requests that arrive from now on
@@ -317,6 +328,7 @@ def make_handler(state: State):
                         state.slots = threading.BoundedSemaphore(body["decode_cap"]) if body["decode_cap"] else None
                     if "model" in body:  # the stand-in model's faults (tests/fake_model.py)
                         state.model.faults = dict(body["model"] or {})
+                    state.retracted_total += int(body.get("retract", 0))  # requests pushed back to the queue
                     if body.get("restart"):  # what a unit restart does to /server_info
                         state.startup_time = time.time()
                     if "context_length" in body and body["context_length"] != state.context_length:
@@ -399,6 +411,8 @@ def make_handler(state: State):
             """Queue for a decode slot (and a serial prefill), then decode at the batch's speed."""
             with state.lock:
                 state.enter("queued", priority, 1)
+            while state.stalled:  # a stuck scheduler: the request waits in the queue
+                time.sleep(0.05)
             slots = state.slots
             if slots is not None:
                 slots.acquire()

@@ -73,7 +73,10 @@ def _stall(queue: str, running: str, tokens: str | None) -> list:
 
 
 _STALL = "decode server on box1: 3 requests queued and the scheduler makes no progress"
-_XID = [series("DCGM_FI_DEV_XID_ERRORS", gpu(3), "0x5 79x15")]
+# The exporter labels the last Xid with err_code/err_msg (4.8.2's gpu_collector): a new Xid is a new series.
+_NO_XID = {**gpu(3), "err_code": "0", "err_msg": "No Error"}
+_XID79 = {**gpu(3), "err_code": "79", "err_msg": "GPU has fallen off the bus"}
+_XID = [series("DCGM_FI_DEV_XID_ERRORS", _NO_XID, "0x5"), series("DCGM_FI_DEV_XID_ERRORS", _XID79, "_x5 79x15")]
 
 #: alert name -> [(input series, eval time, expected alerts)]; an empty expectation is a quiet case.
 CASES = dict([
@@ -107,9 +110,11 @@ CASES = dict([
         (_spec("1.2", "0"), "20m", []),  # idle: the gauge holds the last window's value
     ]),
     ("DSV4GPUXid", [
-        (_XID, "10m", [alert(gpu(3), "GPU 3 on box1 reported Xid 79", "critical")]),
-        ([series("DCGM_FI_DEV_XID_ERRORS", gpu(3), "0x20")], "10m", []),
-        ([series("DCGM_FI_DEV_XID_ERRORS", gpu(3), "79x40")], "30m", []),  # an old Xid, already reported
+        (_XID, "10m", [alert(_XID79, "GPU 3 on box1 reported Xid 79", "critical")]),
+        ([series("DCGM_FI_DEV_XID_ERRORS", gpu(3), "0x5 79x15")], "10m",  # the value alone changes
+         [alert(gpu(3), "GPU 3 on box1 reported Xid 79", "critical")]),
+        ([series("DCGM_FI_DEV_XID_ERRORS", _NO_XID, "0x20")], "10m", []),
+        ([series("DCGM_FI_DEV_XID_ERRORS", _XID79, "79x40")], "30m", []),  # an old Xid, already reported
         ([series("DCGM_EXP_XID_ERRORS_COUNT", {**gpu(3), "xid": "48", "window_size_in_ms": "300000"}, "0x3 1x5")],
          "6m", [alert({**gpu(3), "xid": "48", "window_size_in_ms": "300000"}, "GPU 3 on box1 reported Xid 1",
                       "critical")]),
