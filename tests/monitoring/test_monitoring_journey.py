@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def stack(tmp_path_factory, loopback_ssh):
     ports = {name: _free_port() for name in ("prometheus", "alertmanager", "node")}
     textfiles = work / "textfile"
     textfiles.mkdir()
-    (textfiles / "dsv4kit.prom").write_text(
+    (textfiles / "rollout.prom").write_text(
         '# HELP dsv4kit_rollout_info Kernels serving.\n# TYPE dsv4kit_rollout_info gauge\n'
         'dsv4kit_rollout_info{indexer="dsv4kit",attention="stock"} 1\n')
     try:
@@ -202,3 +203,27 @@ def _swallow(server) -> None:
         urllib.request.urlopen(request, timeout=120).read()
     except (OSError, http.client.HTTPException):  # the server stops under it at the end
         pass
+
+
+#: Panels whose queries the stand-ins feed (the rest read histograms, speculative, PD and
+#: clock-event series the stand-ins do not write yet).
+FED_PANELS = {"Running and queued requests", "Generation throughput", "KV and SWA token use",
+              "Retractions (KV exhausted)", "Router requests and errors", "Power", "SM clock", "Temperature",
+              "Throttled time (power, thermal)", "Last Xid", "PCIe replays", "Kernels serving (rollout status)"}
+
+
+def test_every_dashboard_query_runs_in_prometheus_and_the_fed_ones_return_data(stack):
+    from dsv4kit.monitor.panels import all_panels
+
+    panels = all_panels()
+    assert FED_PANELS <= {p.title for p in panels}
+    empty = []
+    for panel in panels:
+        rows = 0
+        for expr, _ in panel.queries:
+            answer = _get(f"{stack['prom']}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+            assert answer["status"] == "success", (panel.title, expr, answer)
+            rows += len(answer["data"]["result"])
+        if not rows:
+            empty.append(panel.title)
+    assert not FED_PANELS & set(empty), sorted(FED_PANELS & set(empty))
