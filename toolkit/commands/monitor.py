@@ -37,10 +37,13 @@ def monitor(
     from dsv4kit.monitor.endpoints import monitoring_host_name
 
     try:
-        name = host or monitoring_host_name(load_inventory(inventory))
+        inv = load_inventory(inventory)
+        name = host or monitoring_host_name(inv)
+        opened = bool(inv.host(name).get("dsv4_monitoring_open", False))
     except (InventoryError, ValueError) as exc:
         raise Abort(exitcodes.USAGE, str(exc)) from None
-    check_hosts(inventory, host=name, trust_new_host_key=trust_new_host_key)
+    if not opened:  # read over SSH: the same checks as every command that reaches a box
+        check_hosts(inventory, host=name, trust_new_host_key=trust_new_host_key)
     doing("reading the alerts")
     outcome = status.collect(inventory, host=name, timeout=timeout, trust_new_host_key=trust_new_host_key,
                              say=lambda m: typer.echo(m, err=True))
