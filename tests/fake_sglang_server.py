@@ -24,6 +24,8 @@ Fault injection (the traps the bench gates must catch):
   and ``/server_info`` (the client then silently falls back to 0 / the planned length).
   ``--enable-priority-scheduling``, ``--enable-metrics-for-all-schedulers`` (with ``--tp-size``):
   ``/metrics`` in the shapes 0.5.23 writes with those server flags (see ``State.metrics``).
+  ``POST /_test/config {"stalled": true}``: queued requests stop entering the batch (a stuck
+  scheduler); ``{"retract": N}``: N more retracted requests (``num_retracted_requests_total``).
   ``POST /_test/config`` with a JSON body changes ``context_length``, ``error_every``,
   ``cached_tokens``, ``token_delay_ms``, ``decode_cap``, ``priority_scheduling``,
   ``all_schedulers``, ``tp_size`` or ``flush_status`` (400: the flush fails, as SGLang's does
@@ -131,6 +133,10 @@ class State:
         # emitted; once it passes counter_reset_at, the scheduler's counters restart from 0.
         self.decode_counter_scale = getattr(args, "decode_counter_scale", 1.0)
         self.counter_reset_at = getattr(args, "counter_reset_at", 0)
+        # Planted faults for the monitoring tests: a scheduler that stops taking requests from its
+        # queue (``stalled``), and retracted requests (0.5.23's counter appears at the first one).
+        self.stalled = False
+        self.retracted_total = 0
         self.publish_gauges()
 
     def publish_gauges(self) -> None:
@@ -233,6 +239,11 @@ class State:
                   "# TYPE sglang:http_requests_total counter"]
         lines += [f'sglang:http_requests_total{{endpoint="{endpoint}",method="{method}"}} {float(count)}'
                   for (endpoint, method), count in sorted(self.http_requests.items())]
+        if self.retracted_total:
+            lines += ["# HELP sglang:num_retracted_requests_total Total number of retracted requests.",
+                      "# TYPE sglang:num_retracted_requests_total counter",
+                      f"sglang:num_retracted_requests_total{{{labels}}} {float(self.retracted_total)}",
+                      f"sglang:num_retracted_requests_created{{{labels}}} {self.startup_time}"]
         if self.spec_accept_length:
             lines += ["# HELP sglang:spec_accept_length Mean acceptance length of speculative decoding.",
                       "# TYPE sglang:spec_accept_length gauge",
@@ -379,7 +390,7 @@ def make_handler(state: State):
                     for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status",
                                 "priority_scheduling", "all_schedulers", "tp_size", "served_model_path",
                                 "spec_accept_length", "kv_transfer_ms", "decode_counter_scale",
-                                "counter_reset_at", "gauge_refresh_passes"):
+                                "counter_reset_at", "gauge_refresh_passes", "stalled"):
                         if key in body:
                             setattr(state, key, body[key])
                     if body.get("counter_reset_at"):  # from now: once the decode counter grew by that much
@@ -391,6 +402,7 @@ def make_handler(state: State):
                         state.chat.configure(body["chat"] or {})
                     if "model" in body:  # the stand-in model's faults (tests/fake_model.py)
                         state.model.faults = dict(body["model"] or {})
+                    state.retracted_total += int(body.get("retract", 0))  # requests pushed back to the queue
                     if body.get("restart"):  # what a unit restart does to /server_info
                         state.startup_time = time.time()
                     if "context_length" in body and body["context_length"] != state.context_length:
@@ -475,6 +487,8 @@ def make_handler(state: State):
             """Queue for a decode slot (and a serial prefill), then decode at the batch's speed."""
             with state.lock:
                 state.enter("queued", priority, 1)
+            while state.stalled:  # a stuck scheduler: the request waits in the queue
+                time.sleep(0.05)
             slots = state.slots
             if slots is not None:
                 slots.acquire()

@@ -42,6 +42,9 @@ def write_loopback_inventory(directory: Path, sshd, prefix: Path, *, host: str =
         "dsv4_known_hosts": str(sshd.known_hosts),
         # Forced on: these tests check the rollout itself ('auto' is tests/test_kernel_plan_e2e.py's).
         "dsv4_kernel_flags": {"SGLANG_SM120_TRITON_INDEXER": "1", "SGLANG_SM120_MMA_ATTENTION": "1"},
+        # The monitoring stage has its own tests (tests/monitoring): its packages are not in the
+        # box's stand-in archive.
+        "dsv4_monitoring": False,
     })
     all_vars.update(overrides or {})
     (directory / "group_vars/all.yml").write_text(yaml.safe_dump(all_vars, sort_keys=False))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: `tests/run.sh [PYTEST ARGS...]`.
 #
-# 1. System packages the tests start (sshd, ssh, pgrep/ps, git, nft, sudo, python3-venv): apt-get, only for
+# 1. System packages the tests start (sshd, ssh, pgrep/ps, git, nft, sudo, python3-venv, prometheus,
+#    prometheus-alertmanager, prometheus-node-exporter): apt-get, only for
 #    what is missing (needs root then).
 # 2. A venv of its own, $DSV4KIT_TEST_VENV (default .venv in the clone, git-ignored), without the
 #    system site-packages: torch==2.13.0 first (pip's CPU build where it has one), then the
@@ -28,6 +29,10 @@ missing=()
 command -v git >/dev/null 2>&1 || missing+=(git)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)  # the firewall ruleset check
 command -v sudo >/dev/null 2>&1 || missing+=(sudo)  # a non-root login that becomes root, as on a real box
+# monitoring: the real Prometheus (promtool), Alertmanager and node_exporter (tests/monitoring)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
+command -v prometheus-node-exporter >/dev/null 2>&1 || missing+=(prometheus-node-exporter)
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   missing+=(python3 python3-venv)
 elif ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then

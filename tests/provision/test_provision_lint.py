@@ -15,7 +15,7 @@ from dsv4kit.provision.playbook import PlaybookSummary, format_summary
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "playbooks" / "roles"
 STAGES = ["preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "model_weights", "flash_attn",
-          "kernel_rollout", "sglang_service"]
+          "kernel_rollout", "sglang_service", "monitoring"]
 PLAY_VARS = {"dsv4_root", "dsv4_etc_dir", "dsv4_restart_flag", "dsv4_rollout_unverified_flag", "dsv4_venv_key",
              "dsv4_venv_build_dir"}  # playbooks/site.yml
 RESTART = "Restart the serving units"

@@ -502,7 +502,7 @@ def stage_runs(tags=None, skip_tags=None, stage: str = STAGE) -> bool:
 # Tags that select only their own stage; anything else (a pattern, "tagged") might select any, and
 # is resolved to be safe.
 _KNOWN_STAGES = {"preflight", "nvidia_driver", "cuda_toolkit", "host_tuning", "sglang_venv", "flash_attn",
-                 "kernel_rollout", "sglang_service", "never", "always"}
+                 "kernel_rollout", "sglang_service", "monitoring", "never", "always"}
 SERVING_STAGE = "sglang_service"
 
 
