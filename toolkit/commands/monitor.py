@@ -8,21 +8,21 @@ answered with an error; 130 interrupted.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, doing, interruptible
+from dsv4kit.core.options import Inventory, TrustNewHostKey
 
 
 @interruptible("dsv4kit monitor")
 def monitor(
     host: Optional[str] = typer.Option(None, "--host", help="The monitoring host (default: dsv4_monitoring_host, else the first box)."),
     timeout: float = typer.Option(15.0, "--timeout", help="Seconds to wait for Prometheus and Alertmanager."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", "-i", help="Inventory file (default: inventory/hosts.yml or $DSV4KIT_INVENTORY)."),
+    inventory: Inventory = None,
     json_out: bool = typer.Option(False, "--json", help="Print the URLs and the alerts as JSON on stdout."),
-    trust_new_host_key: bool = typer.Option(False, "--trust-new-host-key", help="Accept and record an unknown host key."),
+    trust_new_host_key: TrustNewHostKey = False,
 ) -> None:
     """Print the Grafana dashboard, Prometheus and Alertmanager URLs (with the SSH tunnel to open
     when the box keeps them on its loopback) and the alerts firing now. See docs/monitoring.md."""
