@@ -49,13 +49,25 @@ def _repo(path: Optional[Path]) -> Path:
     return repo
 
 
+def _has_records_branch(repo: Path) -> bool:
+    import subprocess
+
+    from dsv4kit.records.results_repo import BRANCH
+
+    done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"refs/heads/{BRANCH}"],
+                          capture_output=True, text=True, timeout=30)
+    return done.returncode == 0
+
+
 def _check_git(repo: Path) -> None:
     """Exit 2 unless ``repo`` is a git repository of its own (reading never creates one)."""
     from dsv4kit.records.results_repo import ResultsRepoError, check_branch, check_path
 
     try:
         is_repo = check_path(repo)
-        if is_repo:  # on another branch (or detached) bench refuses it: reading it says so too
+        # Records live on branch main, which reading finds whatever is checked out; a repository
+        # without it (one on master, say) would read as empty, so it is refused as bench refuses it.
+        if is_repo and not _has_records_branch(repo):
             check_branch(repo)
     except ResultsRepoError as exc:
         _fail(exitcodes.USAGE, str(exc))
