@@ -77,6 +77,9 @@ FAKE_API_KEY = "sk-dsv4kit-FAKE-SECRET-3f9a"
 FAKE_ADMIN_KEY = "admin-dsv4kit-FAKE-SECRET-77c1"
 
 
+#: SGLang 0.5.23 publishes the scheduler gauges from its idle check at most this often.
+IDLE_PUBLISH_S = 30.0
+
 class State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.lock = threading.Lock()
@@ -142,6 +145,7 @@ class State:
     def publish_gauges(self) -> None:
         """Take the scheduler gauges' values now (lock held), as 0.5.23's metrics reporter does."""
         now = time.time()
+        self.last_publish = now
         self.published = {"running": self.running, "queued": self.queued,
                           "running_by_priority": dict(self.running_by_priority),
                           "queued_by_priority": dict(self.queued_by_priority),
@@ -154,8 +158,12 @@ class State:
         """The gauge values /metrics shows now (lock held): live without a refresh cadence; else the
         last published ones, refreshed on idle (the scheduler's idle check publishes at once when
         the running gauge disagrees with an empty batch) and every decode_log_interval passes."""
-        idle = not self.running and not self.queued
-        if not self.gauge_refresh_passes or (idle and self.published["running"] != 0) \
+        # The idle check runs whenever no batch runs (a queue it cannot admit included): it publishes
+        # at once when the running gauge is stale, else at most every 30 s (metrics_reporter.py,
+        # _maybe_log_idle_metrics).
+        idle = not self.running
+        if not self.gauge_refresh_passes or (idle and (self.published["running"] != 0
+                                                        or time.time() > self.last_publish + IDLE_PUBLISH_S)) \
                 or self.passes >= self.next_refresh:
             self.publish_gauges()
         return self.published
