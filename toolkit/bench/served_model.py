@@ -18,14 +18,26 @@ def _norm(path) -> str:
     return os.path.normpath(str(path)) if path else ""
 
 
+def served_name_candidates(host) -> list[str]:
+    """The names the units pass as ``--served-model-name``: the inventory's
+    ``dsv4_served_model_name``, whose default is the model's repository id
+    (``dsv4_models[dsv4_model].repo``); a value still holding a template is resolved that way."""
+    out = []
+    for value in (host.get("dsv4_served_model_name"), host.get("dsv4_model_repo")):
+        if value and "{{" not in str(value):
+            out.append(str(value))
+    models, model = host.get("dsv4_models"), host.get("dsv4_model")
+    if isinstance(models, dict) and isinstance(models.get(model), dict) and models[model].get("repo"):
+        out.append(str(models[model]["repo"]))
+    return list(dict.fromkeys(out))
+
+
 def expected_model(host, probe: Optional[dict]) -> dict:
     """What the record says is served: the inventory's model path, the names it may be served
     under (the path, and ``dsv4_served_model_name`` when the inventory sets one), its revision, and
     the revision the weights manifest on the box names (None: no manifest was read)."""
     path = _norm(host.get("dsv4_model_path"))
-    names = [path]
-    if host.get("dsv4_served_model_name"):
-        names.append(str(host.get("dsv4_served_model_name")))
+    names = [path] + [n for n in served_name_candidates(host) if n != path]
     weights = (probe or {}).get("weights") or {}
     return {"path": path, "served_names": names, "revision": host.get("dsv4_model_revision"),
             "manifest_revision": weights.get("revision"), "manifest_reason": weights.get("reason")}

@@ -370,7 +370,10 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
 
 def served_name(host) -> str:
     """The name clients give the model: dsv4_served_model_name, else the path SGLang serves it as."""
-    return str(host.get("dsv4_served_model_name") or host.get("dsv4_model_path"))
+    from dsv4kit.bench.served_model import served_name_candidates
+
+    names = served_name_candidates(host)
+    return names[0] if names else str(host.get("dsv4_model_path"))
 
 
 def ran_with(host, probe: dict, ab) -> dict:
