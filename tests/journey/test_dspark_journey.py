@@ -111,6 +111,8 @@ def test_a_bench_point_records_the_acceptance_beside_the_forward_passes(box, loo
     inventory = box_inventory(box, loopback_ssh, tmp_path / "inv", dsv4_venv_dir=str(box.venv),
                               dsv4_prefix=str(box.prefix), dsv4_model=CHOICE["dsv4_model"],
                               dsv4_model_path=str(box.model), dsv4_model_revision=REVISION,
+                              # the name the role's units serve it under (group_vars' default)
+                              dsv4_served_model_name=PINS["dsv4_models"][CHOICE["dsv4_model"]]["repo"],
                               dsv4_context_length=PINS["dsv4_context_length"],
                               dsv4_prefill_gpus=PINS["dsv4_prefill_gpus"], dsv4_decode_gpus=PINS["dsv4_decode_gpus"])
     done = dsv4kit("bench", "--ctx", str(PINS["dsv4_context_length"]), "--concurrency", "1", "--repeat", "1",
