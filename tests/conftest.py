@@ -42,9 +42,11 @@ def unwritable_dir(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _own_validation_reports(tmp_path_factory, monkeypatch):
-    """Every test keeps validation reports in a directory of its own (the product's default is in
-    the user's home): a test that means the default unsets $DSV4KIT_RESULTS_DIR itself."""
+    """Every test keeps validation reports and records in places of its own (the product's defaults
+    are in the user's home): a test that means a default unsets $DSV4KIT_RESULTS_DIR or
+    $DSV4KIT_RESULTS_REPO itself."""
     monkeypatch.setenv("DSV4KIT_RESULTS_DIR", str(tmp_path_factory.mktemp("validation-reports")))
+    monkeypatch.setenv("DSV4KIT_RESULTS_REPO", str(tmp_path_factory.mktemp("results-repo") / "results"))
 
 
 # --------------------------------------------------------------- the bench tests' box (tests/bench_support.py)

@@ -106,6 +106,11 @@ class QuickstartBox:
         self.gpu.close()
 
 
+def p2p_log(tools: Path) -> Path:
+    """Where the box venv's python logs each run of the P2P check (``-m dsv4kit.validation.p2p``)."""
+    return tools.parent / "p2p-runs.log"
+
+
 def finish_venv(venv: Path, tools: Path) -> None:
     """What the box's SGLang venv holds beyond the role's pins (see the module docstring), and the
     box's ``nvidia-smi`` on the units' PATH (the units put the venv's bin first)."""
@@ -133,6 +138,8 @@ def finish_venv(venv: Path, tools: Path) -> None:
         f'case "$1 $2" in\n'
         f'  "-m sglang.launch_server") shift 2; exec {real} {shlex.quote(str(HERE / "launch_server_standin.py"))} "$@";;\n'
         f'  "-m dsv4kit.validation.harness") shift 2; exec {real} {shlex.quote(str(HERE / "gpu_standin.py"))} "$@";;\n'
+        # The P2P check runs for real (no CUDA here: it says so and exits 7); each run is logged.
+        f'  "-m dsv4kit.validation.p2p") echo "$*" >> {shlex.quote(str(p2p_log(tools)))};;\n'
         "esac\n"
         f'case "$1" in */dsv4-router-launch) exec {real} {shlex.quote(str(HERE / "router_standin.py"))} "$@";; esac\n'
         f'if [ "$1" = -c ] && [ "$3" = torch ]; then DSV4_JOURNEY_FAKE_CUDA=1 exec {real} "$@"; fi\n'

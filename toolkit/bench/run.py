@@ -195,8 +195,9 @@ def _baseline(req: BenchRequest, repo: Path, target, cfg) -> tuple[Optional[dict
 def plan(req: BenchRequest, warn: Say) -> BenchPlan:
     """Every check that needs no box, in the order the user meets them; Abort naming the first problem."""
     from dsv4kit.core.inventory import default_inventory_path
+    from dsv4kit.core.paths import results_repo_or_default
 
-    repo = req.results_repo or results_repo.default_path()
+    repo = results_repo_or_default(req.results_repo)
     inventory_path = req.inventory or default_inventory_path()
     cfg = config.from_request(req)
     ab_spec = _ab_spec(req, warn)

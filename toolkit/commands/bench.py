@@ -44,7 +44,7 @@ def bench(
     inventory: Inventory = None,
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare against this record (run id, tag or record.json path); exit 1 on a regression."),
     baseline_ctx: Optional[int] = typer.Option(None, "--baseline-ctx", help="Compare against the newest record of this host at this context length (the context length may differ; nothing else may, so give --input-len/--output-len that fit both). Checked before connecting."),
-    results_repo_path: Path = typer.Option(None, "--results-repo", help="Results git repository (created if absent; git and write access are checked before connecting). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
+    results_repo_path: Path = typer.Option(None, "--results-repo", help="Results git repository (created if absent; git and write access are checked before connecting). Default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress stays on stderr)."),
     point_timeout: float = typer.Option(3600.0, "--point-timeout", min=1.0, help="Seconds one point may run before its remote process group is killed (the sweep then aborts)."),
     server_timeout: float = typer.Option(1800.0, "--server-timeout", min=1.0, help="Seconds to wait for the servers after a restart."),

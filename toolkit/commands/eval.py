@@ -30,7 +30,7 @@ def eval_cmd(
     ab: Optional[str] = typer.Option(None, "--ab", metavar="KEY=A,B", help="Compare two arms, as bench --ab does: KEY is an environment variable of the serving units (e.g. SGLANG_SM120_TRITON_INDEXER=0,1), a server flag, or the inventory setting dsv4_fp4_indexer (=false,true: FP8 against FP4); a restart through the playbook before each arm. Without it, the served configuration is checked alone."),
     host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
     inventory: Inventory = None,
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Results git repository (default: results/bench or $DSV4KIT_RESULTS_REPO); the eval record goes beside the bench records."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Results git repository (default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results); the eval record goes beside the bench records."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress stays on stderr)."),
     server_timeout: float = typer.Option(1800.0, "--server-timeout", min=1.0, help="Seconds to wait for the servers after an arm's restart."),
     arm_timeout: float = typer.Option(3600.0, "--arm-timeout", min=1.0, help="Seconds one arm's checks may run on the box."),

@@ -35,7 +35,7 @@ def provision(
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports: 'auto' kernel flags follow the host's latest (docs/rollout.md). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records: an 'auto' flag also needs a passing eval --ab record of it there (docs/quality.md). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records: an 'auto' flag also needs a passing eval --ab record of it there (docs/quality.md). Default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results."),
     ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Ask for the sudo password on the box (as ansible-playbook -K)."),
     ask_vault_pass: bool = typer.Option(False, "--ask-vault-pass", help="Ask for the Ansible Vault password of vaulted inventory values."),
     vault_id: Optional[List[str]] = typer.Option(None, "--vault-id", help="An Ansible Vault identity, as ansible-playbook takes it (label@FILE, label@prompt; repeatable)."),

@@ -28,18 +28,18 @@ from dsv4kit.core.cli_common import JSON_HELP, check_output, deprecated, doing, 
 
 app = typer.Typer(help="List, show, compare and plot bench records.", no_args_is_help=True)
 
-_REPO_HELP = "Results git repository. Default: results/bench or $DSV4KIT_RESULTS_REPO."
+_REPO_HELP = "Results git repository. Default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results."
 
 
 def _repo(path: Optional[Path]) -> Path:
     """The results repository to read; exit 2 when it names a file (or anything not a directory)."""
-    from dsv4kit.records.results_repo import default_path as default_results_repo
+    from dsv4kit.core.paths import RESULTS_REPO_ENV, results_repo_or_default
 
-    repo = path or default_results_repo()
+    repo = results_repo_or_default(path)
     if repo.exists() and not repo.is_dir():
         # Named as the user gave it: the option, the environment variable, or the default.
         what = (f"--results-repo {str(repo)!r}" if path is not None else
-                f"$DSV4KIT_RESULTS_REPO {str(repo)!r}" if os.environ.get("DSV4KIT_RESULTS_REPO") else
+                f"${RESULTS_REPO_ENV} {str(repo)!r}" if os.environ.get(RESULTS_REPO_ENV) else
                 f"the default results repository {str(repo)!r}")
         _fail(exitcodes.USAGE, f"{what} is a file, not a directory: a results repository is a git "
                                f"directory (give one with --results-repo DIR)")
@@ -297,9 +297,9 @@ def publish_cmd(
     """Publish a kept spill as one commit and tag; the spill is removed once it is published.
     A sweep that did not finish is published as an incomplete record (never a baseline)."""
     from dsv4kit.records import spill_publish
-    from dsv4kit.records.results_repo import default_path
+    from dsv4kit.core.paths import results_repo_or_default
 
-    repo = results_repo or default_path()
+    repo = results_repo_or_default(results_repo)
     doing(f"publishing {spill_dir} into {repo}", "nothing was published")
     try:
         published, record = spill_publish.publish_spill(spill_dir, repo)

@@ -137,7 +137,7 @@ def plan(
     inventory: Inventory = None,
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
     results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records (the quality evidence). Default: results/bench or $DSV4KIT_RESULTS_REPO."),
+    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records (the quality evidence). Default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results."),
     json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The kernel flags (and dsv4_fp4_indexer) provisioning would set on the host, and the evidence behind each.

@@ -31,7 +31,7 @@ TrustNewHostKey = Annotated[bool, typer.Option(
 
 #: ``--results-repo``: the git repository of bench and eval records.
 ResultsRepo = Annotated[Optional[Path], typer.Option(
-    "--results-repo", help="Results git repository (default: $DSV4KIT_RESULTS_REPO, else results/bench).")]
+    "--results-repo", help="Results git repository (default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results).")]
 
 #: ``--results-dir``: where validation reports are kept.
 ResultsDir = Annotated[Optional[Path], typer.Option(

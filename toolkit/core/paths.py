@@ -27,6 +27,21 @@ def cannot_write(directory: Path) -> Optional[str]:
 RESULTS_DIR_ENV = "DSV4KIT_RESULTS_DIR"
 
 
+#: The variable that moves the results git repository of bench and eval records (``--results-repo``
+#: wins over it).
+RESULTS_REPO_ENV = "DSV4KIT_RESULTS_REPO"
+
+#: The defaults as the help texts and errors name them (docs/overview.md says why they are there).
+RESULTS_DIR_DEFAULT_TEXT = f"${RESULTS_DIR_ENV}, else ~/.local/share/dsv4kit/validation"
+RESULTS_REPO_DEFAULT_TEXT = f"${RESULTS_REPO_ENV}, else ~/.local/share/dsv4kit/results"
+
+
+def _data_home() -> Path:
+    """``$XDG_DATA_HOME/dsv4kit`` (``~/.local/share/dsv4kit``): this user's dsv4kit data."""
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(data) / "dsv4kit"
+
+
 def default_results_dir() -> Path:
     """Where ``validate`` keeps its reports and ``provision``/``rollout plan`` look for them when no
     ``--results-dir`` is given: ``$DSV4KIT_RESULTS_DIR``, else ``$XDG_DATA_HOME/dsv4kit/validation``
@@ -35,8 +50,23 @@ def default_results_dir() -> Path:
     moved = os.environ.get(RESULTS_DIR_ENV)
     if moved:
         return Path(moved).expanduser()
-    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(data) / "dsv4kit" / "validation"
+    return _data_home() / "validation"
+
+
+def default_results_repo() -> Path:
+    """The results git repository of bench and eval records when no ``--results-repo`` is given:
+    ``$DSV4KIT_RESULTS_REPO``, else ``$XDG_DATA_HOME/dsv4kit/results`` (``~/.local/share/dsv4kit/results``).
+    Never relative to the current directory: ``bench`` and ``eval`` write where ``records``,
+    ``rollout plan`` and ``provision`` read, whichever directory each runs from."""
+    moved = os.environ.get(RESULTS_REPO_ENV)
+    if moved:
+        return Path(moved).expanduser()
+    return _data_home() / "results"
+
+
+def results_repo_or_default(given: Optional[os.PathLike | str]) -> Path:
+    """``given`` (the ``--results-repo`` option, ``~`` expanded) or :func:`default_results_repo`."""
+    return Path(given).expanduser() if given is not None else default_results_repo()
 
 
 def results_dir_or_default(given: Optional[Path]) -> Path:

@@ -132,7 +132,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     from dsv4kit.bench import arms as bench_arms, config
     from dsv4kit.bench.run import _check_repo
     from dsv4kit.core.inventory import InventoryError, default_inventory_path, load_inventory
-    from dsv4kit.records import results_repo
+    from dsv4kit.core.paths import results_repo_or_default
 
     if req.ctx is not None and req.ctx < 2048:
         raise Abort(exitcodes.USAGE, f"--ctx {req.ctx}: the needle check needs at least 2048 tokens of context")
@@ -140,7 +140,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
         raise Abort(exitcodes.USAGE, f"--questions {req.questions}: give at least 1")
     tasks = _tasks_source(req.tasks)
     ab_spec = bench_arms.parse_ab(req.ab) if req.ab is not None else None
-    repo = req.results_repo or results_repo.default_path()
+    repo = results_repo_or_default(req.results_repo)
     _check_repo(repo)
     inventory_path = req.inventory or default_inventory_path()
     try:

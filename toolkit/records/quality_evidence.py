@@ -197,10 +197,11 @@ def task_problems(record: dict, tasks: dict, host) -> list[str]:
 
 def finder(repo: Optional[Path] = None) -> Callable:
     """The lookup for ``plan_host(quality=...)`` over the results repository ``repo`` (default:
-    ``results/bench`` or ``$DSV4KIT_RESULTS_REPO``, where ``dsv4kit eval`` records)."""
+    ``$DSV4KIT_RESULTS_REPO``, else ``~/.local/share/dsv4kit/results``, where ``dsv4kit eval`` records)."""
+    from dsv4kit.core.paths import results_repo_or_default
     from dsv4kit.validation.verdict_run import kernels_digest
 
-    repo = Path(repo) if repo is not None else results_repo.default_path()
+    repo = results_repo_or_default(repo)
 
     def lookup(host, flag: str, facts, served_with: dict) -> dict:
         values = ",".join(ab_values(flag))

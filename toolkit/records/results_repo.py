@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from dsv4kit.core.paths import cannot_write
+from dsv4kit.core.paths import cannot_write, default_results_repo
 from dsv4kit.records import eval_record
 from dsv4kit.records.record import RecordError, check as check_bench
 
@@ -63,15 +63,13 @@ GIT_TIMEOUT_S = 120
 #: Publishing rebuilds on the new head and retries when another publish moved the branch first.
 PUBLISH_ATTEMPTS = 5
 
-DEFAULT_PATH = Path("results/bench")
 #: The one branch records live on.
 BRANCH = "main"
 BRANCH_REF = f"refs/heads/{BRANCH}"
 
 
-def default_path() -> Path:
-    """The results repository when none is given: ``$DSV4KIT_RESULTS_REPO``, else ``results/bench``."""
-    return Path(os.environ.get("DSV4KIT_RESULTS_REPO", DEFAULT_PATH))
+#: The results repository when none is given; its one home is :mod:`dsv4kit.core.paths`.
+default_path = default_results_repo
 
 
 class ResultsRepoError(RuntimeError):
