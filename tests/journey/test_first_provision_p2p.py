@@ -29,10 +29,10 @@ STAGES = "host_tuning,sglang_venv,kernel_rollout"
 
 
 @pytest.fixture
-def box(tmp_path):
+def box(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("the box is provisioned as root (file ownership)")
-    box = QuickstartBox(tmp_path / "box")
+    box = QuickstartBox(tmp_path_factory.mktemp("p2p"))  # a short path: ssh's control socket lives under it
     yield box
     box.stop()
 
