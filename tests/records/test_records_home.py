@@ -55,3 +55,14 @@ def test_a_record_published_from_one_directory_is_listed_from_another(tmp_path):
     # The variable moves it: the same record is not found elsewhere.
     moved = dsv4kit(there, {**env, "DSV4KIT_RESULTS_REPO": str(tmp_path / "elsewhere")}, "records", "list", "--json")
     assert RUN not in moved.stdout, moved.stdout
+
+
+def test_every_results_repo_option_names_the_same_default():
+    from tests.cli_support import cli
+
+    for command in (["bench"], ["eval"], ["provision"], ["rollout", "plan"], ["records", "list"],
+                    ["records", "publish"]):
+        code, out, _ = cli(*command, "--help", env={"COLUMNS": "400"})
+        assert code == 0 and "--results-repo" in out, command
+        text = " ".join(out.split())
+        assert "~/.local/share/dsv4kit/results" in text and "results/bench" not in text, (command, text)

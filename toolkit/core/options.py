@@ -11,6 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from dsv4kit.core.paths import RESULTS_DIR_DEFAULT_TEXT, RESULTS_REPO_DEFAULT_TEXT
+
 JSON_HELP = "Print a machine-readable summary as JSON on stdout (progress goes to stderr)."
 OUTPUT_HELP = "Write the report to this file (checked for writability before any work)."
 
@@ -31,9 +33,8 @@ TrustNewHostKey = Annotated[bool, typer.Option(
 
 #: ``--results-repo``: the git repository of bench and eval records.
 ResultsRepo = Annotated[Optional[Path], typer.Option(
-    "--results-repo", help="Results git repository (default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results).")]
+    "--results-repo", help=f"Results git repository (default: {RESULTS_REPO_DEFAULT_TEXT}).")]
 
 #: ``--results-dir``: where validation reports are kept.
 ResultsDir = Annotated[Optional[Path], typer.Option(
-    "--results-dir", help="Where validation reports are kept (default: $DSV4KIT_RESULTS_DIR, else "
-                          "~/.local/share/dsv4kit/validation).")]
+    "--results-dir", help=f"Where validation reports are kept (default: {RESULTS_DIR_DEFAULT_TEXT}).")]
