@@ -1,0 +1,130 @@
+"""``dsv4kit doctor`` against a box reached through a real sshd on 127.0.0.1: its login PATH puts
+stand-ins for ``sudo``, ``nvidia-smi`` and ``systemctl`` first (each reads a state file the test
+sets), and a loopback HTTP server is the router. One passing box, then one failing check each:
+no SSH, sudo asking for a password, a GPU missing, a unit down, the router's /health failing."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+import pytest
+
+from dsv4kit.core import exitcodes
+from tests.cli_support import cli, waiting_venv
+from tests.remote_inventory import closed_port, write_inventory
+from tests.sshd import LoopbackSSHD
+
+_TOOLS = {
+    # sudo -n: refused while the box "asks for a password"; else the command runs (the login is root here).
+    "sudo": '[ -e "$BOX/sudo-asks" ] && { echo "sudo: a password is required" >&2; exit 1; }\n'
+            '[ "$1" = -n ] && shift\nexec "$@"\n',
+    "nvidia-smi": 'n=$(cat "$BOX/gpus"); i=0\nwhile [ $i -lt $n ]; do\n'
+                  '  echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; i=$((i+1))\ndone\n',
+    "systemctl": '[ "$1" = is-active ] || { echo "stand-in: only is-active" >&2; exit 2; }\nshift; rc=0\n'
+                 'for u in "$@"; do s=$(cat "$BOX/units/$u" 2>/dev/null || echo inactive); echo "$s"\n'
+                 '  [ "$s" = active ] || rc=3; done\nexit $rc\n',
+}
+
+
+class _Router(http.server.BaseHTTPRequestHandler):
+    healthy = True
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        code = 200 if self.path == "/health" and _Router.healthy else 503
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(b"ok" if code == 200 else b"unhealthy")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory):
+    root = tmp_path_factory.mktemp("doctor")
+    state, tools = root / "box", root / "bin"
+    (state / "units").mkdir(parents=True)
+    tools.mkdir()
+    for name, body in _TOOLS.items():
+        (tools / name).write_text("#!/bin/sh\n" + body)
+        (tools / name).chmod(0o755)
+    path = f"{tools}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+    sshd = LoopbackSSHD(root / "sshd", extra_config=(f"SetEnv PATH={path} BOX={state}",)).start()
+    router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Router)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    venv = waiting_venv(root / "venv")  # the box venv's python: the bench's readiness helper runs there
+    inventory = write_inventory(root / "inv", sshd, dsv4_venv_dir=str(venv),
+                                dsv4_router_port=router.server_address[1])
+    yield {"state": state, "sshd": sshd, "inventory": inventory, "root": root}
+    router.shutdown()
+    sshd.stop()
+
+
+@pytest.fixture
+def healthy(box):
+    state = box["state"]
+    (state / "gpus").write_text("8\n")
+    (state / "sudo-asks").unlink(missing_ok=True)
+    from dsv4kit.bench.restart_plan import serving_units
+
+    for unit in serving_units():
+        (state / "units" / unit).write_text("active\n")
+    _Router.healthy = True
+    return box
+
+
+def _doctor(inventory, *extra):
+    code, out, err = cli("doctor", "-i", inventory, "--timeout", "20", "--json", *extra)
+    report = json.loads(out)
+    return code, report, {(c["name"]): c for c in report["checks"]}, err
+
+
+def test_a_ready_box_passes_every_check(healthy):
+    code, report, checks, err = _doctor(healthy["inventory"])
+    assert code == exitcodes.OK and report["ok"], err
+    assert list(checks) == ["python", "ansible-core", "ssh client", "dsv4kit", "inventory", "ssh", "sudo", "gpus",
+                            "units", "router /health"]
+    assert all(c["ok"] for c in checks.values())
+    assert "8 GPU(s)" in checks["gpus"]["detail"]
+    code, out, _ = cli("doctor", "-i", healthy["inventory"], "--timeout", "20")
+    assert code == 0 and "PASS  router /health [lo]" in out and "10 of 10 checks passed" in out
+
+
+@pytest.mark.parametrize("breakage, failed, code, fix", [
+    ("sudo", "sudo", exitcodes.ENVIRONMENT, "NOPASSWD"),
+    ("gpu", "gpus", exitcodes.ENVIRONMENT, "dsv4_gpu_count"),
+    ("unit", "units", exitcodes.CHECK_FAILED, "journalctl -u dsv4-decode.service"),
+    ("health", "router /health", exitcodes.CHECK_FAILED, "dsv4_router_port"),
+])
+def test_one_failing_check_names_its_fix(healthy, breakage, failed, code, fix):
+    state = healthy["state"]
+    if breakage == "sudo":
+        (state / "sudo-asks").write_text("")
+    elif breakage == "gpu":
+        (state / "gpus").write_text("7\n")
+    elif breakage == "unit":
+        (state / "units" / "dsv4-decode.service").write_text("failed\n")
+    else:
+        _Router.healthy = False
+    got, report, checks, err = _doctor(healthy["inventory"], "--timeout", "3" if breakage == "health" else "20")
+    assert got == code and report["exit_code"] == code and not report["ok"], (report, err)
+    assert not checks[failed]["ok"] and fix in checks[failed]["fix"], checks[failed]
+    assert [c for c in report["checks"] if not c["ok"]] == [checks[failed]]  # the others still pass
+
+
+def test_no_ssh_is_unreachable_and_stops_that_box(box, tmp_path):
+    inventory = write_inventory(tmp_path / "inv", box["sshd"], ansible_port=closed_port())
+    code, report, checks, _ = _doctor(inventory)
+    assert code == exitcodes.UNREACHABLE
+    assert not checks["ssh"]["ok"] and "ssh -p" in checks["ssh"]["fix"]
+    assert "sudo" not in checks and "gpus" not in checks  # nothing more is tried on that box
+
+
+def test_a_broken_inventory_is_bad_input(tmp_path):
+    bad = tmp_path / "hosts.yml"
+    bad.write_text("all:\n  hosts:\n    lo:\n      dsv4_gpu_count: eight\n")
+    code, report, checks, _ = _doctor(bad)
+    assert code == exitcodes.USAGE and not checks["inventory"]["ok"]
+    assert checks["python"]["ok"] and checks["ssh client"]["ok"]
