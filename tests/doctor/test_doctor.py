@@ -1,13 +1,15 @@
 """``dsv4kit doctor`` against a box reached through a real sshd on 127.0.0.1: its login PATH puts
-stand-ins for ``sudo``, ``nvidia-smi`` and ``systemctl`` first (each reads a state file the test
-sets), and a loopback HTTP server is the router. One passing box, then one failing check each:
-no SSH, sudo asking for a password, a GPU missing, a unit down, the router's /health failing."""
+stand-ins for ``nvidia-smi`` and ``systemctl`` first (each reads a state file the test sets), and
+a loopback HTTP server is the router; sudo is the real one. One passing box, then one failing check
+each: no SSH, sudo asking for a password (a real non-root login whose sudoers rule wants one), a GPU
+missing, a unit down, the router's /health failing."""
 
 from __future__ import annotations
 
 import http.server
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +19,7 @@ from tests.remote_inventory import closed_port, write_inventory
 from tests.sshd import LoopbackSSHD
 
 _TOOLS = {
-    # sudo -n: refused while the box "asks for a password"; else the command runs (the login is root here).
-    "sudo": '[ -e "$BOX/sudo-asks" ] && { echo "sudo: a password is required" >&2; exit 1; }\n'
-            '[ "$1" = -n ] && shift\nexec "$@"\n',
-    "nvidia-smi": 'n=$(cat "$BOX/gpus"); i=0\nwhile [ $i -lt $n ]; do\n'
+    "nvidia-smi": '[ -e "$BOX/gpus-hang" ] && exec sleep 600\nn=$(cat "$BOX/gpus"); i=0\nwhile [ $i -lt $n ]; do\n'
                   '  echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; i=$((i+1))\ndone\n',
     "systemctl": '[ "$1" = is-active ] || { echo "stand-in: only is-active" >&2; exit 2; }\nshift; rc=0\n'
                  'for u in "$@"; do s=$(cat "$BOX/units/$u" 2>/dev/null || echo inactive); echo "$s"\n'
@@ -66,7 +65,7 @@ def box(tmp_path_factory):
 def healthy(box):
     state = box["state"]
     (state / "gpus").write_text("8\n")
-    (state / "sudo-asks").unlink(missing_ok=True)
+    (state / "gpus-hang").unlink(missing_ok=True)
     from dsv4kit.bench.restart_plan import serving_units
 
     for unit in serving_units():
@@ -93,22 +92,23 @@ def test_a_ready_box_passes_every_check(healthy):
 
 
 @pytest.mark.parametrize("breakage, failed, code, fix", [
-    ("sudo", "sudo", exitcodes.ENVIRONMENT, "NOPASSWD"),
     ("gpu", "gpus", exitcodes.ENVIRONMENT, "dsv4_gpu_count"),
+    ("hang", "gpus", exitcodes.TIMEOUT, "--timeout"),
     ("unit", "units", exitcodes.CHECK_FAILED, "journalctl -u dsv4-decode.service"),
     ("health", "router /health", exitcodes.CHECK_FAILED, "dsv4_router_port"),
 ])
 def test_one_failing_check_names_its_fix(healthy, breakage, failed, code, fix):
     state = healthy["state"]
-    if breakage == "sudo":
-        (state / "sudo-asks").write_text("")
-    elif breakage == "gpu":
+    if breakage == "gpu":
         (state / "gpus").write_text("7\n")
+    elif breakage == "hang":  # a command past --timeout is a failed check, never a traceback
+        (state / "gpus-hang").write_text("")
     elif breakage == "unit":
         (state / "units" / "dsv4-decode.service").write_text("failed\n")
     else:
         _Router.healthy = False
-    got, report, checks, err = _doctor(healthy["inventory"], "--timeout", "3" if breakage == "health" else "20")
+    got, report, checks, err = _doctor(healthy["inventory"], "--timeout",
+                                       "3" if breakage in ("health", "hang") else "20")
     assert got == code and report["exit_code"] == code and not report["ok"], (report, err)
     assert not checks[failed]["ok"] and fix in checks[failed]["fix"], checks[failed]
     assert [c for c in report["checks"] if not c["ok"]] == [checks[failed]]  # the others still pass
@@ -128,3 +128,20 @@ def test_a_broken_inventory_is_bad_input(tmp_path):
     code, report, checks, _ = _doctor(bad)
     assert code == exitcodes.USAGE and not checks["inventory"]["ok"]
     assert checks["python"]["ok"] and checks["ssh client"]["ok"]
+
+
+def test_a_sudo_that_asks_for_a_password_fails_the_sudo_check(tmp_path):
+    """The real sudo, for a non-root login: passwordless passes; a rule that wants a password fails."""
+    from tests.sudo_login import sudo_login
+
+    with sudo_login() as login:
+        inventory = write_inventory(tmp_path / "inv", login.sshd, ansible_user=login.user)
+        _, _, checks, err = _doctor(inventory)
+        assert checks["ssh"]["ok"] and login.user in checks["ssh"]["detail"], err
+        assert checks["sudo"]["ok"], checks["sudo"]
+        rule = Path(f"/etc/sudoers.d/dsv4kit-test-{login.user}")
+        rule.write_text(f"{login.user} ALL=(ALL) ALL\n")
+        code, report, checks, _ = _doctor(inventory)
+        assert code == exitcodes.ENVIRONMENT and not checks["sudo"]["ok"]
+        assert "password" in checks["sudo"]["detail"] and "NOPASSWD" in checks["sudo"]["fix"], checks["sudo"]
+        assert "-K" in checks["sudo"]["fix"]

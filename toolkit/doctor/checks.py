@@ -113,11 +113,19 @@ def box(host, *, timeout: float, trust_new_host_key: bool, say: Callable[[str], 
         yield _failed("ssh", str(exc), _ssh_fix(host), code, name)
         return
     with session:
-        login = session.run("id -un", timeout=timeout, check=False).stdout.strip() or "?"
-        yield _passed("ssh", f"logged in as {login} at {session.endpoint.describe()}", name)
-        yield _sudo(session, login, timeout, name)
-        yield _gpus(session, host, timeout, name)
-        yield from _units(session, host, timeout, name, say)
+        step = "ssh"
+        try:
+            login = session.run("id -un", timeout=timeout, check=False).stdout.strip() or "?"
+            yield _passed("ssh", f"logged in as {login} at {session.endpoint.describe()}", name)
+            step = "sudo"
+            yield _sudo(session, login, timeout, name)
+            step = "gpus"
+            yield _gpus(session, host, timeout, name)
+            step = "units"
+            yield from _units(session, host, timeout, name, say)
+        except RemoteError as exc:  # a command past --timeout, a connection lost
+            yield _failed(step, str(exc), "see the box's state (a hung command, a lost connection); raise "
+                          "--timeout if it is only slow", exc.exit_code, name)
 
 
 def _ssh_fix(host) -> str:
@@ -186,6 +194,11 @@ def _router_health(session, host, timeout: float, name: str, say) -> Check:
     remote = Remote(session, host, say)
     try:
         remote.setup()
+    except BenchAbort as exc:  # no venv python to run the readiness wait with
+        remote.cleanup()
+        return _failed("router /health", str(exc), "run `dsv4kit provision` (the sglang_venv stage)",
+                       exc.exit_code, name)
+    try:
         remote.wait_health([port], timeout, None)
     except BenchAbort as exc:
         return _failed("router /health", str(exc),
