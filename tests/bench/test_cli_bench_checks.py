@@ -269,7 +269,7 @@ def test_bench_reports_a_ctrl_c_after_the_commit_as_published(tmp_path, loopback
     _fake_sweep(monkeypatch, rec)
     _publish_interrupted_after_commit(monkeypatch)
     result = invoke(["bench", "--ctx", "8192", *C, *SMALL,
-                                      "-i", str(inventory), "--results-repo", str(repo)])
+                     "-i", str(inventory), "--results-repo", str(repo)])
     assert result.exit_code == exitcodes.INTERRUPTED, result.output
     assert "interrupted after the record was committed: it is published and complete" in result.stderr
     assert f"recorded {rec['run_id']}" in result.stderr and "nothing was recorded" not in result.stderr
@@ -288,7 +288,7 @@ def test_a_baseline_found_different_on_the_box_does_not_mask_invalid_points(tmp_
     rec["comparability_key"] = comparability_key(rec)
     _fake_sweep(monkeypatch, rec)
     result = invoke(["bench", "--ctx", "8192", *C, *SMALL, "--baseline-ctx",
-                                      "8192", "-i", str(inventory), "--results-repo", str(repo), "--json"])
+                     "8192", "-i", str(inventory), "--results-repo", str(repo), "--json"])
     assert result.exit_code == exitcodes.CHECK_FAILED, result.output
     out = json.loads(result.stdout)
     assert out["exit_code"] == 1 and out["validity_passed"] is False

@@ -1,6 +1,6 @@
 """``dsv4kit doctor`` against a box reached through a real sshd on 127.0.0.1: its login PATH puts
 stand-ins for ``nvidia-smi`` and ``systemctl`` first (each reads a state file the test sets), and
-a loopback HTTP server is the router; sudo is the real one. One passing box, then one failing check
+a loopback HTTP server answers for the router and both servers; sudo is the real one. One passing box, then one failing check
 each: no SSH, sudo asking for a password (a real non-root login whose sudoers rule wants one), a GPU
 missing, a unit down, the router's /health failing."""
 
@@ -54,8 +54,9 @@ def box(tmp_path_factory):
     router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Router)
     threading.Thread(target=router.serve_forever, daemon=True).start()
     venv = waiting_venv(root / "venv")  # the box venv's python: the bench's readiness helper runs there
-    inventory = write_inventory(root / "inv", sshd, dsv4_venv_dir=str(venv),
-                                dsv4_router_port=router.server_address[1])
+    port = router.server_address[1]  # the router and both servers: one stand-in answers for all
+    inventory = write_inventory(root / "inv", sshd, dsv4_venv_dir=str(venv), dsv4_router_port=port,
+                                dsv4_prefill_port=port, dsv4_decode_port=port)
     yield {"state": state, "sshd": sshd, "inventory": inventory, "root": root}
     router.shutdown()
     sshd.stop()
@@ -84,18 +85,18 @@ def test_a_ready_box_passes_every_check(healthy):
     code, report, checks, err = _doctor(healthy["inventory"])
     assert code == exitcodes.OK and report["ok"], err
     assert list(checks) == ["python", "ansible-core", "ssh client", "dsv4kit", "inventory", "ssh", "sudo", "gpus",
-                            "units", "router /health"]
+                            "units", "health"]
     assert all(c["ok"] for c in checks.values())
     assert "8 GPU(s)" in checks["gpus"]["detail"]
     code, out, _ = cli("doctor", "-i", healthy["inventory"], "--timeout", "20")
-    assert code == 0 and "PASS  router /health [lo]" in out and "10 of 10 checks passed" in out
+    assert code == 0 and "PASS  health [lo]" in out and "10 of 10 checks passed" in out
 
 
 @pytest.mark.parametrize("breakage, failed, code, fix", [
     ("gpu", "gpus", exitcodes.ENVIRONMENT, "dsv4_gpu_count"),
     ("hang", "gpus", exitcodes.TIMEOUT, "--timeout"),
     ("unit", "units", exitcodes.CHECK_FAILED, "journalctl -u dsv4-decode.service"),
-    ("health", "router /health", exitcodes.CHECK_FAILED, "dsv4_router_port"),
+    ("health", "health", exitcodes.CHECK_FAILED, "dsv4-decode.service"),
 ])
 def test_one_failing_check_names_its_fix(healthy, breakage, failed, code, fix):
     state = healthy["state"]

@@ -144,8 +144,8 @@ def test_validate_gpu_fails_a_drafter_whose_drafts_are_never_accepted(box, loopb
     inventory = box_inventory(box, loopback_ssh, tmp_path / "inv")
     wheel = wheelbuild.build_wheel(tmp_path / "wheel").path
     result = invoke(["validate", "--gpu", "0", "-i", str(inventory), "--interpret", "--cases",
-                                      "indexer:1x2x100x16", "--wheel", str(wheel), "--results-dir",
-                                      str(tmp_path / "results")])
+                     "indexer:1x2x100x16", "--wheel", str(wheel), "--results-dir",
+                     str(tmp_path / "results")])
     out, err = result.stdout, result.stderr
     assert result.exit_code == exitcodes.CHECK_FAILED, out + err
     assert "VERDICT: PASS" in out  # the kernels are fine; the drafter is not

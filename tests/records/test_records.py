@@ -281,7 +281,7 @@ def test_records_compare_exit_codes(repo_with_records):
     result = invoke(["records", "compare", recs["base"]["run_id"], recs["long"]["run_id"], "--results-repo", str(repo)])
     assert result.exit_code == 2 and "NOT COMPARABLE" in result.output and "context_length" in result.output
     result = invoke(["records", "compare", recs["base"]["run_id"], recs["long"]["run_id"], "--results-repo", str(repo),
-                 "--ignore", "context_length", "--json"])
+                     "--ignore", "context_length", "--json"])
     assert result.exit_code == 1  # 128K is much slower than 8K here: regressions
     assert json.loads(result.output)["comparable"] is True
     # -40% with only two repetitions on a side: inconclusive, and that is never exit 0
@@ -310,7 +310,7 @@ def test_records_plot_writes_a_png(repo_with_records, tmp_path):
     repo, recs = repo_with_records
     out = tmp_path / "plot.png"
     result = invoke(["records", "plot", recs["base"]["run_id"], recs["long"]["run_id"], "--out", str(out),
-                 "--results-repo", str(repo)])
+                     "--results-repo", str(repo)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     every = tmp_path / "all.png"  # no ids: every record in the repository

@@ -20,8 +20,8 @@ def doctor(
 ) -> None:
     """Check, in order: this machine (python, ansible-core, ssh, dsv4kit), the inventory, then per
     box SSH, sudo without a password, the GPUs (nvidia-smi against dsv4_gpu_count) and the serving
-    units (systemctl is-active, the router's /health). Each line says pass or fail and the fix.
-    Nothing is changed. Exit codes: 0 all pass; else the first failed check's: 1 a unit down or
+    units (systemctl is-active, /health of the router and both servers). Each line says pass or
+    fail and the fix. Nothing is changed. Exit codes: 0 all pass; else the first failed check's: 1 a unit down or
     /health failing, 2 the inventory, 3 SSH, 4 a remote command past --timeout, 5 this machine,
     sudo or the GPUs (docs/cli.md)."""
     from dsv4kit.doctor import checks

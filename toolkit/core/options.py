@@ -88,7 +88,7 @@ Verbose = Annotated[int, typer.Option(
 
 #: ``--limit``/``-l``: the inventory hosts or groups a command reaches.
 Limit = Annotated[Optional[List[str]], typer.Option(
-    "--limit", "-l", help="Only these hosts or groups (comma-separated or repeated).")]
+    "--limit", "-l", metavar="HOSTS", help="Only these hosts or groups (comma-separated or repeated).")]
 
 #: ``--dry-run``: print the plan of a command that restarts the serving units; change nothing.
 DryRun = Annotated[bool, typer.Option(

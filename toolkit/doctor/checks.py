@@ -1,10 +1,11 @@
 """The doctor's checks, in the order a bring-up needs them: the control machine, the inventory,
-then per box SSH, sudo without a password, the GPUs and the serving units (with the router's
+then per box SSH, sudo without a password, the GPUs and the serving units (with their
 /health). Each gives a :class:`Check`: pass or fail, what was seen, the fix, and the exit code a
 failure means (core/exitcodes.py). A box whose SSH fails gets no further checks.
 
 The remote checks go through ``core.ssh`` (host keys checked against known_hosts, every command
-under a timeout) and the router's /health through the bench's box-side readiness wait.
+under a timeout), and /health of the router and both servers through the bench's box-side
+readiness wait.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def inventory(path, limit: Optional[list]) -> tuple[Check, list]:
 
 # --------------------------------------------------------------------------- one box
 def box(host, *, timeout: float, trust_new_host_key: bool, say: Callable[[str], None]) -> Iterator[Check]:
-    """SSH, sudo, GPUs, units and the router's /health of one box, in that order."""
+    """SSH, sudo, GPUs, units and their /health on one box, in that order."""
     from dsv4kit.core.exitcodes import Abort
     from dsv4kit.core.ssh import RemoteError, open_session
 
@@ -183,30 +184,36 @@ def _units(session, host, timeout: float, name: str, say) -> Iterator[Check]:
                       f"`dsv4kit provision --tags sglang_service`", exitcodes.CHECK_FAILED, name)
         return
     yield _passed("units", f"{', '.join(units)} active", name)
-    yield _router_health(session, host, timeout, name, say)
+    yield _health(session, host, timeout, name, say)
 
 
-def _router_health(session, host, timeout: float, name: str, say) -> Check:
+#: The serving ports the health check asks, and the unit that answers on each.
+_PORTS = (("dsv4_router_port", "dsv4-router.service"), ("dsv4_prefill_port", "dsv4-prefill.service"),
+          ("dsv4_decode_port", "dsv4-decode.service"))
+
+
+def _health(session, host, timeout: float, name: str, say) -> Check:
+    """GET /health on the router, prefill and decode ports (the router's alone is 200 even with no
+    worker), through the bench's box-side readiness wait."""
     from dsv4kit.bench.config import BenchAbort
     from dsv4kit.bench.remote import Remote
 
-    port = int(host.get("dsv4_router_port") or 30000)
+    ports = {int(host.get(var)): unit for var, unit in _PORTS if host.get(var)}
+    where = ", ".join(f"127.0.0.1:{port} ({unit})" for port, unit in ports.items())
     remote = Remote(session, host, say)
     try:
         remote.setup()
     except BenchAbort as exc:  # no venv python to run the readiness wait with
         remote.cleanup()
-        return _failed("router /health", str(exc), "run `dsv4kit provision` (the sglang_venv stage)",
-                       exc.exit_code, name)
+        return _failed("health", str(exc), "run `dsv4kit provision` (the sglang_venv stage)", exc.exit_code, name)
     try:
-        remote.wait_health([port], timeout, None)
+        remote.wait_health(sorted(ports), timeout, None)
     except BenchAbort as exc:
-        return _failed("router /health", str(exc),
-                       f"see `journalctl -u dsv4-router.service -n 50` on the box; the router answers on "
-                       f"127.0.0.1:{port} (dsv4_router_port)", exitcodes.CHECK_FAILED, name)
+        return _failed("health", str(exc), f"see `journalctl -u UNIT -n 50` on the box for the port(s) named "
+                                           f"above; they are {where}", exitcodes.CHECK_FAILED, name)
     finally:
         remote.cleanup()
-    return _passed("router /health", f"200 on 127.0.0.1:{port}", name)
+    return _passed("health", f"/health is 200 on {where}", name)
 
 
 def exit_code(checks: list[Check]) -> int:
