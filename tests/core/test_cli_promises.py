@@ -361,6 +361,15 @@ def test_a_shared_option_has_one_help_text_everywhere():
         assert text and len(text) <= 120, f"{opt}: one short line, the story in docs/cli.md"
 
 
+def test_every_help_line_is_short():
+    """One short line per option; the long story is in docs/ (docs/cli.md and the command's page)."""
+    from tests.core.test_cli_language import all_commands
+
+    long = [(name, param.opts, len(param.help)) for name, command in all_commands() for param in command.params
+            if len(param.help or "") > 160]
+    assert long == [], f"shorten these help texts (the story goes in docs/): {long}"
+
+
 def _declared_options(path: Path) -> dict:
     """{option name: [where]} for every typer.Option(...) literal in a module."""
     import ast

@@ -24,7 +24,7 @@ from dsv4kit.core.options import (AB, Ctx, DryRun, Host, Inventory, JsonOut, Res
 def eval_cmd(
     ctx: Ctx = None,
     quick: bool = typer.Option(False, "--quick", help="A smoke test (about 2 minutes on the box): fewer logprob prompts, needles at 2 context lengths, 50 task items. Its record never turns an 'auto' flag on."),
-    tasks: str = typer.Option("gsm8k", "--tasks", metavar="gsm8k|PATH|none", help="Task items in GSM8K's JSONL format: 'gsm8k' downloads GSM8K's test set on the box (sha256 checked), PATH a local file (checked line by line before connecting), 'none' skips the task check (such a record cannot turn an 'auto' flag on)."),
+    tasks: str = typer.Option("gsm8k", "--tasks", metavar="gsm8k|PATH|none", help="Task items in GSM8K's JSONL format: gsm8k (downloaded on the box, sha256 checked), a local PATH, or none (docs/quality.md)."),
     questions: Optional[int] = typer.Option(None, "--questions", help="Task items asked (default 200, --quick 50; 5 more are the few-shot examples)."),
     seed: Seed = 42,
     ab: AB = None,

@@ -22,7 +22,7 @@ from dsv4kit.core.options import (Concurrency, Ctx, DryRun, Host, InputLen, Inve
 def profile(
     ctx: Ctx,
     concurrency: Concurrency = 16,
-    compare_ctx: Optional[int] = typer.Option(None, "--compare-ctx", help="Also profile at this context length (same request lengths) and report the context tax: per-class growth, throughput retention, and classes that grow with the configured context."),
+    compare_ctx: Optional[int] = typer.Option(None, "--compare-ctx", help="Also profile at this context length (same request lengths) and report the context tax (docs/profiling.md)."),
     num_steps: int = typer.Option(8, "--num-steps", help="Decode steps to profile (1-256)."),
     input_len: InputLen = None,
     output_len: OutputLen = None,

@@ -20,16 +20,15 @@ def provision(
     limit: Limit = None,
     tags: Optional[List[str]] = typer.Option(
         None, "--tags", "-t",
-        help="Only these stages: preflight, nvidia_driver, cuda_toolkit, host_tuning, sglang_venv, "
-        "model_weights, flash_attn, kernel_rollout, sglang_service. A name that is not a tag of the playbook (or Ansible's "
-        "all/always/never/tagged/untagged) is refused (exit 2).",
+        help="Only these stages (the playbook's tags, e.g. nvidia_driver, sglang_service: docs/provisioning.md); "
+        "an unknown one is exit 2.",
     ),
     skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn; checked like --tags)."),
     check: bool = typer.Option(False, "--check", "-C", help="Dry run: report what would change, change nothing (as ansible-playbook -C)."),
     extra_vars: Optional[List[str]] = typer.Option(
         None, "--extra-vars", "-e",
-        help="Variables over the inventory, as ansible-playbook -e takes them: key=value (strings), JSON/YAML, or "
-        "@FILE; repeatable. dsv4_* names and types are checked against the schema (exit 2).",
+        help="Variables over the inventory, as ansible-playbook -e takes them (key=value, JSON/YAML, @FILE; "
+        "repeatable); dsv4_* ones are checked against the schema.",
     ),
     verbose: Verbose = 0,
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),

@@ -80,9 +80,8 @@ def status(
     trust_new_host_key: TrustNewHostKey = False,
     timeout: Timeout = 60.0,
     decision: Optional[str] = typer.Option(
-        None, "--decision", help="Decision file kernel_rollout wrote beside the flags: which report decided "
-        f"each flag, with its numbers ('' for none). Default: {DEFAULT_DECISION_FILE}; with --host, the "
-        "host's <dsv4_prefix>/etc/dsv4kit/kernel-decision.json."),
+        None, "--decision", help="The decision file kernel_rollout wrote ('' for none). Default: "
+        f"{DEFAULT_DECISION_FILE}; with --host, the one under the host's dsv4_prefix."),
 ) -> None:
     """Which SGLang version, whether the dsv4kit plugin is installed, which flags are set, and
     for each target whether it would be replaced or why not.

@@ -34,7 +34,7 @@ def validate(
     trust_new_host_key: TrustNewHostKey = False,
     results_dir: ResultsDir = None,
     wheel: Optional[Path] = typer.Option(None, "--wheel", help="Remote: ship this prebuilt dsv4kit wheel instead of building one from this checkout."),
-    verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (see --ctx, --concurrency); `dsv4kit provision` takes 'auto' kernel flags from it."),
+    verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (--ctx, -c); provision's 'auto' flags follow it."),
     verdict_ctx: Ctx = None,
     concurrency: Concurrencies = None,
 ) -> None:
