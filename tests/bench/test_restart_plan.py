@@ -64,6 +64,11 @@ def test_eval_and_profile_dry_runs(box):
                          "--dry-run")
     assert code == exitcodes.OK, out + err
     assert "1. before measuring at context length 4096" in out and "2. before measuring at context length 8192" in out
+    code, out, err = cli("bench", "--ctx", "4096", "-c", "1", "--input-len", "16", "--output-len", "8", "--repeat", "3",
+                         "--restarts", "2", "--no-restart", "-i", inventory, "--results-repo", repo, "--dry-run")
+    assert code == exitcodes.OK, out + err
+    assert [line.strip()[:45] for line in out.splitlines()[3:]] == [
+        "1. before repetition 2/3 (--restarts 2): syst", "2. before repetition 3/3 (--restarts 2): syst"]
     code, out, _ = cli("profile", "--ctx", "4096", "-i", inventory, "--no-restart", "--dry-run")
     assert code == 0 and "no restart" in out
     assert _sessions(sshd) == before

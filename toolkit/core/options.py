@@ -12,7 +12,7 @@ from typing import Annotated, List, Optional
 import typer
 
 JSON_HELP = "Print a machine-readable summary as JSON on stdout (progress goes to stderr)."
-OUTPUT_HELP = "Write the report to this file (checked for writability before any work)."
+OUTPUT_HELP = "Write the report (or the chart) to this file, checked for writability before any work."
 
 #: ``--json``: the summary on stdout (docs/cli.md says what each command prints).
 JsonOut = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
