@@ -18,12 +18,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def cli(*args, env: Optional[dict] = None) -> tuple[int, str, str]:
     """``dsv4kit ARGS`` in this process (typer's CliRunner): (exit code, stdout, stderr)."""
+    result = invoke(args, env=env)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def invoke(args, env: Optional[dict] = None):
+    """``dsv4kit ARGS`` in this process: click's Result (``.output`` is stdout and stderr as printed).
+    The one CliRunner of the tests; :func:`cli` is the same run as a tuple."""
     from typer.testing import CliRunner
 
     from dsv4kit.cli import app
 
-    result = CliRunner().invoke(app, [str(a) for a in args], env=env)
-    return result.exit_code, result.stdout, result.stderr
+    return CliRunner().invoke(app, [str(a) for a in args], env=env)
 
 
 def waiting_venv(venv: Path, *, when: str = "", marker: Optional[Path] = None, sleep: str = "") -> Path:

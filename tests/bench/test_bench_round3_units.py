@@ -151,9 +151,8 @@ def test_the_worst_concurrency_decides_and_the_summary_names_each():
 
 
 def test_records_compare_refuses_pooled_arms_and_compares_one(tmp_path):
-    from typer.testing import CliRunner
+    from tests.cli_support import invoke
 
-    from dsv4kit.cli import app
     from tests.bench_support import publish_record
 
     base = {1: [100.0, 101.0, 99.0]}
@@ -163,10 +162,9 @@ def test_records_compare_refuses_pooled_arms_and_compares_one(tmp_path):
     repo = tmp_path / "results"
     publish_record(repo, ab)
     publish_record(repo, plain)
-    runner = CliRunner()
-    pooled = runner.invoke(app, ["records", "compare", ab["run_id"], plain["run_id"], "--results-repo", str(repo)])
+    pooled = invoke(["records", "compare", ab["run_id"], plain["run_id"], "--results-repo", str(repo)])
     assert pooled.exit_code == 2 and "never pooled" in pooled.output
-    one = runner.invoke(app, ["records", "compare", ab["run_id"] + "@A", plain["run_id"], "--results-repo", str(repo)])
+    one = invoke(["records", "compare", ab["run_id"] + "@A", plain["run_id"], "--results-repo", str(repo)])
     assert one.exit_code == 0 and "C=1 ok" in one.output, one.output
 
 
@@ -240,10 +238,9 @@ def test_a_results_folder_inside_another_checkout_is_refused_before_any_work(tmp
 
 
 def test_a_kept_spill_is_published_later(tmp_path):
-    from typer.testing import CliRunner
+    from tests.cli_support import invoke
 
     from dsv4kit.bench.sweep import Spill, SweepResult
-    from dsv4kit.cli import app
 
     record = synthetic_record("lo-ctx4096-20260101T000000Z-eeeeee", {1: [100.0, 101.0]})
     record = dict(record, incomplete=True, validity_passed=False)
@@ -252,11 +249,11 @@ def test_a_kept_spill_is_published_later(tmp_path):
     spill.point(record["points"][0], "details/c1_r0.json.gz", {"ttfts": [0.1]})
     spill.progress(SweepResult(record=record, details={}))
     repo = tmp_path / "results"
-    out = CliRunner().invoke(app, ["records", "publish", str(spill.directory), "--results-repo", str(repo), "--json"])
+    out = invoke(["records", "publish", str(spill.directory), "--results-repo", str(repo), "--json"])
     assert out.exit_code == 0, out.output
     published = json.loads(out.output)
     assert published["incomplete"] is True and not spill.directory.exists()
     assert git(repo, "tag", "-l") == record["tag"]
     assert (repo / "records" / record["run_id"] / "details" / "c1_r0.json.gz").is_file()
-    again = CliRunner().invoke(app, ["records", "publish", str(spill.directory), "--results-repo", str(repo)])
+    again = invoke(["records", "publish", str(spill.directory), "--results-repo", str(repo)])
     assert again.exit_code == 2

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
 from dsv4kit.core import exitcodes
 
@@ -262,15 +262,14 @@ def _fake_sweep(monkeypatch, record: dict) -> None:
 
 
 def test_bench_reports_a_ctrl_c_after_the_commit_as_published(tmp_path, loopback_ssh, monkeypatch):
-    from dsv4kit.cli import app
 
     inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_model_path="/models/DeepSeek-V4-Flash")
     repo = tmp_path / "results"
     rec = synthetic_record("lo-ctx8192-20260101T000500Z", BASE, context_length=8192, isl=16, osl=8)
     _fake_sweep(monkeypatch, rec)
     _publish_interrupted_after_commit(monkeypatch)
-    result = CliRunner().invoke(app, ["bench", "--ctx", "8192", *C, *SMALL,
-                                      "-i", str(inventory), "--results-repo", str(repo)])
+    result = invoke(["bench", "--ctx", "8192", *C, *SMALL,
+                     "-i", str(inventory), "--results-repo", str(repo)])
     assert result.exit_code == exitcodes.INTERRUPTED, result.output
     assert "interrupted after the record was committed: it is published and complete" in result.stderr
     assert f"recorded {rec['run_id']}" in result.stderr and "nothing was recorded" not in result.stderr
@@ -278,7 +277,6 @@ def test_bench_reports_a_ctrl_c_after_the_commit_as_published(tmp_path, loopback
 
 
 def test_a_baseline_found_different_on_the_box_does_not_mask_invalid_points(tmp_path, loopback_ssh, monkeypatch):
-    from dsv4kit.cli import app
 
     inventory = write_inventory(tmp_path / "inv", loopback_ssh, dsv4_model_path="/models/DeepSeek-V4-Flash",
                                 dsv4_model_revision="r1")
@@ -289,8 +287,8 @@ def test_a_baseline_found_different_on_the_box_does_not_mask_invalid_points(tmp_
                            invalid=((4, 1),))
     rec["comparability_key"] = comparability_key(rec)
     _fake_sweep(monkeypatch, rec)
-    result = CliRunner().invoke(app, ["bench", "--ctx", "8192", *C, *SMALL, "--baseline-ctx",
-                                      "8192", "-i", str(inventory), "--results-repo", str(repo), "--json"])
+    result = invoke(["bench", "--ctx", "8192", *C, *SMALL, "--baseline-ctx",
+                     "8192", "-i", str(inventory), "--results-repo", str(repo), "--json"])
     assert result.exit_code == exitcodes.CHECK_FAILED, result.output
     out = json.loads(result.stdout)
     assert out["exit_code"] == 1 and out["validity_passed"] is False

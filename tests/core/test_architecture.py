@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 FARM = REPO / ".pkgroot" / "dsv4kit"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
 PACKAGE_DIR = PYPROJECT["package-dir"]
-CAPABILITIES = ("provision", "validate", "bench", "profile", "quality", "records", "rollout", "monitor")
+CAPABILITIES = ("provision", "validate", "bench", "profile", "quality", "records", "rollout", "monitor",
+                "doctor")
 LAYER = {"entry": 0, "commands": 1, **{c: 2 for c in CAPABILITIES}, "validation": 3, "core": 4, "kernels": 5,
          "root": 6}
 MAX_COMMAND_LINES = 65

@@ -2,29 +2,26 @@ import json
 import subprocess
 import sys
 
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
 from dsv4kit import __version__
-from dsv4kit.cli import app
-
-runner = CliRunner()
 
 
 def test_version():
-    result = runner.invoke(app, ["--version"])
+    result = invoke(["--version"])
     assert result.exit_code == 0
     assert result.stdout.startswith(f"dsv4kit {__version__} (commit ")
 
 
 def test_help_lists_every_command():
-    result = runner.invoke(app, ["--help"])
+    result = invoke(["--help"])
     assert result.exit_code == 0
     for command in ("validate", "provision", "bench", "records", "rollout"):
         assert command in result.stdout
 
 
 def test_validate_needs_local_or_gpu():
-    result = runner.invoke(app, ["validate", "--local", "--gpu", "7"])
+    result = invoke(["validate", "--local", "--gpu", "7"])
     assert result.exit_code == 2
     assert "exactly one of --local or --gpu" in result.stderr
 
@@ -48,7 +45,7 @@ def test_package_imports_without_cli_dependencies():
 
 
 def test_validate_with_no_mode_says_what_is_missing():
-    result = runner.invoke(app, ["validate"])
+    result = invoke(["validate"])
     assert result.exit_code == 2 and result.stderr.startswith("error: give --local, --gpu N"), result.stderr
 
 
@@ -68,7 +65,7 @@ JSON_FAILURES = [
 
 def test_json_failure_prints_one_error_object_in_every_command():
     for args in JSON_FAILURES:
-        result = runner.invoke(app, args)
+        result = invoke(args)
         assert result.exit_code == 2, (args, result.exit_code, result.output)
         body = json.loads(result.stdout)
         assert body["ok"] is False and body["exit_code"] == 2 and body["error"], (args, body)
@@ -89,7 +86,7 @@ def test_json_failure_of_an_option_click_refuses(monkeypatch, capsys):
 
 def test_validate_refuses_empty_cases():
     for empty in ("", " , "):
-        result = runner.invoke(app, ["validate", "--local", "--cases", empty])
+        result = invoke(["validate", "--local", "--cases", empty])
         assert result.exit_code == 2 and "names no case" in result.stderr, result.output
 
 

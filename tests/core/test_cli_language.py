@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
 from dsv4kit.core import exitcodes
 from dsv4kit.cli import app
@@ -65,7 +65,7 @@ def test_every_json_option_is_a_flag_and_every_file_output_is_output_o():
             if not param.hidden:
                 assert not {"--out", "--json-path", "--json-out"} & set(param.opts), \
                     f"{name}: a file output is --output/-o, not {param.opts}"
-        help_text = CliRunner().invoke(app, name.split()[1:] + ["--help"])
+        help_text = invoke(name.split()[1:] + ["--help"])
         assert help_text.exit_code == 0, name
 
 

@@ -341,20 +341,67 @@ def test_provision_passes_the_listing_modes_through(flag, shows, tmp_path, loopb
 
 # ============================================================ 20: the CLI's vocabulary, declared once
 def test_a_shared_option_has_one_help_text_everywhere():
-    """--trust-new-host-key had four help texts; a shared option is declared once (core.options)."""
+    """--trust-new-host-key had four help texts; every option two commands take is declared once,
+    in core.options, with one short help text."""
     from tests.core.test_cli_language import all_commands
 
-    shared = {"--trust-new-host-key", "--inventory"}
+    takers: dict = {}
     helps: dict = {}
     for name, command in all_commands():
         for param in command.params:
-            for opt in set(getattr(param, "opts", [])) & shared:
+            for opt in getattr(param, "opts", []) + getattr(param, "secondary_opts", []):
+                takers.setdefault(opt, set()).add(name)
                 helps.setdefault(opt, {}).setdefault(param.help, []).append(name)
-    assert set(helps) == shared
-    for opt, texts in helps.items():
+    shared = {opt for opt, names in takers.items() if len(names) > 1}
+    assert {"--trust-new-host-key", "--inventory", "--host", "--json", "--timeout", "-c", "--ab"} <= shared
+    for opt in shared:
+        texts = helps[opt]
         assert len(texts) == 1, f"{opt} has {len(texts)} help texts: {texts}"
         (text,) = texts
-        assert len(text) <= 120, f"{opt}: one short line, the story in docs/cli.md"
+        assert text and len(text) <= 120, f"{opt}: one short line, the story in docs/cli.md"
+
+
+def test_every_help_line_is_short():
+    """One short line per option; the long story is in docs/ (docs/cli.md and the command's page)."""
+    from tests.core.test_cli_language import all_commands
+
+    long = [(name, param.opts, len(param.help)) for name, command in all_commands() for param in command.params
+            if len(param.help or "") > 160]
+    assert long == [], f"shorten these help texts (the story goes in docs/): {long}"
+
+
+def _declared_options(path: Path) -> dict:
+    """{option name: [where]} for every typer.Option(...) literal in a module."""
+    import ast
+
+    found: dict = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "Option":
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("-"):
+                    for name in arg.value.split("/"):
+                        found.setdefault(name, []).append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_no_option_name_is_declared_in_two_places():
+    """An option two commands take is a typed alias in core.options; the command modules never
+    declare the same name twice (one meaning, one help text)."""
+    commands = REPO_ROOT / "toolkit" / "commands"
+    places: dict = {}
+    for path in sorted(commands.glob("*.py")):
+        for name, where in _declared_options(path).items():
+            places.setdefault(name, []).extend(where)
+    twice = {name: where for name, where in places.items() if len(where) > 1}
+    assert twice == {}, f"declare these once in toolkit/core/options.py: {twice}"
+    assert _declared_options(REPO_ROOT / "toolkit" / "core" / "options.py")
+
+
+def test_the_duplicate_finder_can_fail(tmp_path):
+    module = tmp_path / "two.py"
+    module.write_text('import typer\ndef a(x=typer.Option(None, "--limit")): ...\n'
+                      'def b(y=typer.Option(None, "--limit", "-l")): ...\n')
+    assert len(_declared_options(module)["--limit"]) == 2
 
 
 def test_the_formatter_setting_is_in_pyproject():
@@ -365,8 +412,10 @@ def test_the_formatter_setting_is_in_pyproject():
 
 
 def test_one_cli_runner_serves_the_tests():
-    """tests/cli_support.cli is the one in-process run of dsv4kit; no test file keeps its own copy."""
+    """tests/cli_support (cli, invoke) is the one in-process run of dsv4kit; no test module keeps
+    its own: no typer test runner of its own, no copy of the wrapper."""
     needle = "result.exit_code, " + "result.stdout, result.stderr"  # split: this file holds no copy
+    runner = "Cli" + "Runner"
     copies = [path.relative_to(REPO_ROOT) for path in (REPO_ROOT / "tests").rglob("*.py")
-              if needle in path.read_text() and path.name != "cli_support.py"]
-    assert copies == [], f"use tests.cli_support.cli instead of a copy in {copies}"
+              if path.name != "cli_support.py" and (needle in path.read_text() or runner in path.read_text())]
+    assert copies == [], f"use tests.cli_support.cli (or invoke) instead of a runner of its own in {copies}"

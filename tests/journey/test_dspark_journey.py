@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
-from dsv4kit.cli import app
 from dsv4kit.core import exitcodes, speculative, wheelbuild
 from dsv4kit.validate import acceptance
 from tests.bench.test_bench_sweep import dsv4kit
@@ -144,9 +143,9 @@ def test_validate_gpu_fails_a_drafter_whose_drafts_are_never_accepted(box, loopb
     assert code == 0, result
     inventory = box_inventory(box, loopback_ssh, tmp_path / "inv")
     wheel = wheelbuild.build_wheel(tmp_path / "wheel").path
-    result = CliRunner().invoke(app, ["validate", "--gpu", "0", "-i", str(inventory), "--interpret", "--cases",
-                                      "indexer:1x2x100x16", "--wheel", str(wheel), "--results-dir",
-                                      str(tmp_path / "results")])
+    result = invoke(["validate", "--gpu", "0", "-i", str(inventory), "--interpret", "--cases",
+                     "indexer:1x2x100x16", "--wheel", str(wheel), "--results-dir",
+                     str(tmp_path / "results")])
     out, err = result.stdout, result.stderr
     assert result.exit_code == exitcodes.CHECK_FAILED, out + err
     assert "VERDICT: PASS" in out  # the kernels are fine; the drafter is not

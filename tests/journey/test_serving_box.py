@@ -13,9 +13,8 @@ import json
 import time
 
 import pytest
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
-from dsv4kit.cli import app
 from dsv4kit.core import exitcodes
 from tests.journey.simulated_box import SimulatedBox
 from tests.listening import listeners
@@ -86,7 +85,7 @@ def test_the_quickstarts_rollout_status_line_reads_the_flags_the_units_run_with(
     host = argv[argv.index("--host") + 1]
     inventory = write_inventory(tmp_path / "inv", loopback_ssh, name=host, dsv4_prefix=str(box.prefix),
                                 dsv4_venv_dir=str(box.venv))
-    result = CliRunner().invoke(app, argv, env={"DSV4KIT_INVENTORY": str(inventory)})
+    result = invoke(argv, env={"DSV4KIT_INVENTORY": str(inventory)})
     out = result.stdout
     assert f"Flags read from the serving units' environment on {host}: {box.units}/dsv4-prefill.service" in out, out
     assert f"Flag {INDEXER}: on ('1')" in out and f"Flag {ATTENTION}: off" in out, out

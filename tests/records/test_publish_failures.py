@@ -23,7 +23,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
 from dsv4kit.records import results_repo
 from tests.bench_support import publish_record, synthetic_record
@@ -159,7 +159,6 @@ def fake_sweep(monkeypatch, record: dict, kept: list):
 def bench_then_publish(repo: Path, spill_root: Path, kept: list, bench: bool = True, publish: bool = True) -> list[str]:
     """``dsv4kit bench`` (run.execute) and, when it kept a spill, ``records publish`` of it; what they said."""
     from dsv4kit.bench import config, run
-    from dsv4kit.cli import app
     from dsv4kit.core.exitcodes import Abort
     from dsv4kit.core.inventory import Host
 
@@ -175,13 +174,12 @@ def bench_then_publish(repo: Path, spill_root: Path, kept: list, bench: bool = T
         except Abort as exc:
             said.append(f"exit {exc.exit_code}: {exc}")
     for spill in sorted(spill_root.iterdir()) if publish and spill_root.is_dir() else []:
-        out = CliRunner().invoke(app, ["records", "publish", str(spill), "--results-repo", str(repo)])
+        out = invoke(["records", "publish", str(spill), "--results-repo", str(repo)])
         said.append(f"records publish: exit {out.exit_code}: {out.output}")
     return said
 
 
 def test_every_write_of_the_spill_and_the_publish_failing_in_turn_leaves_a_publishable_state(tmp_path, monkeypatch):
-    from dsv4kit.cli import app
 
     template, first = template_repo(tmp_path)
     record = synthetic_record(RUN, {1: [100.0, 101.0]})
@@ -239,7 +237,7 @@ def test_every_write_of_the_spill_and_the_publish_failing_in_turn_leaves_a_publi
             spills = list(spill_root.iterdir()) if spill_root.is_dir() else []
             for spill in spills:  # what the failure left, and said it left, published now
                 assert any(f"kept in {spill}" in line for line in said), what
-                out = CliRunner().invoke(app, ["records", "publish", str(spill), "--results-repo", str(repo)])
+                out = invoke(["records", "publish", str(spill), "--results-repo", str(repo)])
                 assert out.exit_code == 0 and "tag bench/" in out.output and not spill.exists(), (what, out.output)
             # every finished point is published once, or there was none; the work tree may be a record
             # behind only where we were told so, and the next publish brings it along
@@ -285,7 +283,6 @@ def kept_spill(directory: Path, record: dict) -> Path:
 
 
 def test_a_sigkill_at_every_step_of_the_publish_leaves_a_repository_that_publishes_cleanly(tmp_path):
-    from dsv4kit.cli import app
 
     template, first = template_repo(tmp_path)
     record = synthetic_record(RUN, {1: [100.0, 101.0]})
@@ -312,7 +309,7 @@ def test_a_sigkill_at_every_step_of_the_publish_leaves_a_repository_that_publish
         return repo, spill, proc
 
     def recovers(repo: Path, spill: Path, what: str) -> None:
-        out = CliRunner().invoke(app, ["records", "publish", str(spill), "--results-repo", str(repo)])
+        out = invoke(["records", "publish", str(spill), "--results-repo", str(repo)])
         assert out.exit_code == 0 and record["tag"] in out.output and not spill.exists(), (what, out.output)
         assert results_repo.read_record(repo, record["tag"])["run_id"] == RUN, what
 

@@ -6,16 +6,13 @@ import json
 import subprocess
 
 import pytest
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
 from dsv4kit.records import results_repo
-from dsv4kit.cli import app
 from dsv4kit.records.compare import compare, format_comparison
 from dsv4kit.records.record import RecordError, dumps
 from dsv4kit.records.results_repo import ResultsRepoError, list_records, publish, read_record
 from tests.bench_support import publish_record, synthetic_record
-
-runner = CliRunner()
 
 
 def git(repo, *args) -> str:
@@ -273,58 +270,54 @@ def repo_with_records(tmp_path):
     return repo, records
 
 
-def cli(*args):
-    return runner.invoke(app, list(args))
-
-
 def test_records_compare_exit_codes(repo_with_records):
     repo, recs = repo_with_records
-    result = cli("records", "compare", recs["base"]["run_id"], recs["slow"]["run_id"], "--results-repo", str(repo))
+    result = invoke(["records", "compare", recs["base"]["run_id"], recs["slow"]["run_id"], "--results-repo", str(repo)])
     assert result.exit_code == 1, result.output
     assert "regressed" in result.output and "Δ%" in result.output
-    result = cli("records", "compare", recs["base"]["tag"], recs["same"]["tag"], "--results-repo", str(repo))
+    result = invoke(["records", "compare", recs["base"]["tag"], recs["same"]["tag"], "--results-repo", str(repo)])
     assert result.exit_code == 0, result.output
     assert "no regression" in result.output
-    result = cli("records", "compare", recs["base"]["run_id"], recs["long"]["run_id"], "--results-repo", str(repo))
+    result = invoke(["records", "compare", recs["base"]["run_id"], recs["long"]["run_id"], "--results-repo", str(repo)])
     assert result.exit_code == 2 and "NOT COMPARABLE" in result.output and "context_length" in result.output
-    result = cli("records", "compare", recs["base"]["run_id"], recs["long"]["run_id"], "--results-repo", str(repo),
-                 "--ignore", "context_length", "--json")
+    result = invoke(["records", "compare", recs["base"]["run_id"], recs["long"]["run_id"], "--results-repo", str(repo),
+                     "--ignore", "context_length", "--json"])
     assert result.exit_code == 1  # 128K is much slower than 8K here: regressions
     assert json.loads(result.output)["comparable"] is True
     # -40% with only two repetitions on a side: inconclusive, and that is never exit 0
-    result = cli("records", "compare", recs["base"]["run_id"], recs["two"]["run_id"], "--results-repo", str(repo))
+    result = invoke(["records", "compare", recs["base"]["run_id"], recs["two"]["run_id"], "--results-repo", str(repo)])
     assert result.exit_code == 7 and "INCONCLUSIVE" in result.output and "--repeat 3" in result.output
-    result = cli("records", "compare", "nope", recs["long"]["run_id"], "--results-repo", str(repo))
+    result = invoke(["records", "compare", "nope", recs["long"]["run_id"], "--results-repo", str(repo)])
     assert result.exit_code == 2 and "no record 'nope'" in result.output
 
 
 def test_records_list_and_show(repo_with_records):
     repo, recs = repo_with_records
-    result = cli("records", "list", "--results-repo", str(repo))
+    result = invoke(["records", "list", "--results-repo", str(repo)])
     assert result.exit_code == 0
     assert all(r["run_id"] in result.output for r in recs.values())
-    rows = json.loads(cli("records", "list", "--results-repo", str(repo), "--json").output)
+    rows = json.loads(invoke(["records", "list", "--results-repo", str(repo), "--json"]).output)
     assert [r["context_length"] for r in rows] == [4096, 4096, 4096, 131072, 4096]
-    shown = cli("records", "show", recs["long"]["run_id"], "--results-repo", str(repo))
+    shown = invoke(["records", "show", recs["long"]["run_id"], "--results-repo", str(repo)])
     assert shown.exit_code == 0 and "decode tok/s" in shown.output and "131072" in shown.output
-    as_json = json.loads(cli("records", "show", recs["base"]["tag"], "--results-repo", str(repo), "--json").output)
+    as_json = json.loads(invoke(["records", "show", recs["base"]["tag"], "--results-repo", str(repo), "--json"]).output)
     assert as_json["run_id"] == recs["base"]["run_id"]
-    assert cli("records", "list", "--results-repo", str(repo.parent / "none")).exit_code == 2
+    assert invoke(["records", "list", "--results-repo", str(repo.parent / "none")]).exit_code == 2
 
 
 def test_records_plot_writes_a_png(repo_with_records, tmp_path):
     pytest.importorskip("matplotlib")
     repo, recs = repo_with_records
     out = tmp_path / "plot.png"
-    result = cli("records", "plot", recs["base"]["run_id"], recs["long"]["run_id"], "--out", str(out),
-                 "--results-repo", str(repo))
+    result = invoke(["records", "plot", recs["base"]["run_id"], recs["long"]["run_id"], "--out", str(out),
+                     "--results-repo", str(repo)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     every = tmp_path / "all.png"  # no ids: every record in the repository
-    result = cli("records", "plot", "--out", str(every), "--results-repo", str(repo))
+    result = invoke(["records", "plot", "--out", str(every), "--results-repo", str(repo)])
     assert result.exit_code == 0, result.output
     assert every.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cli("records", "plot", "--out", str(out), "--metric", "nonsense", "--results-repo", str(repo)).exit_code == 2
+    assert invoke(["records", "plot", "--out", str(out), "--metric", "nonsense", "--results-repo", str(repo)]).exit_code == 2
 
 
 def test_baseline_ctx_picks_the_newest_record_of_that_host_and_context(repo_with_records, tmp_path):
@@ -375,9 +368,9 @@ def test_records_compare_shows_field_level_differences_of_server_args_and_env():
 
 def test_records_list_has_a_header_and_show_prints_no_python_reprs(repo_with_records):
     repo, recs = repo_with_records
-    listing = cli("records", "list", "--results-repo", str(repo)).output.splitlines()
+    listing = invoke(["records", "list", "--results-repo", str(repo)]).output.splitlines()
     assert listing[0].split()[:3] == ["RUN", "ID", "CONTEXT"] and "VALIDITY" in listing[0], listing[0]
-    shown = cli("records", "show", recs["long"]["run_id"], "--results-repo", str(repo)).output
+    shown = invoke(["records", "show", recs["long"]["run_id"], "--results-repo", str(repo)]).output
     assert not any(mark in shown for mark in ("{'", "['", "': ", "None")), shown
 
 
@@ -385,7 +378,7 @@ def test_records_refuses_a_plain_directory_that_is_no_git_repository(tmp_path):
     plain = tmp_path / "plain"
     plain.mkdir()
     for args in (("list",), ("show", "x"), ("compare", "a", "b")):
-        result = cli("records", *args, "--results-repo", str(plain))
+        result = invoke(["records", *args, "--results-repo", str(plain)])
         assert result.exit_code == 2 and "not a git repository" in result.output, (args, result.output)
 
 

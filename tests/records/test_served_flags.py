@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
 from dsv4kit.bench.box import __main__ as bench_remote
-from dsv4kit.cli import app
 from dsv4kit.records.compare import compare, format_comparison
 from dsv4kit.core.inventory import Host
 from dsv4kit.records.provenance import sections
@@ -132,11 +131,10 @@ def test_records_show_and_compare_cli_name_the_flags(tmp_path):
     on = synthetic_record("lo-ctx4096-20260101T000100Z", BASE, indexer="1")
     publish_record(repo, off)
     publish_record(repo, on)
-    runner = CliRunner()
-    shown = runner.invoke(app, ["records", "show", off["run_id"], "--results-repo", str(repo)])
+    shown = invoke(["records", "show", off["run_id"], "--results-repo", str(repo)])
     assert shown.exit_code == 0, shown.output
     assert f"kernel flags the servers ran with: {ATTENTION}=0, {INDEXER}=0" in shown.output
-    compared = runner.invoke(app, ["records", "compare", off["run_id"], on["run_id"], "--results-repo", str(repo)])
+    compared = invoke(["records", "compare", off["run_id"], on["run_id"], "--results-repo", str(repo)])
     assert compared.exit_code == 2 and "kernel_flags" in compared.output, compared.output
 
 

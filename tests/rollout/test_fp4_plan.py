@@ -242,13 +242,12 @@ def test_a_record_that_does_not_say_what_it_ran_with_does_not_count_under_auto(t
 
 def test_rollout_plan_from_a_report_plans_the_fp4_setting_too(tmp_path, monkeypatch, facts, quality_repo):
     """--from-report decides what 'auto' would, the FP4 setting included, even where it is set."""
-    from typer.testing import CliRunner
+    from tests.cli_support import invoke
 
-    from dsv4kit.commands.app import app
 
     path = report_with(tmp_path, monkeypatch, fp4_target())
     inventory = write_inventory(tmp_path / "inv-cli", {INDEXER: "1", ATTENTION: "0"}, dsv4_fp4_indexer=False)
-    result = CliRunner().invoke(app, ["rollout", "plan", "-i", str(inventory), "--from-report", str(path), "--json"])
+    result = invoke(["rollout", "plan", "-i", str(inventory), "--from-report", str(path), "--json"])
     assert result.exit_code == 0, result.stdout + result.stderr
     decision = json.loads(result.stdout)["settings"][SETTING]
     assert decision["source"] != "inventory" and decision["report"] == path.name, decision

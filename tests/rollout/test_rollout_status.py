@@ -17,10 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from tests.cli_support import invoke
 
 from dsv4kit.core import exitcodes
-from dsv4kit.cli import app
 from dsv4kit.rollout.status import _ast_parameters, inspect_source
 from dsv4kit.rollout.targets import (
     ATTENTION_KWARGS,
@@ -296,38 +295,37 @@ def test_wheel_installs_no_deps_and_runs_without_cli_dependencies(bare_venv, sit
 def test_cli_status_python_renders_the_venv_report(sglang_venv, site, monkeypatch):
     monkeypatch.setenv("SGLANG_SM120_TRITON_INDEXER", "1")
     monkeypatch.setenv("PYTHONPATH", str(site))
-    result = CliRunner().invoke(app, ["rollout", "status", "--python", str(sglang_venv)])
+    result = invoke(["rollout", "status", "--python", str(sglang_venv)])
     assert result.exit_code == exitcodes.OK, result.output
     assert "SGLang: 0.5.23 (supported)" in result.output
     assert "Flag SGLANG_SM120_TRITON_INDEXER: on ('1')" in result.output
     assert "fp8_paged_mqa_logits_torch_sm120: REPLACED by dsv4kit.kernels.indexer" in result.output
     assert "flash_mla_with_kvcache_sm120: stock: SGLANG_SM120_MMA_ATTENTION is not set" in result.output
 
-    result = CliRunner().invoke(app, ["rollout", "status", "--json", "--python", str(sglang_venv)])
+    result = invoke(["rollout", "status", "--json", "--python", str(sglang_venv)])
     assert result.exit_code == exitcodes.OK
     assert json.loads(result.output)["python"] == str(sglang_venv)
 
     # A relative --python is taken from here, although the report runs from "/".
     monkeypatch.chdir(sglang_venv.parent.parent)
     relative = sglang_venv.relative_to(sglang_venv.parent.parent)
-    result = CliRunner().invoke(app, ["rollout", "status", "--json", "--python", str(relative)])
+    result = invoke(["rollout", "status", "--json", "--python", str(relative)])
     assert result.exit_code == exitcodes.OK, result.output
 
 
 def test_cli_status_python_errors(tmp_path, base):
-    runner = CliRunner()
-    result = runner.invoke(app, ["rollout", "status", "--python", str(tmp_path / "nope")])
+    result = invoke(["rollout", "status", "--python", str(tmp_path / "nope")])
     assert result.exit_code == exitcodes.USAGE and "no such file" in result.output
 
     plain = sglang_wheel.session_venv(base, "plain-venv", with_dsv4kit=False, with_sglang_deps=False)
-    result = runner.invoke(app, ["rollout", "status", "--python", str(plain)])
+    result = invoke(["rollout", "status", "--python", str(plain)])
     assert result.exit_code == exitcodes.ENVIRONMENT
     assert "dsv4kit is not installed" in result.output
 
     slow = tmp_path / "slow-python"
     slow.write_text("#!/bin/sh\nsleep 30\n")
     slow.chmod(slow.stat().st_mode | stat.S_IXUSR)
-    result = runner.invoke(app, ["rollout", "status", "--python", str(slow), "--timeout", "1"])
+    result = invoke(["rollout", "status", "--python", str(slow), "--timeout", "1"])
     assert result.exit_code == exitcodes.TIMEOUT and "did not finish within 1s" in result.output
 
 
@@ -344,7 +342,7 @@ def test_cli_status_in_process(site):
     # (an editable install made before the entry point existed does not): the exit code says so.
     assert done.returncode == (exitcodes.OK if report["plugin"]["installed"] else exitcodes.CHECK_FAILED)
 
-    result = CliRunner().invoke(app, ["rollout", "status", "--help"])
+    result = invoke(["rollout", "status", "--help"])
     assert result.exit_code == 0 and "--python" in result.output
 
 

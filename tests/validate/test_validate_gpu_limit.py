@@ -5,16 +5,14 @@ tried), so exit 2 naming the flag and the layout proves nothing was attempted.""
 
 from __future__ import annotations
 
-from typer.testing import CliRunner
-
-from dsv4kit.cli import app
+from tests.cli_support import cli
 from dsv4kit.core import exitcodes
 from tests.remote_inventory import closed_port, write_inventory
 
 
 def validate(*args: str):
-    result = CliRunner().invoke(app, ["validate", *args])
-    return result.exit_code, result.stderr
+    code, _, err = cli("validate", *args)
+    return code, err
 
 
 def test_a_gpu_the_box_does_not_have_is_refused_before_connecting(tmp_path, loopback_ssh):

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from dsv4kit.commands import bench, eval as eval_, monitor, profile, provision, records, rollout, validate
+from dsv4kit.commands import bench, doctor, eval as eval_, monitor, profile, provision, records, rollout, validate
 
 app = typer.Typer(
     name="dsv4kit",
@@ -54,6 +54,7 @@ app.command("bench")(bench.bench)
 app.command("profile")(profile.profile)
 app.command("eval")(eval_.eval_cmd)
 app.command("monitor")(monitor.monitor)
+app.command("doctor")(doctor.doctor)
 app.add_typer(records.app, name="records")
 app.add_typer(rollout.app, name="rollout")
 for _group in (records.app, rollout.app):  # their help too: click's layout, never cut

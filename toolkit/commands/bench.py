@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, doing, interruptible
-from dsv4kit.core.options import Inventory, TrustNewHostKey
+from dsv4kit.core.options import (AB, Concurrencies, Ctx, DryRun, Host, InputLen, Inventory, JsonOut, MaxClassShare,
+                                   OutputLen, ResultsRepo, Restart, Seed, ServerTimeout, TrustNewHostKey, Verbose)
 
 if TYPE_CHECKING:  # imported when the command runs, so that --help stays fast
     from dsv4kit.bench import run as bench_run
@@ -32,36 +32,37 @@ if TYPE_CHECKING:  # imported when the command runs, so that --help stays fast
 @interruptible("dsv4kit bench", "nothing was run or recorded")
 def bench(
     invocation: typer.Context,
-    ctx: int = typer.Option(..., "--ctx", help="Context length (tokens) the decode server must run with; e.g. 131072. The serving units are restarted with it if they run with another."),
-    concurrency: str = typer.Option("1,16,64", "--concurrency", "-c", help="Comma-separated max-concurrency points."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens per request (fixed). Default: ctx - max(1024, output-len)."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", help="Generated tokens per request (fixed, ignore_eos). Default 512."),
+    ctx: Ctx,
+    concurrency: Concurrencies = "1,16,64",
+    input_len: InputLen = None,
+    output_len: OutputLen = None,
     repeat: int = typer.Option(3, "--repeat", min=1, help="Repetitions of every point (>= 2 gives intervals; a comparison verdict needs >= 3 valid ones a side)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Requests per point. Default: max(32, 10*C), or max(8, 2*C) when input-len >= 32768. Fewer than --min-concurrency-ratio x C is refused (the concurrency gate could not pass)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Requests per point (default max(32, 10*C), or max(8, 2*C) from input-len 32768; at least --min-concurrency-ratio x C)."),
     warmup_requests: Optional[int] = typer.Option(None, "--warmup-requests", min=0, help="Warm-up requests per point (default max(C, 8))."),
-    seed: int = typer.Option(42, "--seed", help="Client seed (prompts are identical across points; the cache is flushed)."),
-    host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
+    seed: Seed = 42,
+    host: Host = None,
     inventory: Inventory = None,
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Compare against this record (run id, tag or record.json path); exit 1 on a regression."),
-    baseline_ctx: Optional[int] = typer.Option(None, "--baseline-ctx", help="Compare against the newest record of this host at this context length (the context length may differ; nothing else may, so give --input-len/--output-len that fit both). Checked before connecting."),
-    results_repo_path: Path = typer.Option(None, "--results-repo", help="Results git repository (created if absent; git and write access are checked before connecting). Default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress stays on stderr)."),
+    baseline_ctx: Optional[int] = typer.Option(None, "--baseline-ctx", help="Compare against this host's newest record at this context length (only the context may differ: docs/benchmarking.md)."),
+    results_repo_path: ResultsRepo = None,
+    json_out: JsonOut = False,
     point_timeout: float = typer.Option(3600.0, "--point-timeout", min=1.0, help="Seconds one point may run before its remote process group is killed (the sweep then aborts)."),
-    server_timeout: float = typer.Option(1800.0, "--server-timeout", min=1.0, help="Seconds to wait for the servers after a restart."),
+    server_timeout: ServerTimeout = 1800.0,
     metrics_interval: float = typer.Option(0.1, "--metrics-interval", min=0.01, max=10.0, help="Seconds between two scrapes of the servers' /metrics during a point (the exact-occupancy window needs 20 of them; the record keeps them all)."),
-    restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart the serving units when their context length differs (default), or fail."),
+    restart: Restart = True,
     min_concurrency_ratio: float = typer.Option(0.8, "--min-concurrency-ratio", min=0.0, max=1.0, help="Gate: achieved/requested concurrency at least this."),
     max_cache_hit_pct: float = typer.Option(1.0, "--max-cache-hit-pct", min=0.0, max=100.0, help="Gate: prefix-cache hit rate at most this (%) on a flushed cache."),
     retok_tolerance: float = typer.Option(0.05, "--retok-tolerance", min=0.0, max=1.0, help="Gate: |retokenized/reported output tokens - 1| at most this."),
-    ab: Optional[str] = typer.Option(None, "--ab", metavar="KEY=A,B", help="A/B in one record: KEY is an environment variable of the serving units (e.g. SGLANG_SM120_TRITON_INDEXER=0,1), a server flag (e.g. --attention-backend=triton,dsv4) or the inventory setting dsv4_fp4_indexer (=false,true). Repetitions run interleaved A B A B with a server restart (the playbook) before every arm; the record holds both arms and the verdict of B against A (exit 0 B no worse, 1 B regressed or a point invalid, 7 inconclusive)."),
-    restarts: int = typer.Option(0, "--restarts", min=0, help="Restart the serving units (systemctl restart) this many times between repetitions, spread evenly (--repeat minus 1: before every repetition), so that a verdict includes start-to-start variance. Each start's provenance is recorded."),
+    ab: AB = None,
+    dry_run: DryRun = False,
+    restarts: int = typer.Option(0, "--restarts", min=0, help="Restart the units (systemctl restart) this many times between repetitions, spread evenly, so a verdict holds start-to-start variance."),
     idle_timeout: float = typer.Option(120.0, "--idle-timeout", min=0.0, help="Seconds to wait before each point for the servers to run and queue nothing; still busy (another client's load) fails the point (gate idle)."),
     trust_new_host_key: TrustNewHostKey = False,
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Stream the client's own output."),
-    prefill: bool = typer.Option(False, "--prefill", help="Also measure cold prefill tokens/s at each --prefill-lengths prompt length (one request at a time, the cache flushed before each), from the prefill server's own counters, into the same record."),
+    verbose: Verbose = 0,
+    prefill: bool = typer.Option(False, "--prefill", help="Also measure cold prefill tokens/s at each --prefill-lengths prompt length, into the same record (docs/benchmarking.md)."),
     prefill_lengths: Optional[str] = typer.Option(None, "--prefill-lengths", help="With --prefill: comma-separated prompt lengths. Default: 1024, 8192, 32768 and ctx - 1024, those that fit the context."),
     profile: Optional[int] = typer.Option(None, "--profile", metavar="STEPS", min=1, max=256, help="After the points, profile STEPS decode steps at the largest concurrency and keep the breakdown in the record (docs/profiling.md)."),
-    max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="With --profile: exit 1 when CLASS takes more than PCT% of decode kernel time (e.g. indexer=2%)."),
+    max_class_share: MaxClassShare = None,
 ) -> None:
     """Run the throughput sweep with the real sglang.benchmark.serving client on the box.
 
@@ -82,12 +83,21 @@ def bench(
     doing("checking the inputs before connecting")
     request = _request(invocation, locals())
     plan = bench_run.plan(request, warn=_say)
+    if dry_run:
+        _dry_run(plan, json_out)
     # The same checks as provision and validate: inventory, key file, known_hosts (exit 2 or 3).
     check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)
     doing("running the sweep")
     outcome = bench_run.execute(plan, progress=_say, argv=sys.argv)
     _print_outcome(plan, outcome, json_out)
     raise typer.Exit(outcome.exit_code)
+
+
+def _dry_run(plan: bench_run.BenchPlan, json_out: bool) -> None:
+    from dsv4kit.bench import restart_plan
+
+    typer.echo(restart_plan.output(restart_plan.for_bench(plan), json_out))
+    raise typer.Exit(0)
 
 
 def _profile_hook(steps: Optional[int], max_class_share: Optional[List[str]]):
@@ -116,6 +126,7 @@ def _request(invocation: typer.Context, options: dict) -> bench_run.BenchRequest
 
     names = {f.name for f in dataclasses.fields(bench_run.BenchRequest)}
     given = {k: v for k, v in options.items() if k in names}
+    given["verbose"] = bool(options["verbose"])
     return bench_run.BenchRequest(
         **given, results_repo=options["results_repo_path"],
         ratio_given=invocation.get_parameter_source("min_concurrency_ratio").name != "DEFAULT",

@@ -11,28 +11,29 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, doing, interruptible
-from dsv4kit.core.options import Inventory, TrustNewHostKey
+from dsv4kit.core.options import (AB, Ctx, DryRun, Host, Inventory, JsonOut, ResultsRepo, Seed, ServerTimeout,
+                                   TrustNewHostKey)
 
 
 @interruptible("dsv4kit eval", "nothing was recorded")
 def eval_cmd(
-    ctx: Optional[int] = typer.Option(None, "--ctx", help="Longest needle haystack in tokens (default: the context length the server serves). Above the served one is refused."),
+    ctx: Ctx = None,
     quick: bool = typer.Option(False, "--quick", help="A smoke test (about 2 minutes on the box): fewer logprob prompts, needles at 2 context lengths, 50 task items. Its record never turns an 'auto' flag on."),
-    tasks: str = typer.Option("gsm8k", "--tasks", metavar="gsm8k|PATH|none", help="Task items in GSM8K's JSONL format: 'gsm8k' downloads GSM8K's test set on the box (sha256 checked), PATH a local file (checked line by line before connecting), 'none' skips the task check (such a record cannot turn an 'auto' flag on)."),
+    tasks: str = typer.Option("gsm8k", "--tasks", metavar="gsm8k|PATH|none", help="Task items in GSM8K's JSONL format: gsm8k (downloaded on the box, sha256 checked), a local PATH, or none (docs/quality.md)."),
     questions: Optional[int] = typer.Option(None, "--questions", help="Task items asked (default 200, --quick 50; 5 more are the few-shot examples)."),
-    seed: int = typer.Option(42, "--seed", help="Seed of the generated prompts and needles (the same seed asks the same questions)."),
-    ab: Optional[str] = typer.Option(None, "--ab", metavar="KEY=A,B", help="Compare two arms, as bench --ab does: KEY is an environment variable of the serving units (e.g. SGLANG_SM120_TRITON_INDEXER=0,1), a server flag, or the inventory setting dsv4_fp4_indexer (=false,true: FP8 against FP4); a restart through the playbook before each arm. Without it, the served configuration is checked alone."),
-    host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
+    seed: Seed = 42,
+    ab: AB = None,
+    dry_run: DryRun = False,
+    host: Host = None,
     inventory: Inventory = None,
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Results git repository (default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results); the eval record goes beside the bench records."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (progress stays on stderr)."),
-    server_timeout: float = typer.Option(1800.0, "--server-timeout", min=1.0, help="Seconds to wait for the servers after an arm's restart."),
+    results_repo: ResultsRepo = None,
+    json_out: JsonOut = False,
+    server_timeout: ServerTimeout = 1800.0,
     arm_timeout: float = typer.Option(3600.0, "--arm-timeout", min=1.0, help="Seconds one arm's checks may run on the box."),
     trust_new_host_key: TrustNewHostKey = False,
 ) -> None:
@@ -55,6 +56,11 @@ def eval_cmd(
                               inventory=inventory, results_repo=results_repo, server_timeout=server_timeout,
                               arm_timeout=arm_timeout, trust_new_host_key=trust_new_host_key)
     plan = run.plan(request, warn=say)
+    if dry_run:
+        from dsv4kit.bench import restart_plan
+
+        typer.echo(restart_plan.output(restart_plan.for_eval(plan), json_out))
+        raise typer.Exit(0)
     check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)
     doing("asking the served model", "nothing was recorded")
     outcome = run.execute(plan, progress=say, argv=sys.argv)

@@ -8,20 +8,19 @@ answered with an error; 130 interrupted.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, doing, interruptible
-from dsv4kit.core.options import Inventory, TrustNewHostKey
+from dsv4kit.core.options import Host, Inventory, JsonOut, Timeout, TrustNewHostKey
 
 
 @interruptible("dsv4kit monitor")
 def monitor(
-    host: Optional[str] = typer.Option(None, "--host", help="The monitoring host (default: dsv4_monitoring_host, else the first box)."),
-    timeout: float = typer.Option(15.0, "--timeout", help="Seconds to wait for Prometheus and Alertmanager."),
+    host: Host = None,
+    timeout: Timeout = 15.0,
     inventory: Inventory = None,
-    json_out: bool = typer.Option(False, "--json", help="Print the URLs and the alerts as JSON on stdout."),
+    json_out: JsonOut = False,
     trust_new_host_key: TrustNewHostKey = False,
 ) -> None:
     """Print the Grafana dashboard, Prometheus and Alertmanager URLs (with the SSH tunnel to open

@@ -9,32 +9,33 @@ missing); 6 the profile or the client failed (a rejected request, a trace over -
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from dsv4kit.core.cli_common import check_hosts, check_output, doing, interruptible
-from dsv4kit.core.options import Inventory, TrustNewHostKey
+from dsv4kit.core.options import (Concurrency, Ctx, DryRun, Host, InputLen, Inventory, JsonOut, MaxClassShare, Output,
+                                   OutputLen, Restart, Timeout, TrustNewHostKey)
 
 
 @interruptible("dsv4kit profile", "the server was asked to stop profiling; nothing was written")
 def profile(
-    ctx: int = typer.Option(..., "--ctx", help="Context length (tokens) the decode server runs with; the serving units are restarted with it if they run with another."),
-    concurrency: int = typer.Option(16, "--concurrency", "-c", help="Requests decoding at once during the profile."),
-    compare_ctx: Optional[int] = typer.Option(None, "--compare-ctx", help="Also profile at this context length (same request lengths) and report the context tax: per-class growth, throughput retention, and classes that grow with the configured context."),
+    ctx: Ctx,
+    concurrency: Concurrency = 16,
+    compare_ctx: Optional[int] = typer.Option(None, "--compare-ctx", help="Also profile at this context length (same request lengths) and report the context tax (docs/profiling.md)."),
     num_steps: int = typer.Option(8, "--num-steps", help="Decode steps to profile (1-256)."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens per request. Default: the smaller context minus max(1024, output-len) minus 64."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", help="Generated tokens per request (default 1024; at least num-steps + 32)."),
+    input_len: InputLen = None,
+    output_len: OutputLen = None,
     max_trace_mb: float = typer.Option(256.0, "--max-trace-mb", help="Refuse (and delete) a rank's compressed trace above this size."),
-    max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="Gate: exit 1 when CLASS takes more than PCT% of decode kernel time (e.g. indexer=2%); repeatable."),
+    max_class_share: MaxClassShare = None,
     steady_timeout: float = typer.Option(900.0, "--steady-timeout", min=1.0, help="Seconds to wait for the load to be steady (all requests decoding)."),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds to wait for every rank's trace after /start_profile."),
-    restart: bool = typer.Option(True, "--restart/--no-restart", help="Restart the serving units when their context length differs (default), or fail."),
-    host: Optional[str] = typer.Option(None, "--host", help="Inventory host (default: the only host)."),
+    timeout: Timeout = 600.0,
+    restart: Restart = True,
+    dry_run: DryRun = False,
+    host: Host = None,
     inventory: Inventory = None,
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the stacked-bar PNG here (checked before connecting)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the profile(s) as JSON on stdout (progress stays on stderr)."),
+    output: Output = None,
+    json_out: JsonOut = False,
     trust_new_host_key: TrustNewHostKey = False,
 ) -> None:
     """Profile a bounded number of decode steps of the live decode server under a steady load
@@ -54,6 +55,11 @@ def profile(
         restart=restart, host=host, inventory=inventory, max_class_share=max_class_share or [],
         trust_new_host_key=trust_new_host_key)
     plan = run.plan(request)
+    if dry_run:
+        from dsv4kit.bench import restart_plan
+
+        typer.echo(restart_plan.output(restart_plan.for_profile(plan), json_out))
+        raise typer.Exit(0)
     check_hosts(plan.inventory_path, host=plan.target.name, trust_new_host_key=trust_new_host_key)
     outcome = run.execute(plan, progress=say)
     if png is not None:

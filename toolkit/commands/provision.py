@@ -11,31 +11,30 @@ import typer
 from dsv4kit.core import exitcodes
 from dsv4kit.core.cli_common import interruptible, json_result
 from dsv4kit.core.exitcodes import Abort
-from dsv4kit.core.options import Inventory
+from dsv4kit.core.options import Inventory, JsonOut, Limit, ResultsDir, ResultsRepo, Verbose
 
 
 @interruptible("dsv4kit provision", "nothing was run")
 def provision(
     inventory: Inventory = None,
-    limit: Optional[List[str]] = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated or repeated)."),
+    limit: Limit = None,
     tags: Optional[List[str]] = typer.Option(
         None, "--tags", "-t",
-        help="Only these stages: preflight, nvidia_driver, cuda_toolkit, host_tuning, sglang_venv, "
-        "model_weights, flash_attn, kernel_rollout, sglang_service. A name that is not a tag of the playbook (or Ansible's "
-        "all/always/never/tagged/untagged) is refused (exit 2).",
+        help="Only these stages (the playbook's tags, e.g. nvidia_driver, sglang_service: docs/provisioning.md); "
+        "an unknown one is exit 2.",
     ),
     skip_tags: Optional[List[str]] = typer.Option(None, "--skip-tags", help="Skip these stages (e.g. flash_attn; checked like --tags)."),
     check: bool = typer.Option(False, "--check", "-C", help="Dry run: report what would change, change nothing (as ansible-playbook -C)."),
     extra_vars: Optional[List[str]] = typer.Option(
         None, "--extra-vars", "-e",
-        help="Variables over the inventory, as ansible-playbook -e takes them: key=value (strings), JSON/YAML, or "
-        "@FILE; repeatable. dsv4_* names and types are checked against the schema (exit 2).",
+        help="Variables over the inventory, as ansible-playbook -e takes them (key=value, JSON/YAML, @FILE; "
+        "repeatable); dsv4_* ones are checked against the schema.",
     ),
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More of Ansible's output (-vvv: connection debugging), as ansible-playbook -v."),
+    verbose: Verbose = 0,
     diff: bool = typer.Option(False, "--diff", help="Show the differences in changed files."),
-    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (Ansible's output goes to stderr)."),
-    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports: 'auto' kernel flags follow the host's latest (docs/rollout.md). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records: an 'auto' flag also needs a passing eval --ab record of it there (docs/quality.md). Default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results."),
+    json_out: JsonOut = False,
+    results_dir: ResultsDir = None,
+    results_repo: ResultsRepo = None,
     ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="Ask for the sudo password on the box (as ansible-playbook -K)."),
     ask_vault_pass: bool = typer.Option(False, "--ask-vault-pass", help="Ask for the Ansible Vault password of vaulted inventory values."),
     vault_id: Optional[List[str]] = typer.Option(None, "--vault-id", help="An Ansible Vault identity, as ansible-playbook takes it (label@FILE, label@prompt; repeatable)."),

@@ -24,11 +24,10 @@ from typing import List, Optional
 import typer
 
 from dsv4kit.core import exitcodes
-from dsv4kit.core.cli_common import JSON_HELP, check_output, deprecated, doing, interruptible
+from dsv4kit.core.options import JsonOut, MaxClassShare, Output, ResultsRepo
+from dsv4kit.core.cli_common import check_output, deprecated, doing, interruptible
 
 app = typer.Typer(help="List, show, compare and plot bench records.", no_args_is_help=True)
-
-_REPO_HELP = "Results git repository. Default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results."
 
 
 def _repo(path: Optional[Path]) -> Path:
@@ -110,8 +109,8 @@ def _load_side(repo: Path, ident: str) -> dict:
 @app.command("list")
 @interruptible("dsv4kit records list", "nothing was changed")
 def list_records(
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    results_repo: ResultsRepo = None,
+    json_out: JsonOut = False,
 ) -> None:
     """List the records, oldest first: run id, tag, context, lengths, concurrency, validity."""
     from dsv4kit.records.record import RecordError
@@ -157,9 +156,9 @@ def list_records(
 @interruptible("dsv4kit records show", "nothing was changed")
 def show(
     record_id: str = typer.Argument(..., metavar="ID", help="Run id, tag, unique prefix or record.json path."),
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Print the whole record as JSON on stdout."),
-    max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="Gate on the record's profile (bench --profile): exit 1 when CLASS takes more than PCT% of decode kernel time."),
+    results_repo: ResultsRepo = None,
+    json_out: JsonOut = False,
+    max_class_share: MaxClassShare = None,
 ) -> None:
     """Show one record: provenance, the per-point gates, the summary table and its decode
     breakdown when it carries a profile (exit 1 when a --max-class-share limit is exceeded)."""
@@ -245,10 +244,10 @@ def _profile_gate(record: dict, max_class_share: Optional[List[str]], show: bool
 def compare_cmd(
     old_id: str = typer.Argument(..., metavar="A", help="The old record (baseline); ID@A or ID@B for one arm of an A/B record."),
     new_id: str = typer.Argument(..., metavar="B", help="The new record; ID@A or ID@B for one arm of an A/B record."),
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
+    results_repo: ResultsRepo = None,
     ignore: List[str] = typer.Option([], "--ignore", help="Comparability field allowed to differ (repeatable), e.g. context_length."),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
-    max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="Gate on B's profile (bench --profile): exit 1 when CLASS takes more than PCT% of decode kernel time."),
+    json_out: JsonOut = False,
+    max_class_share: MaxClassShare = None,
 ) -> None:
     """Compare B against A per metric and concurrency (and their decode breakdowns when both carry
     a profile); exit 1 on a regression, an invalid concurrency or a --max-class-share breach in B,
@@ -291,8 +290,8 @@ def _print_profiles(old: dict, new: dict) -> None:
 @interruptible("dsv4kit records publish", "nothing was published")
 def publish_cmd(
     spill_dir: Path = typer.Argument(..., metavar="DIR", help="A spill directory a sweep kept (its run id, under ~/.local/state/dsv4kit/spill or $DSV4KIT_SPILL_DIR)."),
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    results_repo: ResultsRepo = None,
+    json_out: JsonOut = False,
 ) -> None:
     """Publish a kept spill as one commit and tag; the spill is removed once it is published.
     A sweep that did not finish is published as an incomplete record (never a baseline)."""
@@ -324,11 +323,11 @@ def publish_cmd(
 @interruptible("dsv4kit records plot", "no plot was written")
 def plot_cmd(
     record_ids: List[str] = typer.Argument(None, metavar="[IDS]...", help="Records to plot (default: all)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="PNG file to write (checked for writability before any work)."),
+    output: Output = None,
     old_out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Deprecated spelling of --output."),
     metric: str = typer.Option("decode_tok_s", "--metric", help="decode_tok_s (default), output_throughput, decode_tok_s_per_gpu, ..."),
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help=_REPO_HELP),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    results_repo: ResultsRepo = None,
+    json_out: JsonOut = False,
 ) -> None:
     """Write a PNG of tok/s against concurrency, one line per record (e.g. 8K vs 128K context)."""
     from dsv4kit.records.plot import plot_records

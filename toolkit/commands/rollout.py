@@ -19,8 +19,8 @@ from typing import Optional
 import typer
 
 from dsv4kit.core import exitcodes
-from dsv4kit.core.cli_common import JSON_HELP, check_hosts, doing, interruptible, json_result
-from dsv4kit.core.options import Inventory, TrustNewHostKey
+from dsv4kit.core.cli_common import check_hosts, doing, interruptible, json_result
+from dsv4kit.core.options import Host, Inventory, JsonOut, ResultsDir, ResultsRepo, Timeout, TrustNewHostKey
 from dsv4kit.rollout.status import DEFAULT_DECISION_FILE, render, status_report
 
 app = typer.Typer(help="Kernel rollout into SGLang (plugin, flags, targets): status, plan.",
@@ -70,22 +70,18 @@ def _report_from(python: Path, timeout: float, decision: str = "") -> dict:
 @app.command("status")
 @interruptible("dsv4kit rollout status", "nothing was changed")
 def status(
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    json_out: JsonOut = False,
     python: Optional[Path] = typer.Option(
         None, "--python", help="Interpreter of the SGLang venv to inspect (e.g. "
         "/opt/dsv4/venv/bin/python); it runs 'python -m dsv4kit.rollout status --json'. "
         "Default: this interpreter.", dir_okay=False),
-    host: Optional[str] = typer.Option(
-        None, "--host", help="Inventory host to inspect over SSH (the SSH layer of dsv4kit validate): its "
-        "dsv4_venv_dir python, with the environment its serving units get."),
+    host: Host = None,
     inventory: Inventory = None,
     trust_new_host_key: TrustNewHostKey = False,
-    timeout: float = typer.Option(60.0, "--timeout", min=1.0,
-                                  help="Seconds to wait for the report of --python or --host."),
+    timeout: Timeout = 60.0,
     decision: Optional[str] = typer.Option(
-        None, "--decision", help="Decision file kernel_rollout wrote beside the flags: which report decided "
-        f"each flag, with its numbers ('' for none). Default: {DEFAULT_DECISION_FILE}; with --host, the "
-        "host's <dsv4_prefix>/etc/dsv4kit/kernel-decision.json."),
+        None, "--decision", help="The decision file kernel_rollout wrote ('' for none). Default: "
+        f"{DEFAULT_DECISION_FILE}; with --host, the one under the host's dsv4_prefix."),
 ) -> None:
     """Which SGLang version, whether the dsv4kit plugin is installed, which flags are set, and
     for each target whether it would be replaced or why not.
@@ -133,12 +129,12 @@ def _enveloped(report: dict) -> dict:
 @app.command("plan")
 @interruptible("dsv4kit rollout plan", "nothing was changed")
 def plan(
-    host: Optional[str] = typer.Option(None, "--host", help="Inventory host to plan for (default: the only host)."),
+    host: Host = None,
     inventory: Inventory = None,
     from_report: Optional[Path] = typer.Option(None, "--from-report", help="Take the verdict from this validation report instead of the host's latest.", dir_okay=False),
-    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Where `dsv4kit validate` keeps reports (the host's latest is used). Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
-    results_repo: Optional[Path] = typer.Option(None, "--results-repo", help="Where `dsv4kit eval` records (the quality evidence). Default: $DSV4KIT_RESULTS_REPO, else ~/.local/share/dsv4kit/results."),
-    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
+    results_dir: ResultsDir = None,
+    results_repo: ResultsRepo = None,
+    json_out: JsonOut = False,
 ) -> None:
     """The kernel flags (and dsv4_fp4_indexer) provisioning would set on the host, and the evidence behind each.
 

@@ -10,7 +10,8 @@ import typer
 
 from dsv4kit.core import exitcodes
 from dsv4kit.core.cli_common import doing, fail, interruptible
-from dsv4kit.core.options import Inventory, TrustNewHostKey
+from dsv4kit.core.options import (Concurrencies, Ctx, Host, Inventory, JsonOut, Output, ResultsDir, Timeout,
+                                   TrustNewHostKey)
 
 
 _OPTION = {"host": "--host", "installed": "--installed", "trust_new_host_key": "--trust-new-host-key",
@@ -22,20 +23,20 @@ def validate(
     ctx: typer.Context,
     local: bool = typer.Option(False, "--local", help="Run on this machine: its GPU, or the Triton CPU interpreter when there is none."),
     gpu: Optional[int] = typer.Option(None, "--gpu", min=0, help="Run on this GPU index of the box (CUDA_VISIBLE_DEVICES=N). With --host and no --gpu: the host's dsv4_validate_gpu."),
-    host: Optional[str] = typer.Option(None, "--host", help="Inventory host name to validate on (default with --gpu: the only host). Without --gpu, runs on its dsv4_validate_gpu."),
+    host: Host = None,
     inventory: Inventory = None,
-    timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Hard timeout in seconds for the remote run; the remote process group is killed past it."),
+    timeout: Timeout = 1800.0,
     cases: Optional[str] = typer.Option(None, "--cases", help="Comma-separated SUITE or SUITE:SPEC items, e.g. 'indexer' or 'indexer:16x32x2048'. Default: every suite's default cases."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout (the table and progress go to stderr)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the report to this file (checked for writability before any work)."),
+    json_out: JsonOut = False,
+    output: Output = None,
     interpret: Optional[bool] = typer.Option(None, "--interpret/--no-interpret", help="Force (or forbid) Triton's CPU interpreter. Default for --local: the interpreter only when no GPU is visible. A remote run never falls back silently."),
     installed: bool = typer.Option(False, "--installed", help="Remote: use the dsv4kit already rolled out into the box's SGLang venv instead of shipping this checkout's wheel."),
     trust_new_host_key: TrustNewHostKey = False,
-    results_dir: Optional[Path] = typer.Option(None, "--results-dir", help="Remote: where reports are kept, named by host, GPU and time. Default: $DSV4KIT_RESULTS_DIR, else ~/.local/share/dsv4kit/validation."),
+    results_dir: ResultsDir = None,
     wheel: Optional[Path] = typer.Option(None, "--wheel", help="Remote: ship this prebuilt dsv4kit wheel instead of building one from this checkout."),
-    verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (see --ctx, --concurrency); `dsv4kit provision` takes 'auto' kernel flags from it."),
-    verdict_ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context length (tokens) of the verdict's decode shapes. Default: the host's dsv4_context_length (--local: 131072)."),
-    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Comma-separated decode batch sizes of the verdict (bench's concurrencies). Default: 1,16,64."),
+    verdict: bool = typer.Option(True, "--verdict/--no-verdict", help="End with the kernel verdict: ours against SGLang's stock default at the decode shapes (--ctx, -c); provision's 'auto' flags follow it."),
+    verdict_ctx: Ctx = None,
+    concurrency: Concurrencies = None,
 ) -> None:
     """Run the kernel validation table and exit non-zero on any failed case.
 
@@ -49,9 +50,7 @@ def validate(
     if ctx.args:
         fail(exitcodes.USAGE, f"unexpected argument(s) {' '.join(ctx.args)}: --json takes no value (it prints the "
                               f"report on stdout); write the report to a file with --output PATH (-o PATH)")
-    if cases is not None and not cases.replace(",", "").strip():
-        fail(exitcodes.USAGE, f"--cases {cases!r} names no case; give SUITE or SUITE:SPEC items (e.g. 'indexer'), "
-                              f"or leave --cases out to run every suite's default cases")
+    _check_values(cases, verdict_ctx)
     if local and gpu is not None:
         fail(exitcodes.USAGE, "give exactly one of --local or --gpu N")
     _refuse_ignored(ctx, local, verdict)
@@ -83,6 +82,14 @@ def validate(
         verdict=verdict, ctx=verdict_ctx, concurrency=concurrency,
     )
     raise typer.Exit(code)
+
+
+def _check_values(cases: Optional[str], verdict_ctx: Optional[int]) -> None:
+    if cases is not None and not cases.replace(",", "").strip():
+        fail(exitcodes.USAGE, f"--cases {cases!r} names no case; give SUITE or SUITE:SPEC items (e.g. 'indexer'), "
+                              f"or leave --cases out to run every suite's default cases")
+    if verdict_ctx is not None and verdict_ctx < 1:
+        fail(exitcodes.USAGE, f"--ctx must be a context length of at least 1 token, got {verdict_ctx}")
 
 
 def _refuse_ignored(ctx: typer.Context, local: bool, verdict: bool) -> None:

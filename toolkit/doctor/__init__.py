@@ -1,0 +1,1 @@
+"""``dsv4kit doctor``: the checks, in order, from the control machine to the serving units."""
