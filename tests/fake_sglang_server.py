@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -634,25 +633,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from fake_profiler import FakeProfiler
+    from standin_http import serve
 
     state = State(args)
     state.profiler = FakeProfiler(state, enabled=not args.no_profiler)
-    server = StandInHTTPServer(("127.0.0.1", args.port), make_handler(state))
-    server.daemon_threads = True
-    if args.port_file:
-        tmp = args.port_file + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.write(str(server.server_address[1]))
-        os.replace(tmp, args.port_file)
-    timer = threading.Timer(args.max_lifetime, server.shutdown)
-    timer.daemon = True
-    timer.start()
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        server.server_close()
-    return 0
-
+    return serve(make_handler(state), port=args.port, port_file=args.port_file, max_lifetime=args.max_lifetime,
+                 server_class=StandInHTTPServer)
 
 if __name__ == "__main__":
     raise SystemExit(main())

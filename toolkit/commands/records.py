@@ -163,6 +163,7 @@ def show(
 ) -> None:
     """Show one record: provenance, the per-point gates, the summary table and its decode
     breakdown when it carries a profile (exit 1 when a --max-class-share limit is exceeded)."""
+    from dsv4kit.bench.gpu_throttle import telemetry_line
     from dsv4kit.bench.sweep import format_summary
 
     record = _load(_repo(results_repo), record_id)
@@ -203,6 +204,8 @@ def show(
                    f"{'valid' if v['passed'] else 'INVALID: ' + ', '.join(v['failed'])}")
         for name in v["failed"]:
             typer.echo(f"    {name}: {v['gates'][name]['detail']}")
+        if "gpu_telemetry" in point:
+            typer.echo(f"    {telemetry_line(point['gpu_telemetry'])}")
     typer.echo("")
     if record.get("incomplete"):
         typer.echo(f"INCOMPLETE: {record.get('incomplete_reason')}")

@@ -64,6 +64,8 @@ def main(argv=None) -> int:
     p.add_argument("--probe-port", type=int, default=0)
     p.add_argument("--interval", type=float, default=0.25)
     p.add_argument("--telemetry-ms", type=int, default=500)
+    p.add_argument("--dcgm-port", type=int, default=0,
+                   help="the DCGM exporter's port on 127.0.0.1: the GPU telemetry's source when it answers (else nvidia-smi)")
     p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines (0: none)")
     p.add_argument("--idle-timeout", type=float, default=120.0,
                    help="seconds to wait for idle servers before the point (negative: do not check)")
