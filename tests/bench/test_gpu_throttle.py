@@ -107,3 +107,24 @@ def test_a_point_measured_while_a_gpu_throttled_is_invalid_through_the_real_clie
     assert point["gpu_telemetry"]["per_gpu"]["1"]["temperature_c"]["max"] == 93
     shown = dsv4kit("records", "show", record["run_id"], "--results-repo", str(tmp_path / "results"))
     assert "INVALID: gpu_throttle" in shown.stdout and "GPU telemetry (dcgm-exporter" in shown.stdout, shown.stdout
+
+
+def test_an_eval_arm_runs_under_watch_and_its_report_names_the_throttle(dcgm, tmp_path):
+    """``dsv4box watch`` (what an eval arm's checks run under) writes the window's telemetry and
+    passes the exit code through; the arm's record entry and report line show a throttle."""
+    from dsv4kit.bench.gpu_throttle import arm_telemetry
+    from dsv4kit.records.eval_record import format_record
+
+    port, plant = dcgm
+    plant({"throttle": {"0": "thermal"}, "after_scrapes": 1})
+    out = tmp_path / "arm.gpu"
+    code = subprocess.call([sys.executable, "-m", "dsv4kit.bench.box", "watch", "--out", str(out), "--telemetry-ms",
+                            "100", "--dcgm-port", str(port), "--", sys.executable, "-c",
+                            "import time; time.sleep(0.8); raise SystemExit(3)"])
+    assert code == 3
+    entry = arm_telemetry({"gpu_telemetry": json.loads(out.read_text())})
+    assert "samples" not in entry and not entry["gpu_throttle"]["passed"]
+    record = {"run_id": "r", "schema_version": 1, "eval": {}, "checks": [], "outcome": "pass",
+              "arms": {"A": {"setting": None, "gpu_telemetry": entry}}}
+    shown = format_record(record)
+    assert "THROTTLED: GPU 0: DCGM_FI_DEV_THERMAL_VIOLATION rose" in shown, shown

@@ -67,3 +67,12 @@ def telemetry_line(telemetry: dict) -> str:
     return (f"GPU telemetry ({telemetry.get('source') or 'nvidia-smi'}, {len(entries)} GPUs, min/median/max): "
             f"power {_range(entries, 'power_w', 'W')}, SM clock {_range(entries, 'sm_clock_mhz', 'MHz')}, "
             f"temperature {_range(entries, 'temperature_c', 'C')}; {tail}")
+
+
+def arm_telemetry(details: dict) -> dict:
+    """An eval arm's ``gpu_telemetry`` for its record: the summary (the samples stay in the details
+    file) and the ``gpu_throttle`` verdict. An arm is not invalidated by it; the report shows it."""
+    telemetry = details.get("gpu_telemetry") or {"available": False, "reason": "not collected"}
+    summary = {k: v for k, v in telemetry.items() if k != "samples"}
+    summary["gpu_throttle"] = throttle_gate(telemetry)
+    return summary
