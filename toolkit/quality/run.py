@@ -372,6 +372,9 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         record = _build(p, argv, created, started, ctx, spec, provenance["A"], arms, checks, outcome,
                         decode_info(info), toolkit_info(argv))
         record["evidence"]["ran_with"] = agreed(ran)
+        from dsv4kit.monitor.textfile import publish_record
+
+        publish_record(session, host, "eval", record, record["outcome"], progress)
         return record, details
     finally:
         remote.cleanup()
