@@ -91,9 +91,15 @@ def stack(tmp_path_factory, loopback_ssh):
     ports = {name: _free_port() for name in ("prometheus", "alertmanager", "node")}
     textfiles = work / "textfile"
     textfiles.mkdir()
-    (textfiles / "rollout.prom").write_text(
-        '# HELP dsv4kit_rollout_info Kernels serving.\n# TYPE dsv4kit_rollout_info gauge\n'
-        'dsv4kit_rollout_info{indexer="dsv4kit",attention="stock"} 1\n')
+    # the box's series as the product writes them (rollout status --textfile; a bench record)
+    from dsv4kit.monitor import textfile
+
+    textfile.write_local(str(textfiles), textfile.ROLLOUT_FILE, textfile.rollout_info_text(
+        {"dsv4kit_version": "0.9.0", "sglang": {"version": "0.5.23"}, "indexer_route": "triton",
+         "flags": {"SGLANG_SM120_TRITON_INDEXER": {"value": "1", "enabled": True}}}))
+    textfile.write_local(str(textfiles), textfile.record_file("bench"), textfile.record_info_text(
+        "bench", {"run_id": "20261206T0500Z-box1", "tag": "bench/box1/1", "created_at_utc": "2026-12-06T05:00:00Z"},
+        "valid"))
     try:
         inventory_vars = {
             "dsv4_prefill_port": servers["prefill"].port, "dsv4_decode_port": servers["decode"].port,
@@ -182,8 +188,11 @@ def test_planted_faults_fire_their_alerts_reach_alertmanager_and_monitor_reports
     assert set(fired) == PLANTED | {"Watchdog"}, sorted(fired)
     assert fired["DSV4SchedulerStalled"]["labels"]["role"] == "decode"
     assert fired["DSV4KVCacheExhausted"]["labels"]["role"] == "prefill"
-    xid = fired["DSV4GPUXid"]["labels"]
-    assert (xid["gpu"], xid["err_code"], xid["err_msg"]) == ("3", "79", "GPU has fallen off the bus")
+    # the last-Xid series (with its text) and the exporter's Xid counter both fire it
+    xids = [a["labels"] for a in _get(f"{stack['prom']}/api/v1/alerts")["data"]["alerts"]
+            if a["labels"]["alertname"] == "DSV4GPUXid" and a["state"] == "firing"]
+    assert ("3", "79", "GPU has fallen off the bus") in {(x["gpu"], x.get("err_code"), x.get("err_msg")) for x in xids}
+    assert ("3", "79") in {(x["gpu"], x.get("xid")) for x in xids}, xids
 
     manager = f"http://127.0.0.1:{stack['ports']['alertmanager']}/api/v2/alerts"
     _wait("Alertmanager", lambda: PLANTED <= {a["labels"]["alertname"] for a in _get(manager)})
@@ -253,3 +262,17 @@ def test_every_dashboard_panel_returns_data_from_prometheus(stack):
     # the histograms hold real observations, not only empty buckets
     ttft = _query(stack, 'sum(sglang:time_to_first_token_seconds_count)')
     assert float(ttft[0]["value"][1]) >= 12
+    # the picture of the dashboard in docs/quickstart.md is drawn from these answers
+    # (DSV4KIT_DASHBOARD_PICTURE=docs/images/monitoring-dashboard.png redraws it)
+    from dsv4kit.monitor import render
+
+    end = time.time()
+    series = render.fetch(stack["prom"], minutes=2, now=end)
+    assert all(series[p.title] for p in panels), [p.title for p in panels if not series[p.title]]
+    note = ("Simulated box: dsv4kit's stand-ins for SGLang 0.5.23, sglang-router 0.3.2 and DCGM exporter 4.8.2, "
+            "scraped by a real Prometheus (tests/monitoring/test_monitoring_journey.py)")
+    (stack["work"] / "dashboard-series.json").write_text(json.dumps(series))
+    out = render.render(series, stack["work"] / "dashboard.png", note, end - 120, 120)
+    assert out.stat().st_size > 20_000
+    if os.environ.get("DSV4KIT_DASHBOARD_PICTURE"):
+        shutil.copyfile(out, os.environ["DSV4KIT_DASHBOARD_PICTURE"])
