@@ -44,31 +44,6 @@ def apply_throttle_gate(validity: dict, telemetry: dict) -> dict:
     return validity
 
 
-def _range(entries: list, field: str, unit: str) -> str:
-    spreads = [e[field] for e in entries if isinstance(e.get(field), dict)]
-    if not spreads:
-        return f"{field} -"
-    low, mid, high = (min(s["min"] for s in spreads), sorted(s["median"] for s in spreads)[len(spreads) // 2],
-                      max(s["max"] for s in spreads))
-    return f"{low:g}/{mid:g}/{high:g} {unit}"
-
-
-def telemetry_line(telemetry: dict) -> str:
-    """One line for ``records show`` and the eval report: the source, power, SM clock and
-    temperature over all GPUs (min/median/max), and what throttled."""
-    if not telemetry or not telemetry.get("available"):
-        reason = (telemetry or {}).get("reason") or "not collected"
-        return f"GPU telemetry: none ({reason})"
-    entries = list((telemetry.get("per_gpu") or {}).values())
-    findings = throttle_findings(telemetry)
-    reasons = sorted({r for e in entries for r in e.get("event_reasons") or ()})
-    tail = ("THROTTLED: " + "; ".join(f["detail"] for f in findings)) if findings else (
-        "no throttle" + (f" (seen: {', '.join(reasons)})" if reasons else ""))
-    return (f"GPU telemetry ({telemetry.get('source') or 'nvidia-smi'}, {len(entries)} GPUs, min/median/max): "
-            f"power {_range(entries, 'power_w', 'W')}, SM clock {_range(entries, 'sm_clock_mhz', 'MHz')}, "
-            f"temperature {_range(entries, 'temperature_c', 'C')}; {tail}")
-
-
 def arm_telemetry(details: dict) -> dict:
     """An eval arm's ``gpu_telemetry`` for its record: the summary (the samples stay in the details
     file) and the ``gpu_throttle`` verdict. An arm is not invalidated by it; the report shows it."""
