@@ -9,7 +9,11 @@
   smg_router_request_errors_total).
 
 ``POST /_test/config`` plants faults: ``{"xid": {"3": 79}}`` (the last Xid of GPU 3),
-``{"gpus": 7}`` (a GPU fell off the bus), ``{"throttle": {"3": "thermal"}}``.
+``{"gpus": 7}`` (a GPU fell off the bus), ``{"throttle": {"3": "thermal"}}`` (or ``"power"``).
+``"after_scrapes": N`` beside them delays those faults until N more ``/metrics`` reads have been
+served: "during the point" for a reader whose first scrape opens its window. A throttled GPU's
+violation counter accumulates its throttled time, and the exporter's own clock-event and Xid
+counters (``DCGM_EXP_*``) appear at their first event, as the exporter writes them.
 Run: ``python tests/fake_exporters.py dcgm|router --port-file F [--gpus 8]``; 127.0.0.1 only.
 """
 
@@ -17,23 +21,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
+import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 #: DCGM exporter 4.8.2's text for the Xids the tests plant (its xid_errors.go).
 XID_TEXT = {0: "No Error", 48: "DBE (Double Bit Error) ECC Error", 79: "GPU has fallen off the bus"}
+#: The clock event a planted throttle counts under DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event}.
+CLOCK_EVENT = {"thermal": "sw_thermal_slowdown", "power": "sw_power_cap"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from standin_http import send, serve  # noqa: E402  (run as a script from tests/, or imported as tests.fake_exporters)
+
 COUNTERS = Path(__file__).resolve().parents[1] / "playbooks/roles/monitoring/templates/dcgm-counters.csv.j2"
 
 
 def counter_fields() -> list[tuple[str, str]]:
-    """(field, type) of every DCGM_FI_DEV_* line of the role's counters file."""
+    """(field, type) of every DCGM_FI_* and DCGM_EXP_* line of the role's counters file."""
     out = []
     for line in COUNTERS.read_text().splitlines():
-        match = re.match(r"^(DCGM_FI_[A-Z0-9_]+)\s*,\s*(\w+)\s*,", line)
+        match = re.match(r"^(DCGM_(?:FI|EXP)_[A-Z0-9_]+)\s*,\s*(\w+)\s*,", line)
         if match and not match.group(1).startswith("DCGM_FI_PROF_"):
             out.append((match.group(1), match.group(2)))
     return out
@@ -44,53 +53,110 @@ class Dcgm:
         self.lock = threading.Lock()
         self.gpus = gpus
         self.xid: dict[int, int] = {}
-        self.throttle: dict[int, str] = {}
+        self.xid_count: dict[tuple[int, int], int] = {}
+        self.throttle: dict[int, tuple[str, float]] = {}  # gpu -> (kind, since)
+        self.throttled_ns: dict[tuple[int, str], float] = {}  # time of throttles already ended
+        self.events: dict[tuple[int, str], int] = {}
+        self.pending: list[tuple[int, dict]] = []  # (scrapes left, faults)
         self.started = time.time()
         self.fields = counter_fields()
 
-    def value(self, field: str, gpu: int, elapsed: float) -> float:
-        throttled = self.throttle.get(gpu)
+    def violation_ns(self, gpu: int, kind: str, now: float) -> float:
+        total = self.throttled_ns.get((gpu, kind), 0.0)
+        current = self.throttle.get(gpu)
+        if current and current[0] == kind:
+            total += (now - current[1]) * 1e9
+        return total
+
+    def value(self, field: str, gpu: int, elapsed: float, now: float) -> float:
+        throttled = (self.throttle.get(gpu) or ("", 0.0))[0]
         table = {
-            "DCGM_FI_DEV_SM_CLOCK": 2100.0, "DCGM_FI_DEV_MEM_CLOCK": 14001.0, "DCGM_FI_DEV_MEMORY_TEMP": 0.0,
-            "DCGM_FI_DEV_GPU_TEMP": 61.0 + gpu, "DCGM_FI_DEV_POWER_USAGE": 412.5 + gpu,
+            "DCGM_FI_DEV_SM_CLOCK": 1200.0 if throttled else 2100.0, "DCGM_FI_DEV_MEM_CLOCK": 14001.0,
+            "DCGM_FI_DEV_MEMORY_TEMP": 0.0,
+            "DCGM_FI_DEV_GPU_TEMP": (92.0 if throttled == "thermal" else 61.0) + gpu,
+            "DCGM_FI_DEV_POWER_USAGE": 412.5 + gpu,
             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 1e6 + 4e5 * elapsed, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0.0,
             "DCGM_FI_DEV_GPU_UTIL": 97.0, "DCGM_FI_DEV_MEM_COPY_UTIL": 41.0,
             "DCGM_FI_DEV_XID_ERRORS": float(self.xid.get(gpu, 0)),
-            # throttled time in ns: all of the time while a throttle is planted
-            "DCGM_FI_DEV_POWER_VIOLATION": elapsed * 1e9 if throttled == "power" else 0.0,
-            "DCGM_FI_DEV_THERMAL_VIOLATION": elapsed * 1e9 if throttled == "thermal" else 0.0,
+            "DCGM_FI_DEV_POWER_VIOLATION": self.violation_ns(gpu, "power", now),
+            "DCGM_FI_DEV_THERMAL_VIOLATION": self.violation_ns(gpu, "thermal", now),
             "DCGM_FI_DEV_FB_FREE": 2048.0, "DCGM_FI_DEV_FB_USED": 95000.0,
             "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0.0, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0.0,
             "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0.0,
         }
         return table.get(field, 0.0)
 
+    def labels(self, gpu: int, extra: str) -> str:
+        labels = (f'gpu="{gpu}",UUID="GPU-5a1d0000-0000-0000-0000-00000000000{gpu}",'
+                  f'pci_bus_id="00000000:{0x18 + gpu:02X}:00.0",device="nvidia{gpu}",'
+                  f'modelName="NVIDIA RTX PRO 6000 Blackwell Server Edition",Hostname="box1"')
+        return labels + ("," + extra if extra else "")
+
     def metrics(self) -> str:
-        elapsed = time.time() - self.started
+        self._tick()
+        now = time.time()
+        elapsed = now - self.started
         labels_of = {name for name, kind in self.fields if kind == "label"}
         extra = ",".join(f'{name}="580.95.05"' for name in sorted(labels_of))
         lines = []
         for field, kind in self.fields:
             if kind == "label":
                 continue
+            if field == "DCGM_EXP_CLOCK_EVENTS_COUNT":
+                rows = [(gpu, f'clock_event="{event}"', n) for (gpu, event), n in sorted(self.events.items())
+                        if gpu < self.gpus]
+            elif field == "DCGM_EXP_XID_ERRORS_COUNT":
+                rows = [(gpu, f'window_size_in_ms="300000",xid="{code}"', n)
+                        for (gpu, code), n in sorted(self.xid_count.items()) if gpu < self.gpus]
+            else:
+                rows = []
+                for gpu in range(self.gpus):
+                    more = ""
+                    if field == "DCGM_FI_DEV_XID_ERRORS":  # the exporter's attributes of the last Xid
+                        code = self.xid.get(gpu, 0)
+                        more = f'err_code="{code}",err_msg="{XID_TEXT.get(code, "Unknown Error")}"'
+                    rows.append((gpu, more, self.value(field, gpu, elapsed, now)))
+            if not rows:  # an exporter-owned counter before its first event
+                continue
             lines += [f"# HELP {field} {field}.", f"# TYPE {field} {kind}"]
-            for gpu in range(self.gpus):
-                labels = (f'gpu="{gpu}",UUID="GPU-5a1d0000-0000-0000-0000-00000000000{gpu}",'
-                          f'pci_bus_id="00000000:{0x18 + gpu:02X}:00.0",device="nvidia{gpu}",'
-                          f'modelName="NVIDIA RTX PRO 6000 Blackwell Server Edition",Hostname="box1"')
-                if extra:
-                    labels += "," + extra
-                if field == "DCGM_FI_DEV_XID_ERRORS":  # the exporter's attributes of the last Xid
-                    code = self.xid.get(gpu, 0)
-                    labels += f',err_code="{code}",err_msg="{XID_TEXT.get(code, "Unknown Error")}"'
-                lines.append(f"{field}{{{labels}}} {self.value(field, gpu, elapsed)}")
+            for gpu, more, value in rows:
+                labels = self.labels(gpu, extra)
+                lines.append(f"{field}{{{labels}{',' + more if more else ''}}} {float(value)}")
         return "\n".join(lines) + "\n"
 
-    def configure(self, body: dict) -> None:
+    def _tick(self) -> None:
+        """One /metrics read: faults whose delay ran out take effect."""
+        due, waiting = [], []
+        for left, faults in self.pending:
+            (due if left <= 0 else waiting).append((left - 1, faults))
+        self.pending = waiting
+        for _, faults in due:
+            self._apply(faults)
+
+    def _apply(self, body: dict) -> None:
+        now = time.time()
         if "gpus" in body:
             self.gpus = int(body["gpus"])
-        self.xid.update({int(k): int(v) for k, v in (body.get("xid") or {}).items()})
-        self.throttle.update({int(k): str(v) for k, v in (body.get("throttle") or {}).items()})
+        for gpu, code in ((int(k), int(v)) for k, v in (body.get("xid") or {}).items()):
+            self.xid[gpu] = code
+            if code:
+                self.xid_count[(gpu, code)] = self.xid_count.get((gpu, code), 0) + 1
+        for gpu, kind in ((int(k), str(v)) for k, v in (body.get("throttle") or {}).items()):
+            old = self.throttle.pop(gpu, None)
+            if old:
+                key = (gpu, old[0])
+                self.throttled_ns[key] = self.throttled_ns.get(key, 0.0) + (now - old[1]) * 1e9
+            if kind in CLOCK_EVENT:
+                self.throttle[gpu] = (kind, now)
+                event = (gpu, CLOCK_EVENT[kind])
+                self.events[event] = self.events.get(event, 0) + 1
+
+    def configure(self, body: dict) -> None:
+        faults = {k: v for k, v in body.items() if k != "after_scrapes"}
+        if body.get("after_scrapes"):
+            self.pending.append((int(body["after_scrapes"]), faults))
+        else:
+            self._apply(faults)
 
 
 class Router:
@@ -115,20 +181,13 @@ def make_handler(state):
         def log_message(self, format, *args):
             pass
 
-        def _send(self, code: int, data: bytes, kind: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
         def do_GET(self):
             if self.path.split("?")[0] == "/metrics":
                 with state.lock:
                     text = state.metrics()
-                self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+                send(self, 200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
             else:
-                self._send(404, b"404 page not found\n", "text/plain")
+                send(self, 404, b"404 page not found\n", "text/plain")
 
         def do_POST(self):
             length = int(self.headers.get("Content-Length") or 0)
@@ -136,9 +195,9 @@ def make_handler(state):
             if self.path == "/_test/config":
                 with state.lock:
                     state.configure(body)
-                self._send(200, b'{"ok": true}', "application/json")
+                send(self, 200, b'{"ok": true}', "application/json")
             else:
-                self._send(404, b"{}", "application/json")
+                send(self, 404, b"{}", "application/json")
 
     return Handler
 
@@ -151,21 +210,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-lifetime", type=float, default=600.0)
     args = parser.parse_args(argv)
     state = Dcgm(args.gpus) if args.kind == "dcgm" else Router()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
-    server.daemon_threads = True
-    tmp = args.port_file + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(str(server.server_address[1]))
-    os.replace(tmp, args.port_file)
-    timer = threading.Timer(args.max_lifetime, server.shutdown)
-    timer.daemon = True
-    timer.start()
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        server.server_close()
-    return 0
-
+    return serve(make_handler(state), port_file=args.port_file, max_lifetime=args.max_lifetime)
 
 if __name__ == "__main__":
     raise SystemExit(main())

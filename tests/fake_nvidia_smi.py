@@ -5,6 +5,11 @@ order asked, ``[N/A]`` for what a board does not report, ``-lms`` repeats every 
 killed, and an unknown field is refused with the real message and exit code 2. ``FAKE_NVSMI_OLD=1``
 is a driver before 535, which does not know ``clocks_event_reasons.*`` yet. ``FAKE_NVSMI_GPUS``
 GPUs (default 2); GPU 1 is power-capped (reason bit 0x4) and hot.
+
+Fault "throttle during the point": ``FAKE_NVSMI_THROTTLE=GPU:REASON[,GPU:REASON]`` (or that text
+in the file ``$FAKE_NVSMI_FAULT_FILE``, read at start), REASON an NVML clock-event name such as
+``hw_thermal_slowdown``: a sampler's first line is clean, every later line has the reason's bit
+set and the SM clock at 1200 MHz.
 """
 
 from __future__ import annotations
@@ -40,7 +45,40 @@ VALUES = {
 }
 
 
-def main(argv: list[str]) -> int:
+#: NVML's clock-event reason bits (nvmlClocksEventReason*), by name.
+REASON_BITS = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal_slowdown": 0x20,
+               "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80}
+
+
+def planted_throttle() -> dict:
+    """{gpu index: reason bit} of the fault, from the environment or the fault file."""
+    spec = os.environ.get("FAKE_NVSMI_THROTTLE", "")
+    path = os.environ.get("FAKE_NVSMI_FAULT_FILE")
+    if not spec and path and os.path.exists(path):
+        spec = open(path).read().strip()
+    out = {}
+    for item in filter(None, spec.split(",")):
+        gpu, _, reason = item.partition(":")
+        out[int(gpu)] = REASON_BITS[reason.strip()]
+    return out
+
+
+def throttled(values: dict, bits: dict) -> dict:
+    """VALUES with the planted reasons active from the second tick on."""
+    def reasons(base):
+        return lambda i, t: (f"0x{int(base(i, t), 16) | bits[i]:016x}" if i in bits and t >= 1 else base(i, t))
+
+    def sm(base):
+        return lambda i, t: "1200" if i in bits and t >= 1 else base(i, t)
+
+    out = dict(values)
+    for name in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        out[name] = reasons(values[name])
+    out["clocks.sm"] = sm(values["clocks.sm"])
+    return out
+
+
+def main(argv: list[str], values: dict = VALUES) -> int:
     query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
     loop_ms = None
     for i, arg in enumerate(argv):  # -lms N, -lms=N, --loop-ms=N (the real tool takes all three)
@@ -52,15 +90,16 @@ def main(argv: list[str]) -> int:
         print("NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0")
         return 0
     fields = query.split(",")
+    values = throttled(values, planted_throttle())
     for field in fields:
-        if field not in VALUES or (os.environ.get("FAKE_NVSMI_OLD") and field.startswith("clocks_event_reasons")):
+        if field not in values or (os.environ.get("FAKE_NVSMI_OLD") and field.startswith("clocks_event_reasons")):
             print(f'Field "{field}" is not a valid field to query.', file=sys.stderr)
             print("", file=sys.stderr)
             return 2
     tick = 0
     while True:
         for i in range(int(os.environ.get("FAKE_NVSMI_GPUS", "2"))):
-            print(", ".join(VALUES[f](i, tick) for f in fields), flush=True)
+            print(", ".join(values[f](i, tick) for f in fields), flush=True)
         if loop_ms is None:
             return 0
         tick += 1

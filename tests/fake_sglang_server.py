@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,9 +68,11 @@ from urllib.parse import urlparse
 if __package__:
     from . import chat_standin
     from .fake_model import StandInModel
+    from .standin_histograms import ServingMetrics
 else:
     import chat_standin
     from fake_model import StandInModel
+    from standin_histograms import ServingMetrics
 
 FAKE_API_KEY = "sk-dsv4kit-FAKE-SECRET-3f9a"
 FAKE_ADMIN_KEY = "admin-dsv4kit-FAKE-SECRET-77c1"
@@ -124,6 +125,8 @@ class State:
         self.spec_accept_length = getattr(args, "spec_accept_length", 0.0)
         self.served_model_path = getattr(args, "served_model_path", "")
         self.kv_transfer_ms = getattr(args, "kv_transfer_ms", 0.0)
+        # latency histograms, cache hit rate, SWA use, PD transfer series (tests/standin_histograms.py)
+        self.serving = ServingMetrics(getattr(args, "disaggregation_mode", None) or "null")
         self.chat = chat_standin.ChatStandIn(getattr(args, "served_model_name", "") or args.model_path)
         # SGLang's HTTP middleware counts every request it receives by (endpoint, method), as it arrives.
         self.http_requests: dict = {}
@@ -222,6 +225,8 @@ class State:
                 lines += [f"sglang:{name}_total{{{labels}}} {float(value)}",
                           f"sglang:{name}_created{{{labels}}} {self.startup_time}"]
         lines += self.pass_metrics()
+        rank0 = f'model_name="{self.model_path}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+        lines += self.serving.lines(self.model_path, rank0, self.startup_time, shown["token_usage"])
         return "\n".join(lines) + "\n"
 
     def pass_metrics(self) -> list:
@@ -411,6 +416,7 @@ def make_handler(state: State):
                     if "model" in body:  # the stand-in model's faults (tests/fake_model.py)
                         state.model.faults = dict(body["model"] or {})
                     state.retracted_total += int(body.get("retract", 0))  # requests pushed back to the queue
+                    state.serving.configure(body)
                     if body.get("restart"):  # what a unit restart does to /server_info
                         state.startup_time = time.time()
                     if "context_length" in body and body["context_length"] != state.context_length:
@@ -493,6 +499,7 @@ def make_handler(state: State):
         def _stream_tokens(self, index: int, prompt_tokens: int, max_new: int, cached: int, delay: float,
                            priority=0) -> None:
             """Queue for a decode slot (and a serial prefill), then decode at the batch's speed."""
+            started, times = time.time(), []
             with state.lock:
                 state.enter("queued", priority, 1)
             while state.stalled:  # a stuck scheduler: the request waits in the queue
@@ -509,6 +516,7 @@ def make_handler(state: State):
                 words: list[str] = []
                 ids: list[int] = []
                 if state.kv_transfer_ms:
+                    times.append(time.time())
                     self._transfer(index, prompt_tokens, max_new, cached, priority, words, ids)
                 with state.lock:
                     if not state.kv_transfer_ms:
@@ -548,11 +556,13 @@ def make_handler(state: State):
                             if not prefill_pass:
                                 state.passes += 1.0 / max(state.running, 1)  # this request's share of the pass
                             first_pass = False
+                        times.append(time.time())
                         self._chunk({"text": " ".join(words), "output_ids": list(ids),
                                      "meta_info": self._meta(index, prompt_tokens, len(ids), cached,
                                                              len(ids) == max_new, max_new)})
                 finally:
                     with state.lock:  # the tokenizer's counters grow when a request finishes
+                        state.serving.finished(started, times, prompt_tokens, cached, state.kv_transfer_ms)
                         state.finished += 1
                         state.prompt_by_priority[priority] = state.prompt_by_priority.get(priority, 0) + prompt_tokens
                         state.generated_by_priority[priority] = state.generated_by_priority.get(priority, 0) + len(ids)
@@ -629,30 +639,19 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-transfer-ms", type=float, default=0.0,
                         help="PD decode: the first token comes at once (the prefill server's), then the KV "
                              "transfer takes this long before the request runs here")
+    parser.add_argument("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"],
+                        help="prefill: /metrics also has the KV transfer latency histogram, one transfer per request")
     parser.add_argument("--served-model-name", default="",
                         help="the name /v1/models lists (SGLang's --served-model-name; default: the model path)")
     args = parser.parse_args(argv)
 
     from fake_profiler import FakeProfiler
+    from standin_http import serve
 
     state = State(args)
     state.profiler = FakeProfiler(state, enabled=not args.no_profiler)
-    server = StandInHTTPServer(("127.0.0.1", args.port), make_handler(state))
-    server.daemon_threads = True
-    if args.port_file:
-        tmp = args.port_file + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.write(str(server.server_address[1]))
-        os.replace(tmp, args.port_file)
-    timer = threading.Timer(args.max_lifetime, server.shutdown)
-    timer.daemon = True
-    timer.start()
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        server.server_close()
-    return 0
-
+    return serve(make_handler(state), port=args.port, port_file=args.port_file, max_lifetime=args.max_lifetime,
+                 server_class=StandInHTTPServer)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -99,7 +99,7 @@ def test_the_parse_check_catches_bad_lines():
 def test_the_walkthrough_covers_a_first_box():
     text = QUICKSTART.read_text()
     commands = [line for line, complete in shown_commands(text) if complete]
-    for wanted in ("dsv4kit provision", "dsv4kit validate --gpu 7", "dsv4kit bench --ctx 131072"):
+    for wanted in ("dsv4kit provision", "dsv4kit validate --gpu 7", "dsv4kit bench --ctx 131072", "dsv4kit monitor"):
         assert any(c.startswith(wanted) for c in commands), wanted
     for wanted in ("ssh-keyscan", "known_hosts", "ssh-keygen -lf", "deepseek-ai/DeepSeek-V4-Flash",
                    "dsv4_model_revision", "dsv4_model_path", "dsv4_service_user", "--inventory",
@@ -112,6 +112,9 @@ def test_the_walkthrough_covers_a_first_box():
     # The inventory is edited in a copy of the user's own, never in the checkout.
     edited = re.findall(r"\$EDITOR\s+(\S+)", text)
     assert edited and all(path.startswith("~/dsv4/inventory/") for path in edited), edited
+    # the monitoring step's picture is there, drawn from the monitoring journey's Prometheus
+    pictures = re.findall(r"!\[[^\]]*simulated box\]\((images/[^)]+\.png)\)", text)
+    assert pictures and all((ROOT / "docs" / p).stat().st_size > 20_000 for p in pictures), pictures
 
 
 def test_readme_links_the_quickstart_first():

@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
     looping = "-lms" in argv or any(a.startswith(("-lms=", "--loop-ms=")) for a in argv)
     if looping or any(f not in values for f in fields):  # a sampler, or a field the real tool refuses
         os.environ["FAKE_NVSMI_GPUS"] = str(COUNT)
-        return fake_nvidia_smi.main(argv)
+        return fake_nvidia_smi.main(argv, values)
     for i in ids:
         print(", ".join(values[f](i, 0) for f in fields))
     return 0

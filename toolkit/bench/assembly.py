@@ -19,6 +19,7 @@ from typing import Any, Optional
 from dsv4kit.bench.config import CLIENT_MODULE, SweepConfig, client_section
 from dsv4kit.bench.conservation import analyze as second_sources
 from dsv4kit.bench.gates import PointExpectation, effective_max_running, evaluate
+from dsv4kit.bench.gpu_throttle import apply_throttle_gate
 from dsv4kit.bench.metrics import cross_check
 from dsv4kit.bench.slo import latency_block
 from dsv4kit.bench.window import analyze as analyze_window
@@ -240,6 +241,7 @@ def measured_point(s: SweepState, ctx: PointContext, current: dict, *, c: int, r
     details_file = f"details/c{c}_r{rep}{suffix}.json.gz"
     point_details["metrics_samples"] = evidence.get("samples") or []
     telemetry = evidence.get("telemetry") or {"available": False, "reason": "not collected"}
+    apply_throttle_gate(validity, telemetry)
     point_details["gpu_telemetry_samples"] = telemetry.get("samples") or []
     s.details[details_file] = point_details
     return {

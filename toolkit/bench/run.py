@@ -272,6 +272,7 @@ def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
     was published of it); Abort(INTERRUPTED) on Ctrl-C, saying what was kept."""
     from dsv4kit.core.inventory import InventoryError
     from dsv4kit.core.ssh import RemoteError, open_session
+    from dsv4kit.monitor.textfile import publish_record
 
     repo, spill_root = p.repo, spill.default_spill_root()
     try:
@@ -279,6 +280,9 @@ def execute(p: BenchPlan, progress: Say, argv: list[str]) -> BenchOutcome:
             result = sweep.run_sweep(p.cfg, host=p.target, session=session, inventory_path=p.inventory_path,
                                      progress=progress, argv=argv, spill_root=spill_root, ab=p.ab_spec,
                                      profile=p.request.profile_hook)
+            record = result.record
+            publish_record(session, p.target, "bench", record, "incomplete" if record.get("incomplete") else
+                           "valid" if record.get("validity_passed") else "invalid", progress)
     except KeyboardInterrupt as exc:
         raise Abort(exitcodes.INTERRUPTED, f"interrupted: the sweep was stopped; nothing was recorded in {repo} "
                                            f"({_kept(exc)})") from None

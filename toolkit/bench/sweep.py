@@ -35,6 +35,7 @@ from dsv4kit.bench.arms import (ABSpec, arm_comparison, arm_extra_vars,  # noqa:
 from dsv4kit.bench.assembly import (PointContext, SweepResult, SweepState, _context_of,  # noqa: F401
                                     _provenance_differs, format_summary)
 from dsv4kit.bench.box.point import NOT_IDLE_EXIT, PROGRESS_PREFIX
+from dsv4kit.bench.gpu_throttle import dcgm_port
 from dsv4kit.bench.config import (BOX_KEY_FIELDS, CLIENT_ENV, CLIENT_MODULE, LONG_INPUT,  # noqa: F401
                                   RESTART_TAG, BenchAbort, SweepConfig, check_config, check_host,
                                   check_restart_tools, client_argv, client_section, default_lengths,
@@ -268,7 +269,7 @@ class _SweepLoop:
                    "--evidence-out", evidence_file, "--metrics-ports", ",".join(map(str, self.ctx.metrics_ports)),
                    "--probe-port", str(self.router_port), "--interval", f"{cfg.metrics_interval_s:g}",
                    "--idle-timeout", f"{cfg.gates.idle_timeout_s:g}", "--progress-every",
-                   f"{cfg.progress_every_s:g}", "--", *argv_point]
+                   f"{cfg.progress_every_s:g}", "--dcgm-port", str(dcgm_port(self.host)), "--", *argv_point]
         self.progress(f"{label}: {n} prompts of {cfg.input_len}+{cfg.output_len} tokens, "
                       f"warm-up {cfg.warmup_for(c)}...")
         t0 = time.monotonic()

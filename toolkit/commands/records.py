@@ -163,6 +163,7 @@ def show(
     """Show one record: provenance, the per-point gates, the summary table and its decode
     breakdown when it carries a profile (exit 1 when a --max-class-share limit is exceeded)."""
     from dsv4kit.bench.sweep import format_summary
+    from dsv4kit.records.gpu_telemetry import telemetry_line
 
     record = _load(_repo(results_repo), record_id)
     if json_out:  # the record as it is; the gate still decides the exit code, as in the plain run
@@ -202,6 +203,8 @@ def show(
                    f"{'valid' if v['passed'] else 'INVALID: ' + ', '.join(v['failed'])}")
         for name in v["failed"]:
             typer.echo(f"    {name}: {v['gates'][name]['detail']}")
+        if "gpu_telemetry" in point:
+            typer.echo(f"    {telemetry_line(point['gpu_telemetry'], v['gates'].get('gpu_throttle'))}")
     typer.echo("")
     if record.get("incomplete"):
         typer.echo(f"INCOMPLETE: {record.get('incomplete_reason')}")

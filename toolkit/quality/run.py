@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
+from dsv4kit.bench.gpu_throttle import arm_telemetry, dcgm_port
 from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.quality import prompts
@@ -183,9 +184,11 @@ class BoxEval:
             remote.session.put(here / name, f"{remote.workdir}/{name}")
         self.script = f"{remote.workdir}/box_eval.py"
 
-    def _json(self, args: list[str], timeout: float, stream=None) -> dict:
-        result = self.remote.session.run(shlex.join([self.remote.python, self.script, *args]), timeout=timeout,
-                                         env=self.env, check=False, stream=stream)
+    def _json(self, args: list[str], timeout: float, stream=None, wrap: Optional[list] = None) -> dict:
+        """``wrap``: a box-side command line the script runs under (``dsv4box watch``)."""
+        result = self.remote.session.run(shlex.join([*(wrap or []), self.remote.python, self.script, *args]),
+                                         timeout=timeout, env=self.env, check=False, stream=stream,
+                                         **({"cwd": self.remote.workdir} if wrap else {}))
         lines = [line for line in result.stdout.splitlines() if line.strip().startswith("{")]
         try:
             return json.loads(lines[-1])
@@ -223,12 +226,17 @@ class BoxEval:
             local.write_text(json.dumps(spec))
             self.remote.session.put(local, spec_file)
             eta = Eta(label, self.progress)
-            answer = self._json(["run", "--spec", spec_file, "--out", out_file], timeout, stream=eta.line)
+            watch = [*self.remote.box_command("watch", "--out", f"{out_file}.gpu", "--dcgm-port",
+                                              str(dcgm_port(self.remote.host)), "--")]
+            answer = self._json(["run", "--spec", spec_file, "--out", out_file], timeout, stream=eta.line, wrap=watch)
             if not answer.get("ok"):
                 raise Abort(exitcodes.TOOL_FAILED, f"{label}: the box could not finish the checks: {answer.get('error')}")
-            result_file = Path(tmp) / "result.json"
+            result_file, telemetry_file = Path(tmp) / "result.json", Path(tmp) / "gpu.json"
             self.remote.session.get(out_file, result_file)
-            return json.loads(result_file.read_text())
+            result = json.loads(result_file.read_text())
+            self.remote.session.get(f"{out_file}.gpu", telemetry_file)
+            result["gpu_telemetry"] = json.loads(telemetry_file.read_text())
+            return result
 
 
 class Eta:
@@ -352,6 +360,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
                                                                         default=str).encode()).hexdigest(),
                          "timings_s": details[arm].get("timings_s"), "details_file": f"details/arm-{arm}.json.gz",
                          "budget": details[arm].get("budget"),  # per check: requests, tokens, lengths
+                         "gpu_telemetry": arm_telemetry(details[arm]),
                          # speculative decoding: what the drafts did while the answers were judged
                          "speculative_algorithm": after.get("speculative_algorithm"),
                          "avg_spec_accept_length": next((s.get("avg_spec_accept_length") for s in
@@ -363,6 +372,9 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         record = _build(p, argv, created, started, ctx, spec, provenance["A"], arms, checks, outcome,
                         decode_info(info), toolkit_info(argv))
         record["evidence"]["ran_with"] = agreed(ran)
+        from dsv4kit.monitor.textfile import publish_record
+
+        publish_record(session, host, "eval", record, record["outcome"], progress)
         return record, details
     finally:
         remote.cleanup()

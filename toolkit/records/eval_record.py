@@ -116,6 +116,10 @@ def format_record(record: dict) -> str:
                 if body.get("speculative_algorithm") else "")
         lines.append(f"arm {arm}: {body.get('setting') or 'as served'}; kernel flags "
                      f"{(body.get('software') or {}).get('kernel_flags')}; {body.get('paths') or ''}{spec}")
+        if "gpu_telemetry" in body:
+            from dsv4kit.records.gpu_telemetry import telemetry_line
+
+            lines.append(f"    {telemetry_line(body['gpu_telemetry'], body['gpu_telemetry'].get('gpu_throttle'))}")
     lines.append("")
     for c in record["checks"]:
         lines.append(f"{c['check']:<14} {c['outcome'].upper():<13} {c['why']}")

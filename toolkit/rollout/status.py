@@ -436,11 +436,22 @@ def main(argv=None) -> int:
     status.add_argument("--decision", default=DEFAULT_DECISION_FILE,
                         help="the decision file kernel_rollout wrote beside the flags "
                              f"(default {DEFAULT_DECISION_FILE}); '' for none")
+    status.add_argument("--textfile", default="",
+                        help="also write dsv4kit_rollout_info into this node_exporter textfile directory "
+                             "(the monitoring role's), atomically")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
         return int(exc.code or 0)
     report = status_report(decision_path=args.decision or None)
+    if args.textfile:
+        from dsv4kit.monitor.textfile import ROLLOUT_FILE, rollout_info_text, write_local
+
+        try:
+            os.makedirs(args.textfile, mode=0o755, exist_ok=True)  # the monitoring role runs after the rollout
+            write_local(args.textfile, ROLLOUT_FILE, rollout_info_text(report))
+        except OSError as exc:  # the dashboard lags; the status stands
+            print(f"warning: {args.textfile}: {exc.strerror or exc}", file=sys.stderr)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return report["exit_code"]
 

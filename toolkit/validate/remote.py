@@ -542,6 +542,12 @@ class _Run:
         serving = acceptance.check(self.session, self.host, self.python, self.say)  # None: no drafter
         if serving is not None:
             report["speculative"] = serving
+        from dsv4kit.monitor.textfile import publish_record
+
+        publish_record(self.session, self.host, "validate",
+                       {"run_id": report_filename(self.host.name, self.gpu, self.started).removesuffix(".json"),
+                        "created_at_utc": report["remote"]["started_utc"]},
+                       "pass" if report.get("passed") else "fail", self.say)
         return acceptance.exit_code(self._keep(report), serving, self.say)
 
     def _record(self, built, facts: BoxFacts) -> dict:

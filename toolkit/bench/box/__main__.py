@@ -11,6 +11,8 @@ subcommand prints one JSON object on stdout (``run-point`` writes its evidence t
                                 which ``meta_info`` fields the server reports. Writes the evidence
                                 (samples, the time the measured run began, startup times, fields)
                                 to F as JSON and exits with the client's exit code.
+``watch --out F [--dcgm-port P] -- ARGV``  run ARGV (an eval arm's checks) under the same GPU
+                                telemetry as ``run-point``; write it to F; exit with ARGV's code.
 ``probe --model-path M --state-dir D --unit-dir U``   provenance: package versions, CUDA, GPUs
                                 (``nvidia-smi``; null with a reason when it is absent), OS, the
                                 serving processes' argv, start time and SGLANG_*/CUDA_*/NCCL_*
@@ -31,6 +33,7 @@ import sys
 from .http import cmd_server_info, cmd_wait_health
 from .point import cmd_prefill_point, cmd_run_point
 from .probe import cmd_probe
+from .watch import cmd_watch
 
 
 def main(argv=None) -> int:
@@ -64,13 +67,22 @@ def main(argv=None) -> int:
     p.add_argument("--probe-port", type=int, default=0)
     p.add_argument("--interval", type=float, default=0.25)
     p.add_argument("--telemetry-ms", type=int, default=500)
+    p.add_argument("--dcgm-port", type=int, default=0,
+                   help="the DCGM exporter's port on 127.0.0.1: the GPU telemetry's source when it answers (else nvidia-smi)")
     p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines (0: none)")
     p.add_argument("--idle-timeout", type=float, default=120.0,
                    help="seconds to wait for idle servers before the point (negative: do not check)")
     p.add_argument("client", nargs=argparse.REMAINDER)
+    p = sub.add_parser("watch")
+    p.add_argument("--out", required=True)
+    p.add_argument("--telemetry-ms", type=int, default=5000)
+    p.add_argument("--dcgm-port", type=int, default=0)
+    p.add_argument("wrapped", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "run-point":
         return cmd_run_point(args)
+    if args.command == "watch":
+        return cmd_watch(args)
     handler = {"server-info": cmd_server_info, "wait-health": cmd_wait_health, "probe": cmd_probe,
                "prefill-point": cmd_prefill_point}[args.command]
     result = handler(args)

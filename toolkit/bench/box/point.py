@@ -13,7 +13,7 @@ import urllib.request
 
 from .http import headers, http_get, post
 from .metrics import Scraper, read_metrics, wait_idle
-from .telemetry import Telemetry
+from .telemetry import window_telemetry
 
 #: The client prints this just before the cache flush and the 1 s pause that precede the measured run.
 MAIN_RUN_MARKER = "Starting main benchmark run"
@@ -181,7 +181,7 @@ def cmd_run_point(args) -> int:
         return NOT_IDLE_EXIT
     marker_time = marker_wall = None
     started = time.monotonic()
-    telemetry = Telemetry(args.telemetry_ms, args.evidence_out + ".nvsmi.csv")
+    telemetry = window_telemetry(args.telemetry_ms, args.evidence_out + ".nvsmi.csv", args.dcgm_port)
     with telemetry, Scraper(ports, args.interval) as scraper:
         reporter = ProgressReporter(scraper, ports[0] if ports else None, args.progress_every)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
