@@ -5,36 +5,28 @@ fails with a message that names it."""
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 
 from dsv4kit.quality import api_check
 from dsv4kit.quality.api_prompts import run_api
-from tests.bench_support import FakeServer
+from tests.conftest import SERVED_MODEL, chat_faults
 
-SERVED = "deepseek-ai/DeepSeek-V4-Flash"
-SPEC = {"model": SERVED, "seeds": [3], "max_tokens": 4096}
+SPEC = {"model": SERVED_MODEL, "seeds": [3], "max_tokens": 4096}
 
 
 @pytest.fixture(scope="module")
-def chat_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chat")
-    server = FakeServer(root / "server", root, served_model_name=SERVED).start()
-    yield server
-    server.stop()
+def chat_server(chat_server_factory):
+    return chat_server_factory("chat", token_delay_ms=0)
 
 
 def ask(server, faults=()) -> dict:
-    url = f"http://127.0.0.1:{server.port}"
-    body = json.dumps({"chat": {"faults": list(faults)}}).encode()
-    urllib.request.urlopen(urllib.request.Request(url + "/_test/config", data=body, method="POST",
-                                                  headers={"Content-Type": "application/json"}), timeout=30).read()
-    return run_api(url, SPEC, {"Content-Type": "application/json"}, 120)
+    chat_faults(server, faults)
+    return run_api(f"http://127.0.0.1:{server.port}", SPEC, {"Content-Type": "application/json"}, 120)
 
 
 def judge(*results) -> dict:
-    return api_check.api_check({arm: {"checks": {"api": r}} for arm, r in zip("AB", results)}, [SERVED])
+    return api_check.api_check({arm: {"checks": {"api": r}} for arm, r in zip("AB", results)}, [SERVED_MODEL])
 
 
 @pytest.fixture(scope="module")
