@@ -26,7 +26,9 @@ JSON value for the rest. Faults (``POST /_test/config {"chat": {"faults": [...]}
 * ``thinking_leak``: the thinking is written again into the answer, after ``</think>``;
 * ``stream_drop``: the stream leaves out one chunk, so its deltas do not add up to the whole answer;
 * ``json_body``: the invoke's arguments as one JSON object instead of parameter tags (the V3.2-era
-  form SGLang's text detector reads; 0.5.23's DeepSeek-V4 chat path returns them as ``{}``).
+  form SGLang's text detector reads; 0.5.23's DeepSeek-V4 chat path returns them as ``{}``);
+* ``usage_overcount``: ``usage.completion_tokens`` says one token more than the answer has (a first
+  token counted twice), while the server's counters count what was generated.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from typing import Optional
 SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜System｜>",
             "<think>", "</think>", "｜DSML｜", "<｜latest_reminder｜>", "<｜deepseek_image｜>")
 EOS = "<｜end▁of▁sentence｜>"
-FAULTS = ("parsers_off", "malformed", "bad_arguments", "thinking_leak", "stream_drop", "json_body")
+FAULTS = ("parsers_off", "malformed", "bad_arguments", "thinking_leak", "stream_drop", "json_body",
+          "usage_overcount")
 
 
 def _sglang_on_path() -> None:
@@ -228,8 +231,9 @@ class ChatRun:
         self._dropped = False
 
     def usage(self) -> dict:
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.output),
-                "total_tokens": len(self.prompt_ids) + len(self.output)}
+        completion = len(self.output) + (1 if "usage_overcount" in self.faults else 0)
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(self.prompt_ids) + completion}
 
     def _sglext(self) -> Optional[dict]:
         if not self.request.return_cached_tokens_details:

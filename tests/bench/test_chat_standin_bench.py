@@ -84,3 +84,54 @@ def test_ignore_eos_without_a_limit_is_refused_with_400(server):
     with pytest.raises(urllib.error.HTTPError) as caught:
         chat(server, ignore_eos=True)
     assert caught.value.code == 400 and "ignore_eos" in caught.value.read().decode()
+
+
+# --------------------------------------------------------------- bench --api chat through the real client
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory):
+    """A model directory whose tokenizer is the chat stand-in's (byte-level, DeepSeek-V4's special
+    tokens): the client and the server read text with one tokenizer, as on a real box."""
+    from transformers import PreTrainedTokenizerFast
+
+    directory = tmp_path_factory.mktemp("chat-model") / "DeepSeek-V4-Flash-test"
+    PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), clean_up_tokenization_spaces=False) \
+        .save_pretrained(str(directory))
+    (directory / "config.json").write_text(json.dumps({"model_type": "dsv4kit-test", "vocab_size": 270}))
+    return directory
+
+
+@pytest.mark.slow
+def test_bench_api_chat_runs_the_real_chat_client_valid_when_honest_invalid_when_usage_overcounts(
+        tmp_path, loopback_ssh, bench_venv, chat_model_dir, chat_server_factory, monkeypatch):
+    """``--api chat`` through ``sglang.benchmark.serving --backend sglang-oai-chat`` against the chat
+    stand-in: rep 1 honest, valid under every gate; rep 2 the chat route's usage says one token more
+    per request than it streamed, so the client's count and the server's counters disagree."""
+    from tests.bench.test_bench_round3 import in_process_sweep
+    from tests.bench_support import FakeServer, bench_inventory
+    from tests.conftest import SERVED_MODEL
+
+    monkeypatch.setenv("DSV4KIT_SPILL_DIR", str(tmp_path / "spill"))
+    server = FakeServer(tmp_path / "server", chat_model_dir, served_model_name=SERVED_MODEL).start()
+    try:
+        inventory = bench_inventory(tmp_path / "inv", loopback_ssh, venv=bench_venv, model_path=chat_model_dir,
+                                    port=server.port, context_length=4096, dsv4_served_model_name=SERVED_MODEL)
+
+        def reshape(line):
+            if "prompts of" in line and "rep 2/2:" in line:
+                server.post("/_test/config", {"chat": {"faults": ["usage_overcount"]}})
+
+        record, _ = in_process_sweep(inventory, reshape, concurrency=[4], repeat=2, num_prompts=8,
+                                     warmup_requests=2, output_len=64, api="chat", progress_every_s=0.5)
+    finally:
+        server.stop()
+    assert record["client"]["api"] == "chat" and record["client"]["backend"] == "sglang-oai-chat"
+    assert record["comparability_key"]["api"] == "chat"
+    honest, over = record["points"]
+    argv = honest["argv"]
+    assert argv[argv.index("--backend") + 1] == "sglang-oai-chat" and "--tokenize-prompt" not in argv
+    assert argv[argv.index("--model") + 1] == SERVED_MODEL
+    assert honest["validity"]["passed"], {k: v for k, v in honest["validity"]["gates"].items() if not v["passed"]}
+    assert "chat prompts" in honest["validity"]["gates"]["input_lens"]["detail"]
+    gate = over["validity"]["gates"]["conservation"]
+    assert not over["validity"]["passed"] and not gate["passed"], over["validity"]
+    assert "generation_tokens_total grew by 512, the client received 520 output tokens" in gate["detail"], gate

@@ -61,6 +61,7 @@ def bench(
     prefill: bool = typer.Option(False, "--prefill", help="Also measure cold prefill tokens/s at each --prefill-lengths prompt length (one request at a time, the cache flushed before each), from the prefill server's own counters, into the same record."),
     prefill_lengths: Optional[str] = typer.Option(None, "--prefill-lengths", help="With --prefill: comma-separated prompt lengths. Default: 1024, 8192, 32768 and ctx - 1024, those that fit the context."),
     profile: Optional[int] = typer.Option(None, "--profile", metavar="STEPS", min=1, max=256, help="After the points, profile STEPS decode steps at the largest concurrency and keep the breakdown in the record (docs/profiling.md)."),
+    api: str = typer.Option("generate", "--api", metavar="generate|chat", help="The route measured: generate (SGLang's native /generate, prompts as token ids; the default) or chat (the OpenAI /v1/chat/completions users call, prompts as text in the model's chat template, named by the served model name). Same client, same gates and headline; the record says which, and records of different APIs are not compared."),
     max_class_share: Optional[List[str]] = typer.Option(None, "--max-class-share", metavar="CLASS=PCT%", help="With --profile: exit 1 when CLASS takes more than PCT% of decode kernel time (e.g. indexer=2%)."),
 ) -> None:
     """Run the throughput sweep with the real sglang.benchmark.serving client on the box.
