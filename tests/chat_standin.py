@@ -12,7 +12,12 @@ off (the ``parsers_off`` fault) the answer is the raw text, as SGLang's plain te
 The model reads its rendered prompt: thinking is on when the prompt ends in ``<think>``; it calls
 only tools the prompt lists; it understands the question shapes of
 ``dsv4kit.quality.api_prompts`` (weather, time, a trip, a sum) and answers anything else plainly.
-Its tool calls use DSML parameter tags, ``string="true"`` for strings and ``string="false"`` with a
+The request's ``max_completion_tokens`` (or ``max_tokens``) cuts the answer (``finish_reason``
+``length``); ``ignore_eos`` (SGLang's extra body field) drops the stop token and the model writes on
+(``FILLER``) to exactly that many tokens; ``usage`` is in every whole answer and, streamed, in a last
+``choices: []`` chunk only with ``stream_options.include_usage``; ``return_cached_tokens_details``
+adds ``sglext``. The stand-in server runs each request (``ChatRun``) through the queue, decode pacing
+and counters of a streamed ``/generate``. Its tool calls use DSML parameter tags, ``string="true"`` for strings and ``string="false"`` with a
 JSON value for the rest. Faults (``POST /_test/config {"chat": {"faults": [...]}}``):
 
 * ``parsers_off``: the server runs without the two parsers (raw DSML and thinking in ``content``);
@@ -21,7 +26,9 @@ JSON value for the rest. Faults (``POST /_test/config {"chat": {"faults": [...]}
 * ``thinking_leak``: the thinking is written again into the answer, after ``</think>``;
 * ``stream_drop``: the stream leaves out one chunk, so its deltas do not add up to the whole answer;
 * ``json_body``: the invoke's arguments as one JSON object instead of parameter tags (the V3.2-era
-  form SGLang's text detector reads; 0.5.23's DeepSeek-V4 chat path returns them as ``{}``).
+  form SGLang's text detector reads; 0.5.23's DeepSeek-V4 chat path returns them as ``{}``);
+* ``usage_overcount``: ``usage.completion_tokens`` says one token more than the answer has (a first
+  token counted twice), while the server's counters count what was generated.
 """
 
 from __future__ import annotations
@@ -33,11 +40,13 @@ import sys
 import time
 import uuid
 from types import SimpleNamespace
+from typing import Optional
 
 SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜System｜>",
             "<think>", "</think>", "｜DSML｜", "<｜latest_reminder｜>", "<｜deepseek_image｜>")
 EOS = "<｜end▁of▁sentence｜>"
-FAULTS = ("parsers_off", "malformed", "bad_arguments", "thinking_leak", "stream_drop", "json_body")
+FAULTS = ("parsers_off", "malformed", "bad_arguments", "thinking_leak", "stream_drop", "json_body",
+          "usage_overcount")
 
 
 def _sglang_on_path() -> None:
@@ -155,6 +164,11 @@ def model_text(prompt: str, faults=()) -> str:
 
 
 # ------------------------------------------------------------------------------------ the route
+#: What the model writes after its answer when ``ignore_eos`` keeps it going (SGLang's extra body
+#: field): plain ASCII, one byte token a character, so any byte-level tokenizer counts it the same.
+FILLER = " and so on"
+
+
 class ChatStandIn:
     def __init__(self, served_name: str):
         self.served_name = served_name
@@ -166,107 +180,134 @@ class ChatStandIn:
             raise ValueError(f"unknown chat faults {sorted(unknown)}")
         self.faults = list(body.get("faults") or [])
 
-    def _generate(self, body: dict):
+    def run(self, body: dict, cached: int = 0) -> "ChatRun":
+        """One request as the server runs it (ValueError or pydantic's error: SGLang's 400)."""
+        return ChatRun(self, body, cached)
+
+
+class ChatRun:
+    """One ``/v1/chat/completions`` request: its prompt ids, the ids the model generates (with
+    ``max_tokens``/``max_completion_tokens`` and ``ignore_eos`` as SGLang 0.5.23 applies them), and
+    the answer, whole (:meth:`whole`) or streamed one decode step at a time (:meth:`opening`,
+    :meth:`step`, :meth:`closing`), with ``usage`` as ``serving_chat`` writes it: always in the whole
+    answer, in a last ``choices: []`` chunk of a stream only with ``stream_options.include_usage``."""
+
+    def __init__(self, standin: ChatStandIn, body: dict, cached: int = 0):
         _sglang_on_path()
         from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
         request = ChatCompletionRequest(**body)
-        parsers = "parsers_off" not in self.faults
-        encoder = adapter(parsers)
+        self.faults = list(standin.faults)
+        self.parsers = "parsers_off" not in self.faults
+        encoder = adapter(self.parsers)
         tools = [t.model_dump() for t in request.tools] if request.tools and request.tool_choice != "none" else None
-        prompt_ids = encoder.encode_messages(messages=[m.model_dump() for m in request.messages], request=request,
-                                             tools=tools, thinking=bool((request.chat_template_kwargs or {})
-                                                                        .get("thinking", False)), image_data=[])
+        self.prompt_ids = encoder.encode_messages(
+            messages=[m.model_dump() for m in request.messages], request=request, tools=tools,
+            thinking=bool((request.chat_template_kwargs or {}).get("thinking", False)), image_data=[])
         tok = encoder.deepseek_recipe.tokenizer
-        prompt = byte_tokenizer().decode(prompt_ids, skip_special_tokens=False)
+        prompt = byte_tokenizer().decode(self.prompt_ids, skip_special_tokens=False)
         output = tok.encode(model_text(prompt, self.faults))
         limit = request.max_completion_tokens or request.max_tokens
         eos = tok.encode(EOS)[0]
         finish = {"type": "stop", "matched": eos}
-        if limit is not None and len(output) > limit:
+        if request.ignore_eos:  # SGLang drops the stop tokens: the model writes on to the limit
+            if not limit:
+                raise ValueError("the stand-in needs max_completion_tokens (or max_tokens) with ignore_eos")
+            output = output[:-1]
+            filler = tok.encode(FILLER)
+            while len(output) < limit:
+                output += filler
+        if limit is not None and (len(output) > limit or request.ignore_eos):
             output, finish = output[:limit], {"type": "length", "length": limit}
-        return request, encoder, prompt_ids, output, finish, parsers
+        self.request, self.encoder, self.output, self.finish = request, encoder, output, finish
+        self.cached = min(cached, len(self.prompt_ids))
+        self.rid, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        options = request.stream_options
+        self.include_usage = bool(options and options.include_usage)
+        # The text path (parsers off) leaves out the matched stop token.
+        self.text_ids = output[:-1] if (finish["type"] == "stop" and not self.parsers) else output
+        self._sent = 0
+        self._parser_dict, self._has_calls = {}, {}
+        self._dropped = False
 
-    def complete(self, body: dict) -> dict:
-        request, encoder, prompt_ids, output, finish, parsers = self._generate(body)
-        if parsers:
-            reasoning, content, calls, finish = encoder.parse_chat_response(request=request, output_ids=output,
-                                                                            finish_reason=finish)
+    def usage(self) -> dict:
+        completion = len(self.output) + (1 if "usage_overcount" in self.faults else 0)
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(self.prompt_ids) + completion}
+
+    def _sglext(self) -> Optional[dict]:
+        if not self.request.return_cached_tokens_details:
+            return None
+        return {"cached_tokens_details": {"device": self.cached, "host": 0}}
+
+    def whole(self) -> dict:
+        request, finish = self.request, self.finish
+        if self.parsers:
+            reasoning, content, calls, finish = self.encoder.parse_chat_response(
+                request=request, output_ids=self.output, finish_reason=finish)
             calls = [c.model_dump() for c in calls] if calls else None
         else:  # SGLang's text path: the matched stop cut, the special tokens kept (tools were given)
-            ids = output[:-1] if finish["type"] == "stop" else output
-            reasoning, content, calls = None, byte_tokenizer().decode(ids, skip_special_tokens=False), None
+            reasoning, content, calls = None, byte_tokenizer().decode(self.text_ids, skip_special_tokens=False), None
         message = {"role": "assistant", "content": content or None, "reasoning_content": reasoning,
                    "tool_calls": calls}
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": request.model, "choices": [{"index": 0, "message": message, "logprobs": None,
-                                                     "finish_reason": finish["type"],
-                                                     "matched_stop": finish.get("matched")}],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output),
-                          "total_tokens": len(prompt_ids) + len(output)}}
+        answer = {"id": self.rid, "object": "chat.completion", "created": self.created, "model": request.model,
+                  "choices": [{"index": 0, "message": message, "logprobs": None,
+                               "finish_reason": finish["type"], "matched_stop": finish.get("matched")}],
+                  "usage": self.usage()}
+        if self._sglext():
+            answer["sglext"] = self._sglext()
+        return answer
 
-    def stream(self, body: dict) -> list:
-        """The SSE ``data:`` payloads, one decode step (token) at a time, then ``[DONE]``."""
-        request, encoder, _, output, finish, parsers = self._generate(body)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    def _chunk(self, delta: Optional[dict], reason=None, **top) -> str:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+        return json.dumps({"id": self.rid, "object": "chat.completion.chunk", "created": self.created,
+                           "model": self.request.model, "choices": choices, **top})
 
-        def chunk(delta: dict, reason=None) -> str:
-            return json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
-                               "model": request.model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                                    "finish_reason": reason}]})
+    def opening(self) -> list:
+        return [self._chunk({"role": "assistant", "content": ""})]
 
-        out = [chunk({"role": "assistant", "content": ""})]
-        parser_dict, has_calls = {}, {}
-        ids = output[:-1] if (finish["type"] == "stop" and not parsers) else output
-        for n in range(1, len(ids) + 1):
-            last = n == len(ids)
-            if parsers:
-                content = {"output_ids": ids[:n], "meta_info": {"id": rid, "completion_tokens": n,
-                                                                "finish_reason": finish if last else None}}
-                out += [line[len("data: "):].strip() for line in encoder.stream_chat_chunks(
-                    content=content, index=0, request=request, created=created, parser_dict=parser_dict,
-                    has_tool_calls=has_calls, choice_logprobs=None,
-                    finish_reason_type=finish["type"] if last else None, usage=None)]
-            else:
-                text = byte_tokenizer().decode(ids[:n], skip_special_tokens=False)[
-                    len(byte_tokenizer().decode(ids[:n - 1], skip_special_tokens=False)):]
-                if text:
-                    out.append(chunk({"content": text}))
-        reason = "tool_calls" if has_calls.get(0) and finish["type"] == "stop" else finish["type"]
-        out.append(chunk({}, reason))
-        if "stream_drop" in self.faults and len(out) > 3:
-            del out[len(out) // 2]
+    def step(self, n: int) -> list:
+        """The SSE payloads once the model has generated its first ``n`` ids."""
+        last = n >= len(self.output)
+        if self.parsers:
+            content = {"output_ids": self.output[:n], "meta_info": {
+                "id": self.rid, "completion_tokens": n, "finish_reason": self.finish if last else None}}
+            out = [line[len("data: "):].strip() for line in self.encoder.stream_chat_chunks(
+                content=content, index=0, request=self.request, created=self.created, parser_dict=self._parser_dict,
+                has_tool_calls=self._has_calls, choice_logprobs=None,
+                finish_reason_type=self.finish["type"] if last else None, usage=None)]
+        else:
+            ids, tok = self.text_ids, byte_tokenizer()
+            upto = min(n, len(ids))
+            text = tok.decode(ids[:upto], skip_special_tokens=False)[
+                len(tok.decode(ids[:self._sent], skip_special_tokens=False)):]
+            self._sent = upto
+            out = [self._chunk({"content": text})] if text else []
+        if out and "stream_drop" in self.faults and not self._dropped and n >= len(self.output) // 2:
+            self._dropped = True  # the fault: one step's deltas never reach the client
+            return []
+        return out
+
+    def closing(self) -> list:
+        """The finish chunk, the ``sglext`` and ``usage`` chunks when asked for, then ``[DONE]``."""
+        reason = "tool_calls" if self._has_calls.get(0) and self.finish["type"] == "stop" else self.finish["type"]
+        out = [self._chunk({}, reason)]
+        if self._sglext():
+            out.append(self._chunk(None, sglext=self._sglext()))
+        if self.include_usage:
+            out.append(self._chunk(None, usage=self.usage()))
         return out + ["[DONE]"]
 
+    def stream(self) -> list:
+        """Every payload of the stream at once (no decode pacing)."""
+        return self.opening() + [p for n in range(1, len(self.output) + 1) for p in self.step(n)] + self.closing()
 
-def respond(handler, standin: ChatStandIn, body: dict) -> None:
-    """Answer one ``POST /v1/chat/completions`` on ``handler`` (an HTTP/1.1 BaseHTTPRequestHandler)."""
-    try:
-        if body.get("stream"):
-            payloads = standin.stream(body)
-        else:
-            answer = json.dumps(standin.complete(body)).encode()
-    except Exception as exc:  # SGLang answers a request it cannot take with 400 and its message
-        data = json.dumps({"object": "error", "message": f"{type(exc).__name__}: {exc}", "code": 400}).encode()
-        handler.send_response(400)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(data)))
-        handler.end_headers()
-        handler.wfile.write(data)
-        return
-    if not body.get("stream"):
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(answer)))
-        handler.end_headers()
-        handler.wfile.write(answer)
-        return
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/event-stream")
-    handler.send_header("Transfer-Encoding", "chunked")
+
+def send_error(handler, exc: Exception) -> None:
+    """SGLang answers a chat request it cannot take with 400 and its message."""
+    data = json.dumps({"object": "error", "message": f"{type(exc).__name__}: {exc}", "code": 400}).encode()
+    handler.send_response(400)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
-    for payload in payloads:
-        data = f"data: {payload}\n\n".encode()
-        handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-    handler.wfile.write(b"0\r\n\r\n")
-    handler.wfile.flush()
+    handler.wfile.write(data)

@@ -49,6 +49,37 @@ def _own_validation_reports(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DSV4KIT_RESULTS_REPO", str(tmp_path_factory.mktemp("results-repo") / "results"))
 
 
+# --------------------------------------------------------------- the chat stand-in (tests/chat_standin.py)
+#: The name the chat stand-in serves under (the units' default: the model's repository id).
+SERVED_MODEL = "deepseek-ai/DeepSeek-V4-Flash"
+
+
+@pytest.fixture(scope="module")
+def chat_server_factory(tmp_path_factory):
+    """``start(name, **FakeServer options) -> server``: a stand-in SGLang server whose
+    ``/v1/chat/completions`` is SGLang 0.5.23's DeepSeek-V4 chat path, serving ``SERVED_MODEL``;
+    ``chat_faults(server, faults)`` plants the chat route's faults. Stopped with the module."""
+    from tests.bench_support import FakeServer
+
+    started = []
+
+    def start(name: str, **options):
+        root = tmp_path_factory.mktemp(name)
+        options.setdefault("served_model_name", SERVED_MODEL)
+        server = FakeServer(root / "server", root, **options).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def chat_faults(server, faults=()) -> None:
+    """Plant the chat route's faults (tests/chat_standin.py ``FAULTS``) on a running stand-in."""
+    server.post("/_test/config", {"chat": {"faults": list(faults)}})
+
+
 # --------------------------------------------------------------- the bench tests' box (tests/bench_support.py)
 @pytest.fixture(scope="session")
 def bench_venv():

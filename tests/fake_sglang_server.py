@@ -431,7 +431,7 @@ def make_handler(state: State):
             elif path == "/generate":
                 self._generate(self._body())
             elif path == "/v1/chat/completions":  # SGLang's own DeepSeek-V4 chat path (tests/chat_standin.py)
-                chat_standin.respond(self, state.chat, self._body())
+                self._chat(self._body())
             else:
                 self._json(404, {"detail": "Not Found"})
 
@@ -481,6 +481,43 @@ def make_handler(state: State):
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
+        def _chat(self, body: dict) -> None:
+            """A chat request through the same queue, decode pacing and counters as a streamed
+            /generate: the chat stand-in's ids are the tokens, its SSE payloads the chunks
+            (tests/chat_standin.py; ``max_completion_tokens``, ``ignore_eos``, ``usage`` honoured)."""
+            with state.lock:
+                state.generate_count += 1
+                index = state.generate_count
+                cached, delay = int(state.cached_tokens or 0), state.token_delay_ms / 1000.0
+            try:
+                run = state.chat.run(body, cached)
+            except Exception as exc:
+                return chat_standin.send_error(self, exc)
+            stream = bool(body.get("stream"))
+            if not stream:
+                delay = 0.0  # counted like a streamed one, answered at once as a whole /generate is
+            if stream:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for payload in run.opening():
+                    self._chunk(payload.encode())
+
+            def emit(ids: list, words: list) -> None:
+                if stream:
+                    for payload in run.step(len(ids)):
+                        self._chunk(payload.encode())
+
+            self._stream_tokens(index, len(run.prompt_ids), len(run.output), run.cached, delay, body.get("priority", 0),
+                                token_at=run.output.__getitem__, emit=emit)
+            if not stream:
+                return self._json(200, run.whole())
+            for payload in run.closing():
+                self._chunk(payload.encode())
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
         def _meta(self, index: int, prompt_tokens: int, completion: int, cached: int, done: bool, max_new: int):
             meta = {
                 "id": f"req-{index}",
@@ -497,8 +534,17 @@ def make_handler(state: State):
             return meta
 
         def _stream_tokens(self, index: int, prompt_tokens: int, max_new: int, cached: int, delay: float,
-                           priority=0) -> None:
-            """Queue for a decode slot (and a serial prefill), then decode at the batch's speed."""
+                           priority=0, token_at=None, emit=None) -> None:
+            """Queue for a decode slot (and a serial prefill), then decode at the batch's speed.
+            ``token_at(i)``: the i-th generated id (default: the bench's words); ``emit(ids, words)``:
+            send what was generated so far (default: /generate's cumulative chunk)."""
+            if token_at is None:
+                token_at = lambda i: (index * 7 + i) % state.vocab_size  # noqa: E731
+            if emit is None:
+                def emit(ids: list, words: list) -> None:
+                    self._chunk({"text": " ".join(words), "output_ids": list(ids),
+                                 "meta_info": self._meta(index, prompt_tokens, len(ids), cached,
+                                                         len(ids) == max_new, max_new)})
             started, times = time.time(), []
             with state.lock:
                 state.enter("queued", priority, 1)
@@ -517,7 +563,7 @@ def make_handler(state: State):
                 ids: list[int] = []
                 if state.kv_transfer_ms:
                     times.append(time.time())
-                    self._transfer(index, prompt_tokens, max_new, cached, priority, words, ids)
+                    self._transfer(max_new, priority, words, ids, token_at, emit)
                 with state.lock:
                     if not state.kv_transfer_ms:
                         state.enter("queued", priority, -1)
@@ -542,7 +588,7 @@ def make_handler(state: State):
                         per_pass = int(done_passes * accept + 1e-9) - int((done_passes - 1) * accept + 1e-9)
                         new = min(per_pass, max_new - len(ids))
                         for _ in range(new):
-                            token = (index * 7 + len(ids)) % state.vocab_size
+                            token = token_at(len(ids))
                             words.append(f"w{token}")
                             ids.append(token)
                         with state.lock:
@@ -557,9 +603,7 @@ def make_handler(state: State):
                                 state.passes += 1.0 / max(state.running, 1)  # this request's share of the pass
                             first_pass = False
                         times.append(time.time())
-                        self._chunk({"text": " ".join(words), "output_ids": list(ids),
-                                     "meta_info": self._meta(index, prompt_tokens, len(ids), cached,
-                                                             len(ids) == max_new, max_new)})
+                        emit(ids, words)
                 finally:
                     with state.lock:  # the tokenizer's counters grow when a request finishes
                         state.serving.finished(started, times, prompt_tokens, cached, state.kv_transfer_ms)
@@ -572,19 +616,18 @@ def make_handler(state: State):
                 if slots is not None:
                     slots.release()
 
-        def _transfer(self, index: int, prompt_tokens: int, max_new: int, cached: int, priority, words, ids):
+        def _transfer(self, max_new: int, priority, words, ids, token_at, emit):
             """``--kv-transfer-ms``: a PD decode server as the client meets it: the prefill server's first
             token arrives, then the KV moves for that long; the request is neither running nor queued on
             this server meanwhile (SGLang keeps it in its transfer queue)."""
-            token = (index * 7) % state.vocab_size
+            token = token_at(0)
             words.append(f"w{token}")
             ids.append(token)
             with state.lock:
                 state.enter("queued", priority, -1)
                 state.token_times.append(time.time())
                 state.generated_total += 1
-            self._chunk({"text": words[0], "output_ids": list(ids),
-                         "meta_info": self._meta(index, prompt_tokens, 1, cached, max_new == 1, max_new)})
+            emit(ids, words)
             time.sleep(state.kv_transfer_ms / 1000.0)
 
     return Handler

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_support import FakeServer
+from tests.conftest import chat_faults
 
 DOC = Path(__file__).resolve().parents[2] / "docs/quickstart.md"
-SERVED = "deepseek-ai/DeepSeek-V4-Flash"
 
 
 def _blocks(text: str) -> tuple[str, str]:
@@ -27,11 +26,8 @@ def _blocks(text: str) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("openai")
-    running = FakeServer(root / "server", root, served_model_name=SERVED).start()
-    yield running
-    running.stop()
+def server(chat_server_factory):
+    return chat_server_factory("openai")
 
 
 def test_the_openai_client_example_prints_what_the_quickstart_says(server, tmp_path):
@@ -49,7 +45,7 @@ def test_the_example_fails_when_the_parsers_are_off(server, tmp_path):
     """The same example against servers without the parsers: no tool_calls, so it cannot print the
     expected output (the check above is not vacuous)."""
     code, expected = _blocks(DOC.read_text())
-    server.post("/_test/config", {"chat": {"faults": ["parsers_off"]}})
+    chat_faults(server, ["parsers_off"])
     try:
         script = tmp_path / "example.py"
         script.write_text(code)
@@ -57,4 +53,4 @@ def test_the_example_fails_when_the_parsers_are_off(server, tmp_path):
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
         assert done.stdout != expected and done.returncode != 0, (done.stdout, done.stderr[-2000:])
     finally:
-        server.post("/_test/config", {"chat": {"faults": []}})
+        chat_faults(server)

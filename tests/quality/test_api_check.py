@@ -5,36 +5,28 @@ fails with a message that names it."""
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 
 from dsv4kit.quality import api_check
 from dsv4kit.quality.api_prompts import run_api
-from tests.bench_support import FakeServer
+from tests.conftest import SERVED_MODEL, chat_faults
 
-SERVED = "deepseek-ai/DeepSeek-V4-Flash"
-SPEC = {"model": SERVED, "seeds": [3], "max_tokens": 4096}
+SPEC = {"model": SERVED_MODEL, "seeds": [3], "max_tokens": 4096}
 
 
 @pytest.fixture(scope="module")
-def chat_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chat")
-    server = FakeServer(root / "server", root, served_model_name=SERVED).start()
-    yield server
-    server.stop()
+def chat_server(chat_server_factory):
+    return chat_server_factory("chat", token_delay_ms=0)
 
 
 def ask(server, faults=()) -> dict:
-    url = f"http://127.0.0.1:{server.port}"
-    body = json.dumps({"chat": {"faults": list(faults)}}).encode()
-    urllib.request.urlopen(urllib.request.Request(url + "/_test/config", data=body, method="POST",
-                                                  headers={"Content-Type": "application/json"}), timeout=30).read()
-    return run_api(url, SPEC, {"Content-Type": "application/json"}, 120)
+    chat_faults(server, faults)
+    return run_api(f"http://127.0.0.1:{server.port}", SPEC, {"Content-Type": "application/json"}, 120)
 
 
 def judge(*results) -> dict:
-    return api_check.api_check({arm: {"checks": {"api": r}} for arm, r in zip("AB", results)}, [SERVED])
+    return api_check.api_check({arm: {"checks": {"api": r}} for arm, r in zip("AB", results)}, [SERVED_MODEL])
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +74,22 @@ def test_arms_are_paired_per_prompt(chat_server, clean):
     assert set(verdict["lost"]) == {"one_tool@3", "choice@3", "parallel@3", "nested@3"} and not verdict["gained"]
     assert "arm B: one_tool@3" in verdict["why"]
     ask(chat_server)
+
+
+def test_the_api_prompts_stay_under_the_indexer_threshold_as_the_docs_say():
+    """docs/quality.md: the api check is no evidence for the indexer flags, its prompts being under
+    2,048 tokens. Rendered by SGLang's DeepSeek-V4 encoding with their tools, in bytes (the stand-in's
+    tokenizer is byte-level): under 2 x 2,048 bytes, so under 2,048 tokens for a tokenizer that
+    averages 2 bytes a token or more (the real one has no copy here to count with)."""
+    from pathlib import Path
+
+    from dsv4kit.quality.api_prompts import api_prompts, request_body
+    from dsv4kit.quality.checks import Thresholds
+    from tests.chat_standin import ChatStandIn
+
+    standin = ChatStandIn(SERVED_MODEL)
+    longest = max(len(standin.run(request_body(p, {**SPEC, "seed": seed}, False)).prompt_ids)
+                  for seed in (1, 2, 3) for p in api_prompts(seed))
+    assert 0 < longest < 2 * Thresholds().indexer_threshold_tokens and Thresholds().indexer_threshold_tokens == 2048
+    text = (Path(__file__).resolve().parents[2] / "docs/quality.md").read_text()
+    assert "Not `api` either: its prompts are under 2,048 tokens" in text and "under 4,096 bytes" in text

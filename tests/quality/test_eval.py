@@ -59,7 +59,7 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
     assert [c["check"] for c in record["checks"]] == [
         "logprob_validity", "logprob_kl", "topk_reprefill", "arm_agreement", "needles", "tasks",
         "logprob_kl_long", "arm_agreement_long", "tasks_long", "tasks_sampled", "batch_mix", "degeneration",
-        "logprobs_everywhere", "kernel_reach", "api"]
+        "kernel_reach", "api"]
     # The control: arm A's items asked twice, its flips reported beside the A/B's.
     assert _check(record, "tasks")["control"]["paired"] == 20 and not _check(record, "tasks")["control"]["lost"]
     assert _check(record, "topk_reprefill")["per_arm"]["B"]["positions"] >= 256

@@ -299,3 +299,41 @@ def test_the_docs_needle_counts_are_the_plans():
                                                                    spec["variants"], spec["spacing"]))
         assert f"a needle at most every {spacing} tokens" in text and f"{total} needles at 128K" in text
         assert f"{spec['spacing']:,}" == spacing
+
+
+# ---------------------------------------------------------------- one rule each (near-copies unified)
+def _long_set(bend=None) -> dict:
+    samples = []
+    for i in range(SAMPLES):
+        s = _sample(i)
+        s.update(prompt_tokens=3000, max_position=3000 + POSITIONS, kind="continuation")
+        if bend is not None and i == 0:
+            s["reprefill_top"][0][4][0] -= bend  # one tail token of one position, the order kept
+        samples.append(s)
+    return {"threshold_tokens": 2048, "samples": samples}
+
+
+def _check(arms: dict, name: str) -> dict:
+    return next(c for c in judge(arms, Thresholds())[1] if c["check"] == name)
+
+
+def test_the_long_set_judges_top_k_by_topk_reprefills_rule_and_thresholds():
+    """One position bent by 1.5 nats: the long set's old mean over every listed token stayed far
+    under its 0.1 bound; the shared rule bounds every position by ``max_topk_nats`` too."""
+    assert _check({"A": arm(long=_long_set())}, "logprob_kl_long")["outcome"] == "pass"
+    bent = _check({"A": arm(long=_long_set(bend=1.5))}, "logprob_kl_long")
+    assert bent["outcome"] == "fail" and "(bound 1.0)" in bent["why"], bent["why"]
+    assert "max_topk_mean_delta" not in Thresholds.__dataclass_fields__
+
+
+def test_a_null_logprob_counted_by_the_box_fails_logprob_validity_naming_the_check():
+    """The box's ledger sees every request, kept in the record or not; its count is judged by the
+    same check and rule as the recorded answers (there is no second check for it)."""
+    clean = arm()
+    clean["budget"] = {"logprob": {"logprob_values": 900, "bad_logprobs": 0, "missing_logprobs": 0}}
+    assert outcome({"A": clean}, "logprob_validity") == "pass"
+    broken = arm()
+    broken["budget"] = {"long": {"logprob_values": 900, "bad_logprobs": 3, "missing_logprobs": 0}}
+    verdict = _check({"A": broken}, "logprob_validity")
+    assert verdict["outcome"] == "fail" and "long: 3 null or non-finite value(s)" in verdict["why"], verdict["why"]
+    assert outcome({"A": broken}, "logprobs_everywhere") == "absent"

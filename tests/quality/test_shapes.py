@@ -85,7 +85,7 @@ def test_the_clean_stand_in_passes_every_check_and_the_budget_says_what_each_dro
     ({"degenerate_after": 300}, "degeneration"),
     ({"wrong_beside_long": True, "prefill_us_per_token": 100}, "batch_mix"),
     ({"sampled_wrong": True}, "tasks_sampled"),
-    ({"null_logprob_past": 2048}, "logprobs_everywhere"),
+    ({"null_logprob_past": 2048}, "logprob_validity"),
 ], ids=["logits-wrong-past-2048", "top-k-bent-argmax-kept", "wrong-after-long-context", "long-generation-loops",
         "wrong-beside-long-prefill", "wrong-when-sampled", "null-logprobs-past-2048"])
 def test_each_fault_fails_its_check(stand_in, fault, check):

@@ -225,7 +225,7 @@ def measured_point(s: SweepState, ctx: PointContext, current: dict, *, c: int, r
                                 prefill_startup_time=current["prefill_startup_time"],
                                 max_running_requests=effective_max_running(current["info"]),
                                 max_total_num_tokens=limits.get("max_total_num_tokens"),
-                                model=ctx.model)
+                                model=ctx.model, api=cfg.api)
     window = analyze_window(line, c, evidence, ctx.decode_port, cfg.gates)
     problem = cross_check(evidence, ctx.decode_port)
     if problem:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
+from dsv4kit.bench import api as bench_api
 from dsv4kit.bench.gates import GateConfig
 from dsv4kit.core import exitcodes
 from dsv4kit.core.scrub import scrub
@@ -82,6 +83,8 @@ class SweepConfig:
     #: ``--prefill``: the prompt lengths of the cold-prefill measurement (empty: none).
     prefill_lengths: list = field(default_factory=list)
     prefill_requests: int = PREFILL_REQUESTS
+    #: ``--api``: the route measured (``dsv4kit.bench.api``).
+    api: str = "generate"
 
     def prompts_for(self, concurrency: int) -> int:
         if self.num_prompts:
@@ -110,6 +113,7 @@ def from_request(req) -> "SweepConfig":
         repeat=req.repeat, num_prompts=req.num_prompts, warmup_requests=req.warmup_requests, seed=req.seed,
         point_timeout_s=req.point_timeout, server_timeout_s=req.server_timeout, restart=req.restart,
         verbose=req.verbose, metrics_interval_s=req.metrics_interval, restarts=req.restarts,
+        api=bench_api.check(req.api),
         gates=GateConfig(retok_tolerance=req.retok_tolerance, min_concurrency_ratio=req.min_concurrency_ratio,
                          max_cache_hit_pct=req.max_cache_hit_pct, idle_timeout_s=req.idle_timeout),
     )
@@ -224,14 +228,13 @@ def run_names(host_name: str, context_length: int, stamp: str) -> tuple[str, str
 
 
 def client_argv(python: str, cfg: SweepConfig, *, concurrency: int, base_url: str, model_path: str,
-                output_file: str, tag: str) -> list[str]:
-    """The exact ``sglang.benchmark.serving`` command line of one point."""
+                output_file: str, tag: str, served_name: Optional[str] = None) -> list[str]:
+    """The exact ``sglang.benchmark.serving`` command line of one point (``served_name``: the
+    model's name on the chat route, ``--api chat``)."""
     return [
         python, "-m", CLIENT_MODULE,
-        "--backend", "sglang",
+        *bench_api.client_flags(cfg.api, model_path=model_path, served_name=served_name),
         "--base-url", base_url,
-        "--model", model_path,
-        "--tokenizer", model_path,
         "--dataset-name", DATASET,
         "--random-input-len", str(cfg.input_len),
         "--random-output-len", str(cfg.output_len),
@@ -243,7 +246,6 @@ def client_argv(python: str, cfg: SweepConfig, *, concurrency: int, base_url: st
         "--flush-cache",
         "--seed", str(cfg.seed),
         "--temperature", "0.0",
-        "--tokenize-prompt",
         "--cache-report",
         "--output-details",
         "--output-file", output_file,
@@ -263,16 +265,17 @@ def slo_limits(host) -> Optional[dict]:
 
 
 def client_section(cfg: SweepConfig, *, tool_version: Optional[str], base_url: str) -> dict:
-    """The record's ``client`` section: how the client was driven."""
+    """The record's ``client`` section: how the client was driven, through which API."""
     return {
         "tool": CLIENT_MODULE,
         "tool_version": tool_version,
-        "backend": "sglang",
+        "api": cfg.api,
+        "backend": bench_api.BACKENDS[cfg.api],
         "base_url": base_url,
         "dataset": {"name": DATASET, "input_len": cfg.input_len, "output_len": cfg.output_len,
                     "range_ratio": 1.0},
         "seed": cfg.seed,
-        "tokenize_prompt": True,
+        "tokenize_prompt": cfg.api == "generate",
         "flush_cache": True,
         "cache_report": True,
         "ignore_eos": True,

@@ -87,6 +87,8 @@ class PointExpectation:
     max_total_num_tokens: Optional[int] = None
     #: The record's model (``dsv4kit.bench.served_model.expected_model``); None: not checked.
     model: Optional[dict] = None
+    #: The route measured (``dsv4kit.bench.api``): it decides what the prompt lengths must be.
+    api: str = "generate"
 
 
 def effective_max_running(server_info: dict) -> Optional[int]:
@@ -190,9 +192,9 @@ def gate_input_lens(g: GateInputs) -> Verdict:
     if meta_keys is None or "prompt_tokens" not in meta_keys:
         return False, (g.no_meta if meta_keys is None else "the server does not report meta_info.prompt_tokens: the "
                        "client's input lengths are the planned ones, not evidence")
-    off = [x for x in input_lens if x != g.expected.input_len]
-    return not off, (f"{len(off)} request(s) with prompt length != {g.expected.input_len} (e.g. {off[0]})" if off
-                     else f"all prompts {g.expected.input_len} tokens")
+    from dsv4kit.bench.api import input_lens_ok
+
+    return input_lens_ok(g.expected.api, input_lens, g.expected.input_len, g.config.retok_tolerance)
 
 
 def concurrency_ratio(raw: dict, expected: PointExpectation) -> Optional[float]:

@@ -61,6 +61,8 @@ class BenchRequest:
     #: ``--prefill``: cold prefill tokens/s at ``prefill_lengths`` (None: the default lengths).
     prefill: bool = False
     prefill_lengths: Optional[str] = None
+    #: ``--api``: ``generate`` (SGLang's native route) or ``chat`` (``dsv4kit.bench.api``).
+    api: str = config.SweepConfig.api
     #: ``--profile``: called after the last point (``dsv4kit.profile.run.bench_hook``), its result
     #: goes into the record as ``profile``.
     profile_hook: Optional[Callable] = None

@@ -41,7 +41,7 @@ from dsv4kit.bench.config import (BOX_KEY_FIELDS, CLIENT_ENV, CLIENT_MODULE, LON
                                   check_restart_tools, client_argv, client_section, default_lengths,
                                   parse_concurrency, planned_record, run_names, safe_name, slo_limits, utc_stamp)
 from dsv4kit.bench.remote import Remote, default_restart  # noqa: F401  (re-exported)
-from dsv4kit.bench.served_model import expected_model
+from dsv4kit.bench.served_model import expected_model, served_name_candidates
 from dsv4kit.bench.spill import (MIN_FREE_MB, Spill, SpillError, check_free_space,  # noqa: F401
                                  default_spill_root, write_durably)
 from dsv4kit.core import exitcodes
@@ -263,6 +263,7 @@ class _SweepLoop:
         out_file = f"{remote.workdir}/c{c}_r{rep}{suffix}.jsonl"
         argv_point = client_argv(remote.python, cfg, concurrency=c, base_url=s.base_url,
                                  model_path=str(self.host["dsv4_model_path"]), output_file=out_file,
+                                 served_name=next(iter(served_name_candidates(self.host)), None),
                                  tag=f"{s.run_id}/c{c}/r{rep}" + (f"/{arm}" if arm else ""))
         evidence_file = f"{remote.workdir}/c{c}_r{rep}{suffix}.evidence.json"
         wrapped = [*remote.box_command("run-point"),

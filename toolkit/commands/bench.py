@@ -62,6 +62,7 @@ def bench(
     prefill: bool = typer.Option(False, "--prefill", help="Also measure cold prefill tokens/s at each --prefill-lengths prompt length, into the same record (docs/benchmarking.md)."),
     prefill_lengths: Optional[str] = typer.Option(None, "--prefill-lengths", help="With --prefill: comma-separated prompt lengths. Default: 1024, 8192, 32768 and ctx - 1024, those that fit the context."),
     profile: Optional[int] = typer.Option(None, "--profile", metavar="STEPS", min=1, max=256, help="After the points, profile STEPS decode steps at the largest concurrency and keep the breakdown in the record (docs/profiling.md)."),
+    api: str = typer.Option("generate", "--api", metavar="generate|chat", help="The route measured: generate (SGLang's /generate, the default) or chat (the OpenAI /v1/chat/completions; docs/cli.md)."),
     max_class_share: MaxClassShare = None,
 ) -> None:
     """Run the throughput sweep with the real sglang.benchmark.serving client on the box.

@@ -174,6 +174,8 @@ def show(
 
         typer.echo(format_record(record))
         raise typer.Exit(0)
+    from dsv4kit.records.record import record_api
+
     sw, tk, gp, server = record["software"], record["toolkit"], record["gpus"], record["server"]
     ds = record["client"]["dataset"]
     typer.echo(f"{record['run_id']}  (tag {record['tag']}, schema {record['schema_version']})")
@@ -189,7 +191,8 @@ def show(
     typer.echo(f"kernel flags the servers ran with: {ran}; inventory: {_pairs(sw.get('kernel_flags_configured'))}")
     typer.echo(f"model {record['model'].get('name')} @ {record['model'].get('revision')}; context length "
                f"{server.get('context_length')}; launch args sha256 {str(server.get('launch_args_sha256'))[:12]}")
-    typer.echo(f"workload {ds['name']} {ds['input_len']}/{ds['output_len']} tokens, range ratio {ds['range_ratio']}, "
+    typer.echo(f"API {record_api(record)} (client backend {record['client'].get('backend')}); "
+               f"workload {ds['name']} {ds['input_len']}/{ds['output_len']} tokens, range ratio {ds['range_ratio']}, "
                f"seed {record['client']['seed']}, prompts per point {_pairs(record['client']['num_prompts'])}")
     typer.echo("")
     for point in record["points"]:

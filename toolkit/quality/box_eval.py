@@ -161,8 +161,10 @@ class Tokens:
 
 
 # ------------------------------------------------------------------------------ every request
-def _bad(value) -> bool:
-    return not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+def finite(value) -> bool:
+    """The one rule for a logprob, here and in the judge (``quality.stats`` uses this one): a real,
+    finite number. Null, NaN, an infinity or a bool is not."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class Ledger:
@@ -185,7 +187,7 @@ class Ledger:
         inputs = meta.get("input_token_logprobs")
         if inputs:  # the first input position has no logprob (SGLang writes null there)
             values += [t[0] if isinstance(t, list) and t else None for t in inputs[1:]]
-        bad = sum(1 for v in values if _bad(v))
+        bad = sum(1 for v in values if not finite(v))
         with self.lock:
             e = self.checks.setdefault(check, {"requests": 0, "prompt_tokens": 0, "output_tokens": 0,
                                                "prompt_min": None, "prompt_max": 0, "max_position": 0,

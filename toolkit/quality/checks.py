@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Iterator, Optional
 
 from dsv4kit.quality.checks_batch import judge_shapes
+from dsv4kit.quality.topk_rule import topk_bound_problem, topk_reprefill_of
 from dsv4kit.quality.stats import (approx_kl, finite, mcnemar_exact, tie_gap, topk_agreement, topk_distance,
                                    topk_problems, wilson)
 from dsv4kit.records.task_floors import DEFAULT_MIN_ACCURACY, DEFAULT_MIN_ITEMS, floor_for
@@ -229,27 +230,6 @@ def agreement_check(arms: dict, t: Thresholds, source: str = "logprob", name: st
                    f"over {len(distances)} positions"}
 
 
-def topk_reprefill_of(result: dict, t: Thresholds, source: str = "logprob") -> dict:
-    """One arm's decode top-k against the re-prefill's top-k of the same positions (nats)."""
-    samples = ((result.get("checks") or {}).get(source) or {}).get("samples") or []
-    distances, far, missing = [], [], []
-    for s in samples:
-        out, pre = s.get("output_top") or [], s.get("reprefill_top")
-        if not pre or len(pre) != len(out):
-            missing.append(s.get("index"))
-            continue
-        for j, (x, y) in enumerate(zip(out, pre)):
-            d = topk_distance(x, y, t.topk_floor_logprob)
-            if d is None:
-                missing.append(s.get("index"))
-                break
-            distances.append(d)
-            if d > t.max_topk_nats:
-                far.append({"index": s.get("index"), "position": j, "nats": round(d, 4)})
-    return {"positions": len(distances), "mean_nats": (sum(distances) / len(distances)) if distances else None,
-            "max_nats": max(distances) if distances else None, "far": far[:10], "missing": missing}
-
-
 def topk_reprefill_check(arms: dict, t: Thresholds, source: str = "logprob", name: str = "topk_reprefill") -> dict:
     per_arm = {arm: topk_reprefill_of(r, t, source) for arm, r in arms.items()}
     verdicts = {}
@@ -258,9 +238,8 @@ def topk_reprefill_check(arms: dict, t: Thresholds, source: str = "logprob", nam
             verdicts[arm] = (INCONCLUSIVE, f"no re-prefill top-k for prompt(s) {n['missing'] or 'any'}")
         elif n["positions"] < t.min_kl_tokens:
             verdicts[arm] = (INCONCLUSIVE, f"{n['positions']} positions compared, fewer than {t.min_kl_tokens}")
-        elif n["far"] or n["mean_nats"] > t.max_topk_mean_nats:
-            verdicts[arm] = (FAIL, f"top-k differs by {n['mean_nats']:.3f} nats on average (bound "
-                                   f"{t.max_topk_mean_nats}), {n['max_nats']:.3f} at most (bound {t.max_topk_nats})")
+        elif topk_bound_problem(n, t):
+            verdicts[arm] = (FAIL, topk_bound_problem(n, t))
         else:
             verdicts[arm] = (PASS, f"top-k within {n['mean_nats']:.3f} nats on average, {n['max_nats']:.3f} at most "
                                    f"over {n['positions']} positions")
@@ -358,11 +337,24 @@ def validity_of(result: dict, t: Thresholds) -> dict:
         elif len(found) > 1 and len(set(found)) == 1:
             void = f"all {len(found)} {key} are equal ({found[0]})"
     return {"answers": answers, "logprobs": sum(len(v) for v in values.values()), "topk_positions": positions, "nonfinite": nonfinite[:10],
-            "malformed": malformed[:10], "greedy_not_top1": not_top1[:10], "void": void}
+            "malformed": malformed[:10], "greedy_not_top1": not_top1[:10], "void": void, **ledger_of(result)}
+
+
+def ledger_of(result: dict) -> dict:
+    """The box's ledger (``box_eval.Ledger``, every request of every check, kept in the record or
+    not): how many logprob values it saw, and per check the null, non-finite or missing ones."""
+    seen, bad = 0, []
+    for check, e in sorted((result.get("budget") or {}).items()):
+        seen += e.get("logprob_values") or 0
+        if e.get("bad_logprobs") or e.get("missing_logprobs"):
+            bad.append(f"{check}: {e.get('bad_logprobs', 0)} null or non-finite value(s), "
+                       f"{e.get('missing_logprobs', 0)} answer(s) without logprobs")
+    return {"ledger_values": seen, "ledger_bad": bad}
 
 
 def validity_check(arms: dict, t: Thresholds) -> dict:
-    """A null or non-finite logprob anywhere fails, as does a top-k list that is no distribution or a
+    """A null or non-finite logprob anywhere fails (in the recorded answers, or counted by the box's
+    ledger over every request, with answers that came without logprobs), as does a top-k list that is no distribution or a
     greedy token that is not its position's top-1; an arm whose logprobs cannot tell anything
     apart is inconclusive."""
     per_arm = {arm: validity_of(r, t) for arm, r in arms.items()}
@@ -370,6 +362,8 @@ def validity_check(arms: dict, t: Thresholds) -> dict:
     for arm, n in per_arm.items():
         if n["nonfinite"]:
             fails.append(f"{arm}: null or non-finite logprobs in {', '.join(n['nonfinite'][:4])}")
+        if n["ledger_bad"]:
+            fails.append(f"{arm}: the box's ledger over every request: {'; '.join(n['ledger_bad'][:4])}")
         if n["malformed"]:
             fails.append(f"{arm}: {'; '.join(n['malformed'][:3])}")
         if n["greedy_not_top1"]:
@@ -384,6 +378,8 @@ def validity_check(arms: dict, t: Thresholds) -> dict:
     return {"check": "logprob_validity", "outcome": PASS, "per_arm": per_arm,
             "why": "; ".join(f"{arm}: {n['logprobs']} logprobs and {n['topk_positions']} top-k lists over "
                              f"{n['answers']} answers, all finite, each a distribution, greedy tokens top-1"
+                             + (f"; {n['ledger_values']} values over every request on the box, all finite"
+                                if n["ledger_values"] else "")
                              for arm, n in per_arm.items())}
 
 

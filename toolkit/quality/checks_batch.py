@@ -3,8 +3,10 @@
 * ``batch_mix``: each short request run at the serving concurrency beside long prefills must give
   the answer it gave alone; a divergence counts only at a near-tie (the alone run's logprobs of
   the two tokens within ``near_tie_nats``). No request in flight beside a long prefill: inconclusive.
-* ``logprobs_everywhere``: every request asks for logprobs with top-k; one null or non-finite
-  value, or a missing field, anywhere fails.
+
+Every request asks for logprobs with top-k, and the box's ledger counts null, non-finite and missing
+ones over all of them; ``logprob_validity`` (``checks.validity_check``) judges those counts with the
+recorded answers, under one rule (``box_eval.finite``).
 """
 
 from __future__ import annotations
@@ -69,25 +71,8 @@ def batch_check(arms: dict, t) -> dict:
             "why": "; ".join(f"{arm}: {v[1]}" for arm, v in verdicts.items())}
 
 
-def logprob_health_check(arms: dict) -> dict:
-    """From each arm's ledger (``box_eval.Ledger``): null, non-finite or missing logprobs anywhere."""
-    problems, values = [], 0
-    for arm, r in arms.items():
-        for check, e in sorted((r.get("budget") or {}).items()):
-            values += e.get("logprob_values") or 0
-            if e.get("bad_logprobs") or e.get("missing_logprobs"):
-                problems.append(f"{arm} {check}: {e.get('bad_logprobs', 0)} null or non-finite value(s), "
-                                f"{e.get('missing_logprobs', 0)} answer(s) without logprobs")
-    if problems:
-        return {"check": "logprobs_everywhere", "outcome": FAIL, "why": "; ".join(problems), "values": values}
-    if not values:
-        return {"check": "logprobs_everywhere", "outcome": INCONCLUSIVE, "why": "no logprob was returned", "values": values}
-    return {"check": "logprobs_everywhere", "outcome": PASS, "values": values,
-            "why": f"{values} logprob values over every request of every check, all finite"}
-
-
 def judge_shapes(arms: dict, t, task_check) -> list[dict]:
-    """The checks of the long set, the batch mix, the extra task sets and the logprob health,
+    """The checks of the long set, the batch mix and the extra task sets,
     for whatever every arm ran (``checks.judge`` appends them, and hands in its ``task_check``)."""
     from dsv4kit.quality import checks_long
 
@@ -106,6 +91,4 @@ def judge_shapes(arms: dict, t, task_check) -> list[dict]:
         out.append(batch_check(arms, t))
     if all(r.get("checks") for r in arms.values()):
         out.append(checks_long.degeneration_check(arms))
-    if all("budget" in r for r in arms.values()):
-        out.append(logprob_health_check(arms))
     return out

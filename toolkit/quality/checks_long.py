@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 from dsv4kit.quality.stats import approx_kl, finite, topk_agreement
+from dsv4kit.quality.topk_rule import topk_bound_problem, topk_reprefill_of
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-#: The mean, over the positions and the top-k tokens both sides list, of |decode - re-prefill| logprob.
-MAX_TOPK_MEAN_DELTA = 0.1
 #: A loop: the output's last tokens repeat with a period of at most this many tokens ...
 MAX_PERIOD = 256
 #: ... over at least this many tokens and this share of the output.
@@ -92,19 +91,10 @@ def degeneration_check(arms: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------ the long set
-def _topk_delta(decode_top: list, prefill_top: list) -> Optional[float]:
-    """Mean |decode - re-prefill| logprob over the top-k tokens both sides list, position by position."""
-    deltas = []
-    for d, p in zip(decode_top, prefill_top):
-        ref = {e[1]: e[0] for e in p or [] if finite(e[0])}
-        deltas += [abs(e[0] - ref[e[1]]) for e in d or [] if e[1] in ref and finite(e[0])]
-    return (sum(deltas) / len(deltas)) if deltas else None
-
-
-def long_numbers(result: dict) -> dict:
+def long_numbers(result: dict, t) -> dict:
     long = (result.get("checks") or {}).get("long") or {}
     threshold = long.get("threshold_tokens")
-    per, nan, tokens, deltas, reaching = [], [], 0, [], []
+    per, nan, tokens, reaching = [], [], 0, []
     for s in long.get("samples") or []:
         out, pre = s.get("output_logprobs") or [], s.get("reprefill_logprobs") or []
         value = approx_kl(pre, out) if out and all(finite(v) for v in out) else None
@@ -115,20 +105,15 @@ def long_numbers(result: dict) -> dict:
         tokens += len(out)
         if threshold is not None and s["max_position"] > threshold:
             reaching.append(s["index"])
-        delta = _topk_delta(s.get("output_top") or [], s.get("reprefill_top") or [])
-        if delta is not None:
-            deltas.append(delta)
     samples = long.get("samples") or []
     return {"samples": len(samples), "threshold_tokens": threshold, "reaching_threshold": len(reaching),
             "max_position": max((s["max_position"] for s in samples), default=0),
             "prompt_tokens": sorted({s["prompt_tokens"] for s in samples}),
             "kl_mean": (sum(per) / len(per)) if per else None, "kl_max": max(per) if per else None,
-            "tokens": tokens, "nan_samples": nan,
-            "topk_mean_delta": (sum(deltas) / len(deltas)) if deltas else None}
+            "tokens": tokens, "nan_samples": nan, "topk": topk_reprefill_of(result, t, "long")}
 
 
 def _long_verdict(n: dict, t) -> tuple[str, str]:
-    bound = getattr(t, "max_topk_mean_delta", MAX_TOPK_MEAN_DELTA)
     if n["nan_samples"]:
         return FAIL, f"NaN or missing logprobs on long sample(s) {n['nan_samples']}"
     if not n["reaching_threshold"]:
@@ -138,14 +123,15 @@ def _long_verdict(n: dict, t) -> tuple[str, str]:
         return INCONCLUSIVE, f"{n['tokens']} tokens compared, fewer than {t.min_kl_tokens}"
     if n["kl_mean"] > t.max_kl:
         return FAIL, f"mean KL {n['kl_mean']:.2e} > {t.max_kl:.1e} past {n['threshold_tokens']} tokens"
-    if n["topk_mean_delta"] is not None and n["topk_mean_delta"] > bound:
-        return FAIL, f"top-{'k'} logprobs differ by {n['topk_mean_delta']:.3f} nats on average > {bound} (decode against re-prefill)"
+    problem = topk_bound_problem(n["topk"], t)
+    if problem:
+        return FAIL, f"{problem}, decode against re-prefill past {n['threshold_tokens']} tokens"
     return PASS, (f"mean KL {n['kl_mean']:.2e} <= {t.max_kl:.1e} over {n['tokens']} tokens of {n['reaching_threshold']} "
                   f"sample(s) past {n['threshold_tokens']} tokens (furthest {n['max_position']})")
 
 
 def long_kl_check(arms: dict, t) -> dict:
-    per_arm = {arm: long_numbers(r) for arm, r in arms.items()}
+    per_arm = {arm: long_numbers(r, t) for arm, r in arms.items()}
     verdicts = {arm: _long_verdict(n, t) for arm, n in per_arm.items()}
     if "B" in arms and verdicts["A"][0] == verdicts["B"][0] == FAIL and not per_arm["B"]["nan_samples"]:
         outcome, why = INCONCLUSIVE, (f"both arms fail (A: {verdicts['A'][1]}; B: {verdicts['B'][1]}): the "

@@ -8,9 +8,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+from dsv4kit.quality.box_eval import finite  # noqa: F401  (the one rule, shared with the box's ledger)
 
 
 def approx_kl(reprefill: Sequence, decode: Sequence) -> Optional[float]:

@@ -36,7 +36,7 @@ from typing import Iterable, Optional
 from dsv4kit.core import exitcodes
 
 from dsv4kit.records import stats
-from dsv4kit.records.record import KEY_FIELDS, comparability_key, metric_value
+from dsv4kit.records.record import KEY_FIELDS, comparability_key, metric_value, record_api
 from dsv4kit.records.served_flags import is_unknown
 
 K_CV = 3.0
@@ -103,6 +103,8 @@ class Comparison:
     rows: list[Row] = field(default_factory=list)
     #: concurrency -> which side had invalid points there, in words
     invalid_detail: dict = field(default_factory=dict)
+    #: (old, new): the API each record measured (``dsv4kit.bench.api``)
+    apis: tuple = ("generate", "generate")
 
     @property
     def regressions(self) -> list[Row]:
@@ -178,6 +180,7 @@ class Comparison:
     def to_dict(self) -> dict:
         return {
             "old": self.old_id, "new": self.new_id, "comparable": self.comparable,
+            "apis": {"old": self.apis[0], "new": self.apis[1]},
             "differences": self.differences, "ignored": self.ignored, "info": self.info,
             "rows": [r.to_dict() for r in self.rows], "regressions": len(self.regressions),
             "metric_verdicts": self.metric_verdicts(), "outcome": self.outcome, "summary": self.summary(),
@@ -288,7 +291,11 @@ def compare(old: dict, new: dict, *, ignore: Iterable[str] = (), metrics: Iterab
     unknown = [f for f in ignore if f not in KEY_FIELDS]
     if unknown:
         raise ValueError(f"unknown comparability field(s) {unknown}; known: {', '.join(KEY_FIELDS)}")
-    result = Comparison(old_id=old["run_id"], new_id=new["run_id"], comparable=True, ignored=ignore)
+    if "api" in ignore:
+        raise ValueError("api cannot be ignored: a /generate sweep and a chat sweep measure different routes "
+                         "(prompt form, template, parsers) and are never compared")
+    result = Comparison(old_id=old["run_id"], new_id=new["run_id"], comparable=True, ignored=ignore,
+                        apis=(record_api(old), record_api(new)))
     result.differences = key_differences(old, new, ignore)
     for path in INFO_FIELDS:
         a, b = _get(old, path), _get(new, path)
@@ -375,7 +382,7 @@ def _fmt(value: Optional[float], digits: int = 2) -> str:
 
 
 def format_comparison(result: Comparison) -> str:
-    lines = [f"old: {result.old_id}", f"new: {result.new_id}"]
+    lines = [f"old: {result.old_id} (API {result.apis[0]})", f"new: {result.new_id} (API {result.apis[1]})"]
     if result.ignored:
         lines.append(f"allowed to differ: {', '.join(result.ignored)}")
     if not result.comparable:

@@ -12,7 +12,8 @@ Layout (docs/benchmarking.md has the field-by-field description)::
     model{path, revision, snapshot_revision, config_json_sha256, tokenizer_json_sha256},
     server{context_length, launch_args, launch_args_sha256, resolved_args, resolved_args_sha256,
            startup_time, restarted, processes[{pid, argv, env}]},
-    client{tool, tool_version, backend, dataset{name, input_len, output_len, range_ratio},
+    client{tool, tool_version, api (generate|chat; absent: generate), backend,
+           dataset{name, input_len, output_len, range_ratio},
            seed, tokenize_prompt, flush_cache, cache_report, ignore_eos, temperature,
            warmup_requests{C: n}, num_prompts{C: n}},
     sweep{concurrency[], repeat, point_timeout_s, gates{...}},
@@ -54,7 +55,7 @@ SUMMARY_METRICS = ("decode_tok_s", "decode_tok_s_per_gpu", "output_throughput", 
 #: Fields of the comparability key (a verdict needs them all equal, see dsv4kit.records.compare).
 KEY_FIELDS = ("model", "model_revision", "gpu_model", "gpu_count", "context_length", "dataset",
               "input_len", "output_len", "range_ratio", "tokenize_prompt", "seed", "concurrency",
-              "num_prompts", "backend", "client_tool_version", "kernel_flags",
+              "num_prompts", "api", "backend", "client_tool_version", "kernel_flags",
               "sglang_wheel", "sgl_kernel", "flashinfer", "dsv4kit_wheel", "weights", "driver",
               "launch_args", "gates", "warmup_requests")
 #: Launch options left out of the ``launch_args`` key: where the server listens, and the context
@@ -169,6 +170,12 @@ def resolved_args(server_info: Optional[dict]) -> Optional[dict]:
     return scrub({k: v for k, v in decode_info(server_info).items() if k not in VOLATILE_SERVER_KEYS})
 
 
+def record_api(record: dict) -> str:
+    """The API a bench record measured: ``generate`` or ``chat`` (``dsv4kit bench --api``); records
+    written before the option measured ``generate``."""
+    return ((record or {}).get("client") or {}).get("api") or "generate"
+
+
 def comparability_key(record: dict) -> dict:
     client = record.get("client") or {}
     dataset = client.get("dataset") or {}
@@ -188,6 +195,7 @@ def comparability_key(record: dict) -> dict:
         "seed": client.get("seed"),
         "concurrency": sorted((record.get("sweep") or {}).get("concurrency") or []),
         "num_prompts": client.get("num_prompts"),
+        "api": record_api(record),
         "backend": client.get("backend"),
         "client_tool_version": client.get("tool_version"),
         "kernel_flags": served_flags.key_value(record),
@@ -249,6 +257,9 @@ def check(record: Any, where: str = "record") -> dict:
     for field in ("run_id", "points", "summary", "client", "server", "sweep", "comparability_key"):
         if field not in record:
             raise RecordError(f"{where}: missing field {field!r}")
+    api = record_api(record)
+    if api not in ("generate", "chat"):
+        raise RecordError(f"{where}: client.api is {api!r}, expected 'generate' or 'chat'")
     for i, point in enumerate(record["points"]):
         for field in ("max_concurrency", "repetition", "raw", "derived", "validity"):
             if field not in point:
