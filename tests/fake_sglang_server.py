@@ -52,7 +52,8 @@ speculative decoding, ``spec_verify_calls_total`` adds each request's verify pas
 finishes. ``--prefill-peer-port P``: the router's dual dispatch in PD (each request also goes to
 the prefill server on P). ``POST /_test/config`` also takes ``prefill_ms`` and ``serial_prefill``
 (a slow prefill, one prompt at a time) and ``dp_size`` (``/server_info`` reports N DP replicas).
-``POST /_test/stats`` returns the wall-clock time of every emitted token, so tests can check a headline against what was delivered.
+``POST /_test/stats`` returns the wall-clock time of every emitted token, so tests can check a
+headline against what was delivered.
 Any number of clients may load it at once (a second client's requests count in its batch and
 its ``/metrics`` like the bench's own; ``tests/bench_support.ForeignLoad``).
 

@@ -92,7 +92,8 @@ def test_a_separate_prefill_server_must_start_exactly_the_points_requests():
     assert pd(N)["passed"]
     for started in (N - 1, N + 1, 0):  # before: anything up to N passed
         out = pd(started)
-        assert not out["passed"] and f"port 2 (the prefill server" in out["detail"] and f"{started} generation" in out["detail"]
+        assert not out["passed"] and "port 2 (the prefill server" in out["detail"], out
+        assert f"{started} generation requests started" in out["detail"], out
 
 
 def test_a_counter_that_goes_down_is_invalid_naming_the_series_and_both_values():

@@ -36,7 +36,8 @@ def test_the_eval_and_profile_scripts_import_the_box_package_http_client_as_ship
     remote.setup()  # the bench's box-side package, as dsv4box
     BoxEval(remote, "http://127.0.0.1:9", None, lambda line: None)  # box_eval.py and its prompt files
     session.put(BOX_SCRIPT, f"{remote.workdir}/{BOX_SCRIPT.name}")  # as dsv4kit.profile.run does
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import box_eval, box_profile, api_prompts, dsv4box.http as h; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import box_eval, box_profile, api_prompts, dsv4box.http as h; "
             "assert box_eval.request is h.request and api_prompts.open_request is h.open_request; "
             "assert box_profile._http() is h; assert not [m for m in sys.modules if m.startswith('dsv4kit')]; "
             "print('ok')")

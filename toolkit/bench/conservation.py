@@ -150,10 +150,11 @@ def _speculative_run(grown: float, received: int, expected_decode: int, requests
                         f"received {received} output tokens of which {expected_decode} from decode passes: "
                         + (f"{-excess:g} fewer" if excess < 0 else
                            f"{excess:g} more, where at most {allowed:g} may be drafts accepted past a request's "
-                           f"length ({verify:g} passes of at most {drafts} tokens, at most {drafts - 1} past a request)"))
+                           f"length ({verify:g} passes of at most {drafts} tokens, at most {drafts - 1} past a "
+                           f"request)"))
     if not requests <= verify <= expected_decode:
-        problems.append(f"{verify:g} verify passes for {requests} requests that received {expected_decode} decode tokens "
-                        f"(each request decodes in at least one pass, each pass gives it at least one token)")
+        problems.append(f"{verify:g} verify passes for {requests} requests that received {expected_decode} tokens "
+                        f"from decode (each request decodes in at least one pass, each pass gives it at least one)")
     elif verify and not 1 <= grown / verify <= drafts:
         problems.append(f"the acceptance length over the run, {grown:g} accepted tokens in {verify:g} verify passes "
                         f"= {grown / verify:.3f}, is not between 1 and {drafts}")
@@ -171,7 +172,7 @@ def conservation(line: dict, runs: dict, decode_port: int, concurrency: int, ser
         return False, "the client line has no per-request output lengths (run with --output-details)"
     received = sum(output_lens)
     expected_decode = sum(max(n - 1, 0) for n in output_lens)
-    requests = sum(1 for n in output_lens if n)
+    requests = sum(1 for n in output_lens if n > 1)  # that decoded: the first token is the prefill's
     problems = []
     generated = _growth(decode, "generation_tokens_total")
     if generated is None:
