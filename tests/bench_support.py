@@ -349,3 +349,29 @@ class ForeignLoad:
         for thread in self.threads:
             if thread.ident is not None:
                 thread.join(timeout)
+
+
+def in_process_sweep(inventory, progress=None, **cfg_kw):
+    """``run_sweep`` in this process over the inventory's loopback box (the real client runs there):
+    ``(record, progress lines)``. ``progress(line)`` sees each line as it comes, so a test can
+    reshape the stand-in between points; ``cfg_kw`` are ``SweepConfig`` fields (small defaults)."""
+    from dsv4kit.bench.sweep import SweepConfig, run_sweep
+    from dsv4kit.core.inventory import load_inventory
+    from dsv4kit.core.ssh import open_session
+
+    host = load_inventory(inventory).host()
+    restart_units = cfg_kw.pop("restart_units", None)
+    gates = cfg_kw.pop("gates", None)
+    cfg = SweepConfig(**{"context_length": 4096, "input_len": 16, "output_len": 64, "metrics_interval_s": 0.02,
+                         **({"gates": gates} if gates else {}), **cfg_kw})
+    lines = []
+
+    def say(line):
+        lines.append(line)
+        if progress:
+            progress(line)
+
+    with open_session(host) as session:
+        result = run_sweep(cfg, host=host, session=session, inventory_path=inventory, progress=say,
+                           restart_units=restart_units)
+    return result.record, lines

@@ -119,6 +119,7 @@ def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
             prefill = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
             servers.append(prefill)
             prefill_port = prefill.port
+            server.post("/_test/config", {"prefill_peer_port": prefill_port})  # the router's dual dispatch
         prefix = None
         if units:
             prefix = tmp_path / "prefix"

@@ -47,8 +47,13 @@ decode; ``cuda_graph_passes_total``) move every pass; the tokenizer counters
 (``num_requests_total``, ``generation_tokens_total``, ``prompt_tokens_total``) when a request
 finishes; ``http_requests_total{endpoint,method}`` as each request arrives. Faults of bench round
 five: ``--decode-counter-scale K`` (the decode counter counts K times the tokens) and
-``--counter-reset-at N`` (the scheduler counters restart from 0 once, without a restart). ``POST /_test/stats`` returns the
-wall-clock time of every emitted token, so tests can check a headline against what was delivered.
+``--counter-reset-at N`` (the scheduler counters restart from 0 once, without a restart). With
+speculative decoding, ``spec_verify_calls_total`` adds each request's verify passes when it
+finishes. ``--prefill-peer-port P``: the router's dual dispatch in PD (each request also goes to
+the prefill server on P). ``POST /_test/config`` also takes ``prefill_ms`` and ``serial_prefill``
+(a slow prefill, one prompt at a time) and ``dp_size`` (``/server_info`` reports N DP replicas).
+``POST /_test/stats`` returns the wall-clock time of every emitted token, so tests can check a
+headline against what was delivered.
 Any number of clients may load it at once (a second client's requests count in its batch and
 its ``/metrics`` like the bench's own; ``tests/bench_support.ForeignLoad``).
 
@@ -138,6 +143,12 @@ class State:
         # Faults of bench round five: the decode counter grows by this factor of the tokens
         # emitted; once it passes counter_reset_at, the scheduler's counters restart from 0.
         self.decode_counter_scale = getattr(args, "decode_counter_scale", 1.0)
+        # Speculative verify passes of finished requests (the tokenizer's spec_verify_calls_total).
+        self.spec_verify_total = 0
+        # The router's dual dispatch (sglang-router in PD mode): every generation request this
+        # server gets is first sent to the prefill server on this port, which counts it as its own.
+        self.prefill_peer_port = getattr(args, "prefill_peer_port", 0)
+        self.dp_size = 1
         self.counter_reset_at = getattr(args, "counter_reset_at", 0)
         # Planted faults for the monitoring tests: a scheduler that stops taking requests from its
         # queue (``stalled``), and retracted requests (0.5.23's counter appears at the first one).
@@ -257,6 +268,11 @@ class State:
                       "# TYPE sglang:num_retracted_requests_total counter",
                       f"sglang:num_retracted_requests_total{{{labels}}} {float(self.retracted_total)}",
                       f"sglang:num_retracted_requests_created{{{labels}}} {self.startup_time}"]
+        if self.spec_verify_total:
+            lines += ["# HELP sglang:spec_verify_calls_total Number of speculative decoding verification calls.",
+                      "# TYPE sglang:spec_verify_calls_total counter",
+                      f'sglang:spec_verify_calls_total{{model_name="{self.model_path}",engine_type="unified"}} '
+                      f'{float(self.spec_verify_total)}']
         if self.spec_accept_length:
             lines += ["# HELP sglang:spec_accept_length Mean acceptance length of speculative decoding.",
                       "# TYPE sglang:spec_accept_length gauge",
@@ -277,7 +293,7 @@ class State:
             "served_model_name": self.served_model_path or self.model_path,
             "context_length": self.context_length,
             "tp_size": self.tp_size,
-            "dp_size": 1,
+            "dp_size": self.dp_size,
             "ep_size": 1,
             "kv_cache_dtype": "fp8_e4m3",
             "page_size": 256,
@@ -403,9 +419,12 @@ def make_handler(state: State):
                     for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status",
                                 "priority_scheduling", "all_schedulers", "tp_size", "served_model_path",
                                 "spec_accept_length", "kv_transfer_ms", "decode_counter_scale",
-                                "counter_reset_at", "gauge_refresh_passes", "stalled"):
+                                "counter_reset_at", "gauge_refresh_passes", "stalled", "prefill_peer_port", "dp_size",
+                                "prefill_ms"):
                         if key in body:
                             setattr(state, key, body[key])
+                    if "serial_prefill" in body:  # one prompt at a time (for requests that arrive from now on)
+                        state.prefill_lock = threading.Lock() if body["serial_prefill"] else None
                     if body.get("counter_reset_at"):  # from now: once the decode counter grew by that much
                         state.counter_reset_at = state.decode_tokens + body["counter_reset_at"]
                     if "decode_cap" in body:  # for requests that arrive from now on
@@ -476,6 +495,8 @@ def make_handler(state: State):
                                        f"({max_new}) exceeds the context length ({context_length}).",
                                        "type": "BadRequestError", "code": 400}})
             else:
+                if state.prefill_peer_port:
+                    self._dispatch_prefill(body)
                 self._stream_tokens(index, prompt_tokens, max_new, cached, delay, body.get("priority", 0))
             self._chunk(b"[DONE]")
             self.wfile.write(b"0\r\n\r\n")
@@ -517,6 +538,19 @@ def make_handler(state: State):
                 self._chunk(payload.encode())
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
+
+        def _dispatch_prefill(self, body: dict) -> None:
+            """What sglang-router 0.3.2 does in PD mode: the request also goes to the prefill server
+            (with the bootstrap fields it adds), which computes the prompt and counts the request."""
+            import urllib.request
+
+            payload = dict(body, stream=True, bootstrap_host="127.0.0.1", bootstrap_room=state.generate_count,
+                           sampling_params=dict(body.get("sampling_params") or {}, max_new_tokens=1))
+            request = urllib.request.Request(f"http://127.0.0.1:{state.prefill_peer_port}/generate",
+                                             data=json.dumps(payload).encode(), method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=600) as response:
+                response.read()
 
         def _meta(self, index: int, prompt_tokens: int, completion: int, cached: int, done: bool, max_new: int):
             meta = {
@@ -575,7 +609,7 @@ def make_handler(state: State):
                         state.prefill_cached += cached
                     state.publish_gauges()  # a prefill batch refreshes the scheduler gauges
                 try:
-                    done_passes = 0
+                    done_passes = verify_passes = 0
                     first_pass = True
                     while len(ids) < max_new:
                         with state.lock:
@@ -601,6 +635,7 @@ def make_handler(state: State):
                             state.count_decode(new - (1 if prefill_pass else 0))
                             if not prefill_pass:
                                 state.passes += 1.0 / max(state.running, 1)  # this request's share of the pass
+                                verify_passes += 1
                             first_pass = False
                         times.append(time.time())
                         emit(ids, words)
@@ -608,6 +643,8 @@ def make_handler(state: State):
                     with state.lock:  # the tokenizer's counters grow when a request finishes
                         state.serving.finished(started, times, prompt_tokens, cached, state.kv_transfer_ms)
                         state.finished += 1
+                        if state.spec_accept_length:  # counted when the request finishes, as 0.5.23 does
+                            state.spec_verify_total += verify_passes
                         state.prompt_by_priority[priority] = state.prompt_by_priority.get(priority, 0) + prompt_tokens
                         state.generated_by_priority[priority] = state.generated_by_priority.get(priority, 0) + len(ids)
                         state.enter("running", priority, -1)
@@ -684,6 +721,9 @@ def main(argv=None) -> int:
                              "transfer takes this long before the request runs here")
     parser.add_argument("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"],
                         help="prefill: /metrics also has the KV transfer latency histogram, one transfer per request")
+    parser.add_argument("--prefill-peer-port", type=int, default=0,
+                        help="PD: send every streamed /generate to the prefill server on this port first, as "
+                             "sglang-router does (this server then stands in for router and decode)")
     parser.add_argument("--served-model-name", default="",
                         help="the name /v1/models lists (SGLang's --served-model-name; default: the model path)")
     args = parser.parse_args(argv)

@@ -10,22 +10,29 @@ requests ran, so every rule below is an equality or an exact bound, never a perc
                   completion tokens of finished requests) grew by exactly the output tokens the
                   client received, and the decode counter (``realtime_tokens_total{mode="decode"}``)
                   by exactly one token fewer per request (the first token comes from the prefill
-                  pass). With speculative decoding one pass emits at most D tokens a request
-                  (``speculative_num_draft_tokens`` of ``/server_info``) and a request's last pass
-                  may accept drafts past its length, so the decode counter may exceed that by at
-                  most D - 1 tokens a request, never fall short of it. Inside the exact-occupancy
-                  window the decode tokens and the forward passes agree: C tokens a pass without
-                  speculation, between C and C x D with it, and the acceptance length the server
-                  reports lies between 1 and D.
+                  pass). With speculative decoding the decode counter counts the accepted tokens of
+                  each verify pass (the drafts accepted plus one), and a request's last pass may
+                  accept drafts past its length: so the counter may exceed the client's count, by
+                  at most D - 1 a request (D: ``speculative_num_draft_tokens`` of
+                  ``/server_info``) and at most D x the verify passes the server reports
+                  (``spec_verify_calls_total``) less the client's decode tokens. SGLang's
+                  acceptance length over the run, accepted tokens over verify passes (how it
+                  computes ``avg_spec_accept_length``), lies between 1 and D, and the verify passes
+                  are no more than the decode tokens the client received (each pass gives a request
+                  at least one). Inside the exact-occupancy window the decode tokens and the
+                  forward passes agree: C tokens a pass without speculation, between C and C x D
+                  with it, and the acceptance length the server reports lies between 1 and D.
 ``counters_up``   no counter of any serving port goes down between two scrapes of the run (a
                   reset, a restarted scheduler), and the run's decode growth and the headline rate
                   are above zero.
 ``no_foreign_requests``  the decode server's count of generation requests started
                   (``http_requests_total`` on the generation routes, counted as each request
                   arrives) and finished (``num_requests_total``) grew by exactly the point's
-                  requests, a separate prefill server's started count by no more than them, and no scrape of the decode server shows more than
-                  C running and queued. Counters cannot miss a request that came and went between
-                  two scrapes; the gauges can (docs/sglang-contract.md gives their cadence).
+                  requests, a separate prefill server's started count by exactly them too (the
+                  router sends every request to one prefill and one decode server), and no scrape
+                  of the decode server shows more than C running and queued. Counters cannot miss
+                  a request that came and went between two scrapes; the gauges can
+                  (docs/sglang-contract.md gives their cadence).
 """
 
 from __future__ import annotations
@@ -97,11 +104,10 @@ def no_foreign_requests(runs: dict, decode_port: int, num_prompts: int, concurre
         if started is None:
             problems.append(f"port {port} reports no sglang:http_requests_total on the generation routes, so a "
                             f"request that came and went between two scrapes cannot be ruled out")
-        elif port != decode_port and started <= num_prompts:
-            continue  # a prefill server sees each request at most once (a foreign one goes past N)
         elif started != num_prompts:
-            problems.append(f"port {port}: {started:g} generation requests started over the run, the client sent "
-                            f"{num_prompts}" + (" (another client's requests)" if started > num_prompts else ""))
+            role = "" if port == decode_port else " (the prefill server, which the router sends every request to)"
+            problems.append(f"port {port}{role}: {started:g} generation requests started over the run, the client "
+                            f"sent {num_prompts}" + (" (another client's requests)" if started > num_prompts else ""))
     decode = runs.get(decode_port) or []
     finished = _growth(decode, "num_requests_total") if decode else None
     if finished is None:
@@ -128,6 +134,33 @@ def _speculative(server_info: dict, decode: list) -> tuple:
     return spec, (int(drafts) if isinstance(drafts, (int, float)) and drafts >= 1 else None)
 
 
+def _speculative_run(grown: float, received: int, expected_decode: int, requests: int, drafts: int,
+                     verify: Optional[float]) -> list:
+    """The decode counter of a speculative run against the client (module doc): its problems."""
+    if verify is None:
+        return ["speculative decoding, but the decode server reports no sglang:spec_verify_calls_total: the "
+                "accepted drafts cannot be told apart, so the decode counter's excess cannot be bounded"]
+    problems = []
+    # Every pass but a request's last gives it all it accepted, and a pass accepts at most D: a
+    # request's overshoot is at most D - 1, and at most D x its passes less the tokens it got.
+    excess = grown - expected_decode
+    allowed = max(0.0, min(requests * (drafts - 1), drafts * verify - expected_decode))
+    if not 0 <= excess <= allowed:
+        problems.append(f"the decode server's decode counter grew by {grown:g} in {verify:g} verify passes, the client "
+                        f"received {received} output tokens of which {expected_decode} from decode passes: "
+                        + (f"{-excess:g} fewer" if excess < 0 else
+                           f"{excess:g} more, where at most {allowed:g} may be drafts accepted past a request's "
+                           f"length ({verify:g} passes of at most {drafts} tokens, at most {drafts - 1} past a "
+                           f"request)"))
+    if not requests <= verify <= expected_decode:
+        problems.append(f"{verify:g} verify passes for {requests} requests that received {expected_decode} tokens "
+                        f"from decode (each request decodes in at least one pass, each pass gives it at least one)")
+    elif verify and not 1 <= grown / verify <= drafts:
+        problems.append(f"the acceptance length over the run, {grown:g} accepted tokens in {verify:g} verify passes "
+                        f"= {grown / verify:.3f}, is not between 1 and {drafts}")
+    return problems
+
+
 def conservation(line: dict, runs: dict, decode_port: int, concurrency: int, server_info: dict,
                  occupancy: Optional[dict]) -> tuple:
     """(passed, detail): the decode server's counters against the client's count (module doc)."""
@@ -139,7 +172,7 @@ def conservation(line: dict, runs: dict, decode_port: int, concurrency: int, ser
         return False, "the client line has no per-request output lengths (run with --output-details)"
     received = sum(output_lens)
     expected_decode = sum(max(n - 1, 0) for n in output_lens)
-    requests = sum(1 for n in output_lens if n)
+    requests = sum(1 for n in output_lens if n > 1)  # that decoded: the first token is the prefill's
     problems = []
     generated = _growth(decode, "generation_tokens_total")
     if generated is None:
@@ -157,10 +190,9 @@ def conservation(line: dict, runs: dict, decode_port: int, concurrency: int, ser
     elif spec and drafts is None:
         problems.append("speculative decoding without speculative_num_draft_tokens in /server_info: the decode "
                         "counter's overshoot cannot be bounded")
-    elif spec and not expected_decode <= grown <= expected_decode + requests * (drafts - 1):
-        problems.append(f"the decode server's decode counter grew by {grown:g}, the client received {received} "
-                        f"output tokens, so decode passes made between {expected_decode} and "
-                        f"{expected_decode + requests * (drafts - 1)} (at most {drafts} tokens a request a pass)")
+    elif spec:
+        problems += _speculative_run(grown, received, expected_decode, requests, drafts,
+                                     _growth(decode, "spec_verify_calls_total"))
     if occupancy and occupancy.get("admissible"):
         tokens, passes = occupancy.get("decode_tokens"), occupancy.get("forward_passes")
         per_pass = drafts if spec and drafts else 1
@@ -178,9 +210,10 @@ def conservation(line: dict, runs: dict, decode_port: int, concurrency: int, ser
             problems.append(f"the reported acceptance length {accept:g} is not between 1 and {per_pass}")
     if problems:
         return False, "; ".join(problems)
+    verify = _growth(decode, "spec_verify_calls_total") if spec else None
     return True, (f"the client received {received} output tokens; the decode server counted {generated:g} "
                   f"generated and {grown:g} from decode passes ({expected_decode} expected"
-                  + (f", at most {expected_decode + requests * (drafts - 1)} with speculation" if spec else "")
+                  + (f"; {verify:g} verify passes, acceptance length {grown / verify:.3f}" if verify else "")
                   + ")")
 
 

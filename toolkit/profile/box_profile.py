@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 
 _SAMPLE = re.compile(r"^sglang:(num_running_reqs|num_queue_reqs|gen_throughput)(\{[^}]*\})?\s+(\S+)")
 
@@ -40,21 +39,21 @@ class Stop(Exception):
         self.error = error
 
 
-def _headers() -> dict:
-    key = os.environ.get("OPENAI_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
+def _http():
+    """The bench's box-side HTTP client: ``dsv4box`` beside this script on the box (the bench's
+    ``Remote.setup`` copies it there), else dsv4kit's own when imported on the control machine."""
+    try:
+        from dsv4box import http
+    except ImportError:
+        from dsv4kit.bench.box import http
+    return http
 
 
 def request(port: int, path: str, body=None, timeout: float = 30.0):
     """(status, text) of a request to 127.0.0.1:port; an HTTP error status is returned, not raised."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST" if data else "GET",
-                                 headers={"Content-Type": "application/json", **_headers()})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
+    http = _http()
+    status, raw = http.request(http.local(port), path, body, timeout)
+    return status, raw.decode("utf-8", "replace")
 
 
 def metrics(port: int) -> dict:

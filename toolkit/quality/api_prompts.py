@@ -21,7 +21,11 @@ from __future__ import annotations
 import json
 import random
 import urllib.error
-import urllib.request
+
+try:  # on the box: the bench's box-side package, beside box_eval.py (dsv4kit.bench.remote.Remote.setup)
+    from dsv4box.http import open_request
+except ImportError:  # on the control machine
+    from dsv4kit.bench.box.http import open_request
 
 CITIES = ("Paris", "Rome", "Tokyo", "Lima", "Oslo", "Cairo", "Seoul", "Quito", "Dakar", "Hanoi")
 NAMES = ("Ada", "Bo", "Chen", "Dara", "Eli", "Femi", "Gus", "Hana")
@@ -94,9 +98,7 @@ def request_body(prompt: dict, spec: dict, stream: bool) -> dict:
 
 
 def _request(url: str, path: str, body, headers: dict, timeout: float):
-    data = None if body is None else json.dumps(body).encode()
-    return urllib.request.urlopen(urllib.request.Request(url + path, data=data, headers=headers,
-                                                         method="GET" if body is None else "POST"), timeout=timeout)
+    return open_request(url, path, body, timeout, sent_headers=headers)
 
 
 def _ask(url: str, body: dict, headers: dict, timeout: float) -> dict:

@@ -27,12 +27,12 @@ import sys
 import threading
 import time
 import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prompts  # noqa: E402  (copied beside this file)
 import api_prompts  # noqa: E402  (copied beside this file; the api check)
+from dsv4box.http import headers as key_headers, open_request, request  # noqa: E402  (the bench's, beside this file)
 
 REQUEST_TIMEOUT_S = 900.0
 
@@ -42,22 +42,16 @@ class EvalError(Exception):
 
 
 def _headers() -> dict:
-    headers = {"Content-Type": "application/json"}
-    if os.environ.get("OPENAI_API_KEY"):
-        headers["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
-    return headers
+    return {"Content-Type": "application/json", **key_headers()}
 
 
 def call(url: str, path: str, body=None, timeout: float = REQUEST_TIMEOUT_S):
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, headers=_headers(), method="GET" if body is None else "POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-    except urllib.error.HTTPError as exc:
-        raise EvalError(f"{path}: HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}") from None
+        status, raw = request(url, path, body, timeout)
     except (urllib.error.URLError, OSError) as exc:
         raise EvalError(f"{path}: {getattr(exc, 'reason', exc)}") from None
+    if status >= 400:
+        raise EvalError(f"{path}: HTTP {status}: {raw[:300].decode(errors='replace')}")
     try:
         return json.loads(raw) if raw.strip()[:1] in (b"{", b"[") else raw.decode(errors="replace")
     except ValueError as exc:
@@ -500,7 +494,7 @@ def fetch(url: str, sha256: str, out: str, timeout: float = 120.0) -> dict:
     import hashlib
 
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with open_request(url, "", None, timeout, sent_headers={}) as response:  # no key to a download
             data = response.read()
     except (urllib.error.URLError, OSError) as exc:
         return {"ok": False, "offline": True, "error": f"cannot download {url}: {getattr(exc, 'reason', exc)}"}

@@ -1,5 +1,6 @@
 """The box side's one HTTP client: loopback requests to the serving ports, the API key from the
-environment (``OPENAI_API_KEY``), never from argv."""
+environment (``OPENAI_API_KEY``), never from argv. The eval and profile scripts use it too
+(``dsv4box.http`` beside them on the box)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,36 @@ def headers() -> dict:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def local(port: int) -> str:
+    """The base URL of a serving port on the box."""
+    return f"http://127.0.0.1:{port}"
+
+
+def open_request(url: str, path: str, body=None, timeout: float = 10.0, sent_headers=None):
+    """The open response (a context manager) of one request to ``url + path``: POST with ``body`` as
+    JSON, else GET. ``sent_headers``: the headers as given (None: the API key's and JSON's). An HTTP
+    error status raises ``urllib.error.HTTPError``; no answer ``urllib.error.URLError``/``OSError``."""
+    data = None if body is None else json.dumps(body).encode()
+    if sent_headers is None:
+        sent_headers = {"Content-Type": "application/json", **headers()}
+    request = urllib.request.Request(url + path, data=data, headers=sent_headers,
+                                     method="GET" if body is None else "POST")
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
+def request(url: str, path: str, body=None, timeout: float = 10.0) -> tuple:
+    """(status, body bytes) of one request (``open_request``); an HTTP error status comes back with
+    its body, not raised. No answer raises ``urllib.error.URLError``/``OSError``."""
+    try:
+        with open_request(url, path, body, timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
 def http_get(port: int, path: str, timeout: float = 10.0):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers())
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    """(status, text) of ``GET path`` on a serving port; an HTTP error status raises."""
+    with open_request(local(port), path, None, timeout, headers()) as response:
         return response.status, response.read().decode("utf-8", "replace")
 
 
@@ -58,9 +86,8 @@ def cmd_wait_health(args) -> dict:
 
 
 def post(port: int, path: str, body: dict, timeout: float):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **headers()})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    """The body of ``POST path`` on a serving port; an HTTP error status raises."""
+    with open_request(local(port), path, body, timeout) as response:
         return response.read()
 
 

@@ -19,12 +19,14 @@ from .http import http_get
 #: ``partition-sum``: a tokenizer counter, split by ``is_streaming``/``priority``: every request
 #: is in exactly one series, so the series add up.
 #: ``scheduler-mean``: a scheduler gauge averaged over the DP groups (the acceptance length).
+#: ``spec_verify_calls_total``: the tokenizer's count of speculative verify passes, each finished
+#: request's own passes added when it finishes (only with speculative decoding).
 METRICS = {"sglang:num_running_reqs": "scheduler-sum", "sglang:num_queue_reqs": "scheduler-sum",
            "sglang:gen_throughput": "scheduler-sum", "sglang:token_usage": "scheduler-max",
            "sglang:generation_tokens_total": "partition-sum", "sglang:prompt_tokens_total": "partition-sum",
            "sglang:num_requests_total": "partition-sum", "sglang:spec_accept_length": "scheduler-mean",
            "sglang:realtime_tokens_total": "scheduler-sum", "sglang:cuda_graph_passes_total": "scheduler-sum",
-           "sglang:http_requests_total": "partition-sum"}
+           "sglang:http_requests_total": "partition-sum", "sglang:spec_verify_calls_total": "partition-sum"}
 #: The routes a generation request arrives on (``http_requests_total`` counts every route, the
 #: scrapes of ``/metrics`` too).
 GENERATION_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -41,10 +43,12 @@ SPLIT = {"decode_tokens_total": ("sglang:realtime_tokens_total", "mode", ("decod
          "requests_started_total": ("sglang:http_requests_total", "endpoint", GENERATION_ENDPOINTS)}
 #: Counters: each only grows while the server runs (``dsv4kit.bench.conservation`` checks it).
 COUNTERS = ("decode_tokens_total", "prefill_tokens_total", "prefill_cached_tokens_total", "decode_passes_total",
-            "requests_started_total", "num_requests_total", "generation_tokens_total", "prompt_tokens_total")
+            "requests_started_total", "num_requests_total", "generation_tokens_total", "prompt_tokens_total",
+            "spec_verify_calls_total")
 #: Metrics a point can do without: their absence is no problem (a server without speculative
 #: decoding has no acceptance length; the split counters are named under their short names).
-OPTIONAL = ("spec_accept_length", "realtime_tokens_total", "cuda_graph_passes_total", "http_requests_total")
+OPTIONAL = ("spec_accept_length", "realtime_tokens_total", "cuda_graph_passes_total", "http_requests_total",
+            "spec_verify_calls_total")
 #: Metrics a point cannot do without: a problem with one of these is named in the gate it feeds.
 REQUIRED = ("num_running_reqs", "num_queue_reqs")
 _RANK_LABELS = ("pp_rank", "tp_rank")

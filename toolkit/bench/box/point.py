@@ -9,9 +9,8 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 
-from .http import headers, http_get, post
+from .http import http_get, local, open_request, post
 from .metrics import Scraper, read_metrics, wait_idle
 from .telemetry import window_telemetry
 
@@ -74,13 +73,11 @@ def start_watchdog(interval: float = 0.5):
 
 def _meta_info_fields(port: int) -> dict:
     """One tiny streamed /generate (4 prompt ids, 2 new tokens): which meta_info fields come back."""
-    body = json.dumps({"input_ids": [1, 2, 3, 4], "stream": True,
-                       "sampling_params": {"max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True}}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **headers()})
+    body = {"input_ids": [1, 2, 3, 4], "stream": True,
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True}}
     keys: set = set()
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with open_request(local(port), "/generate", body, 60) as response:
             for raw in response:
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:") or line == "data: [DONE]":

@@ -1,6 +1,5 @@
-"""Bench round three, end to end with the REAL 0.5.23 client against the stand-in: /metrics in
-0.5.23's real shapes, a second client loading the server, a SIGKILLed bench, a spill that cannot
-be written. Each test reuses one stand-in for several checks (real client runs are slow)."""
+"""End to end with the REAL 0.5.23 client against the stand-in: /metrics in 0.5.23's real shapes,
+a second client loading the server, a SIGKILLed bench, a spill that cannot be written. Each test reuses one stand-in for several checks (real client runs are slow)."""
 
 from __future__ import annotations
 
@@ -15,32 +14,9 @@ import time
 import pytest
 
 from tests.bench.test_bench_sweep import REPO_ROOT, SMALL, clients_running, dsv4kit
-from tests.bench_support import ForeignLoad
+from tests.bench_support import ForeignLoad, in_process_sweep
 
 pytestmark = pytest.mark.slow
-
-
-def in_process_sweep(inventory, progress=None, **cfg_kw):
-    from dsv4kit.bench.sweep import SweepConfig, run_sweep
-    from dsv4kit.core.inventory import load_inventory
-    from dsv4kit.core.ssh import open_session
-
-    host = load_inventory(inventory).host()
-    restart_units = cfg_kw.pop("restart_units", None)
-    gates = cfg_kw.pop("gates", None)
-    cfg = SweepConfig(**{"context_length": 4096, "input_len": 16, "output_len": 64, "metrics_interval_s": 0.02,
-                         **({"gates": gates} if gates else {}), **cfg_kw})
-    lines = []
-
-    def say(line):
-        lines.append(line)
-        if progress:
-            progress(line)
-
-    with open_session(host) as session:
-        result = run_sweep(cfg, host=host, session=session, inventory_path=inventory, progress=say,
-                           restart_units=restart_units)
-    return result.record, lines
 
 
 def test_metrics_in_0523_shapes_are_read_by_label_and_provenance_is_recorded(bench_box, tokenizer_dir):

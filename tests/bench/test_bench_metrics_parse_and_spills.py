@@ -1,4 +1,4 @@
-"""Round three without the client: the /metrics parse against prometheus_client's, the series
+"""Without the client: the /metrics parse against prometheus_client's, the series
 selection, the gates' new bounds, the decode-only window, verdicts, spills, run ids and the
 results repository's own-repository rule."""
 

@@ -1,4 +1,5 @@
-"""Bench round four, with the REAL 0.5.23 client against the stand-in (tests/fake_sglang_server.py).
+"""Exact occupancy, the served model and cold prefill, with the REAL 0.5.23 client against the
+stand-in (tests/fake_sglang_server.py).
 
 The stand-in decides the truth here, and says it through its own counters: how many requests it
 runs and queues, the tokens it generates per forward pass, what model it names in /server_info.
@@ -7,13 +8,13 @@ Each fault below recorded a wrong number as valid, with exit 0, before round fou
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 
-from tests.bench.test_bench_round3 import in_process_sweep
 from tests.bench.test_bench_sweep import dsv4kit, git
-from tests.bench_support import ForeignLoad, publish_record, synthetic_record
+from tests.bench_support import ForeignLoad, in_process_sweep, publish_record, synthetic_record
 
 pytestmark = pytest.mark.slow
 
@@ -219,7 +220,26 @@ def test_bench_prefill_records_cold_prefill_per_length_from_the_prefill_servers_
     entry = record["prefill"]["per_length"]["256"]
     assert warm.returncode == 1 and not entry["valid"] and entry["tokens_per_s"] is None
     assert "8 prompt tokens came from the cache: not a cold prefill" in " ".join(entry["problems"]), entry
-    server.post("/_test/config", {"cached_tokens": 0})
+    # A second client's request while a cold prefill request runs (300 ms here): its started count
+    # is 2 on the port. Before round five only the cache counters were read, and this one was valid.
+    server.post("/_test/config", {"cached_tokens": 0, "prefill_ms": 300})
+    point_flushes = server.stats()["flush_count"] + 1  # the bench client flushes once before its point
+
+    def beside_the_first_prefill_request() -> None:
+        while server.stats()["flush_count"] <= point_flushes:  # the prefill flushes before each request
+            time.sleep(0.02)
+        time.sleep(0.1)
+        ForeignLoad(server, 1, tokens=1).start().join()
+
+    beside = threading.Thread(target=beside_the_first_prefill_request, daemon=True)
+    beside.start()
+    busy = dsv4kit(*("256" if a == "256,1024" else a for a in args))
+    beside.join(timeout=60)
+    out = json.loads(busy.stdout)
+    entry = json.loads((repo / out["record_path"]).read_text())["prefill"]["per_length"]["256"]
+    assert busy.returncode == 1 and not entry["valid"], entry
+    assert f"request 1: generation requests started meanwhile: port {server.port}: 2" in entry["problems"][0], entry
+    server.post("/_test/config", {"prefill_ms": 50})
     cold = dsv4kit(*args)
     assert cold.returncode == 0, cold.stderr[-3000:]
     out = json.loads(cold.stdout)
