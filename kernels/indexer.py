@@ -96,11 +96,16 @@ FILL_BLOCK = 2048  # fp32 elements per -inf store (8 KiB)
 PREFETCH = True  # prefetch the next page's id and scales one iteration ahead (one page a step)
 DIRECT = True  # a program with a single page skips the pipelined loop
 
-# From this many rows on (prefill chunks: one row per extend token) the call goes to the row-tile
+# Calls of at least SHARED_ROWS_MIN_BATCH rows whose max_seq_len is at least SHARED_ROWS_MIN_LEN
+# (prefill chunks over a context of 8K tokens or more: one row per extend token) go to the row-tile
 # kernel (dsv4kit.kernels.indexer_tiles), which reads a key page once for the rows of a tile that
-# share it. Decode and verify batches stay on the per-row kernel below. A shape-only choice:
-# capture-safe.
-SHARED_ROWS_MIN_BATCH = 256
+# share it. Decode and verify batches, and short prefills, stay on the per-row kernel below, which
+# is faster where rows do not share keys or have few pages (H100 run in
+# docs/results/bench_indexer_prefill_h100.json). A shape-only choice: capture-safe.
+SHARED_ROWS_MIN_BATCH = 1024
+SHARED_ROWS_MIN_LEN = 2048
+# The row-tile grid's R comes from programs_per_row for ceil(B/4) rows at this many programs an SM.
+SHARED_ROWS_PROGRAMS_PER_SM = 2
 
 TAIL_EXACT = "exact"  # every t >= L is -inf (the torch fallback's contract)
 TAIL_SKIP = "skip"  # nothing at or past ceil(L/64)*64 is written (TileLang's behaviour)
@@ -386,12 +391,14 @@ def fp8_paged_mqa_logits(
     out = torch.empty((batch, max_seq_len), dtype=torch.float32, device=q_fp8.device)
     if batch == 0:
         return out
-    if batch >= SHARED_ROWS_MIN_BATCH:
+    if batch >= SHARED_ROWS_MIN_BATCH and max_seq_len >= SHARED_ROWS_MIN_LEN:
         from dsv4kit.kernels import indexer_tiles
 
         tiles = -(-batch // indexer_tiles.ROWS)
         indexer_tiles.launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages,
-                             max_seq_len, programs_per_row(tiles, table_pages, q_fp8.device, tail=tail),
+                             max_seq_len, indexer_tiles.programs_per_tile(programs_per_row(
+                                 tiles, table_pages, q_fp8.device,
+                                 programs_per_sm=SHARED_ROWS_PROGRAMS_PER_SM, tail=tail)),
                              tail, FILL_BLOCK)
         return out
     launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len,

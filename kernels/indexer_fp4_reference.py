@@ -24,7 +24,8 @@ from typing import Optional
 
 import torch
 
-from dsv4kit.kernels.indexer_reference import INDEX_WEIGHT_SCALE, compare, edge_lengths
+from dsv4kit.kernels.indexer_reference import (INDEX_WEIGHT_SCALE, compare, edge_lengths,
+                                              make_prefill_inputs)
 
 __all__ = ["compare", "dequantize_fp4", "exact_logits_f64", "make_fp4_inputs", "quantize_fp4",
            "Fp4IndexerInputs"]
@@ -211,3 +212,26 @@ def make_fp4_inputs(batch: int, heads: int, pages_per_row: int, max_len: int,
     if seq_lens_2d:
         seq = seq.unsqueeze(1)
     return Fp4IndexerInputs(q_fp4, q_sf, kv_cache, weights, seq, table, pages_per_row * PAGE_SIZE)
+
+
+def make_fp4_prefill_inputs(requests: list[tuple[int, int]], heads: int = 64, seed: int = 0,
+                            device="cpu", shared_prefix_pages: int = 0,
+                            zero_rows: tuple[int, ...] = ()) -> Fp4IndexerInputs:
+    """Prefill-shaped rows over an FP4 pool: lengths, page table and ``max_seq_len`` exactly as
+    ``indexer_reference.make_prefill_inputs`` makes them (causal lengths, one shared page-table
+    row a request), keys, queries and weights drawn for the FP4 layouts."""
+    rows = make_prefill_inputs(requests, 1, seed=seed, device=device,
+                               shared_prefix_pages=shared_prefix_pages, zero_rows=zero_rows)
+    num_pages, batch = rows.kvcache.shape[0], rows.q_fp8.shape[0]
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    k = torch.randn(num_pages, PAGE_SIZE, HEAD_DIM, generator=gen, device=device)
+    k *= torch.rand(num_pages, PAGE_SIZE, 1, generator=gen, device=device) * 2 + 0.1
+    kv_cache = pack_pool(*quantize_fp4(k))
+    del k
+    q_fp4, q_sf = pack_q(*quantize_fp4(torch.randn(batch, heads, HEAD_DIM, generator=gen,
+                                                   device=device)))
+    weights = (torch.randn(batch, heads, generator=gen, device=device)
+               * INDEX_WEIGHT_SCALE).float().contiguous()
+    return Fp4IndexerInputs(q_fp4, q_sf, kv_cache, weights, rows.seq_lens, rows.page_table,
+                            rows.max_seq_len)

@@ -126,6 +126,27 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / scale.unsqueeze(-1)).to(torch.float8_e4m3fn), scale.float()
 
 
+def _pool_and_queries(num_pages: int, batch: int, heads: int, gen: torch.Generator, device):
+    """The shared part of both input generators, in this order from ``gen``: a pool of
+    ``num_pages`` quantised key pages, ``batch`` rows of fp8 queries with their weights, and a
+    permutation of the pool for the page tables."""
+    # Keys: Hadamard-rotated values look Gaussian; give each position its own magnitude.
+    k = torch.randn(num_pages, PAGE_SIZE, HEAD_DIM, generator=gen, device=device)
+    k *= torch.rand(num_pages, PAGE_SIZE, 1, generator=gen, device=device) * 2 + 0.1
+    k8, s_k = quantize_rows(k)
+    del k
+    pool = torch.empty(num_pages, PAGE_BYTES, dtype=torch.uint8, device=device)
+    pool[:, :SCALE_OFFSET] = k8.view(torch.uint8).reshape(num_pages, SCALE_OFFSET)
+    pool[:, SCALE_OFFSET:] = s_k.contiguous().view(torch.uint8).reshape(num_pages, PAGE_SIZE * 4)
+    del k8
+    # Queries: quantised per head; the q scale and the softmax scales are folded into the weights.
+    q = torch.randn(batch, heads, HEAD_DIM, generator=gen, device=device)
+    q8, s_q = quantize_rows(q)
+    w = torch.randn(batch, heads, generator=gen, device=device) * INDEX_WEIGHT_SCALE * s_q
+    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    return pool, q8, w, perm
+
+
 def make_indexer_inputs(batch: int, heads: int, pages_per_row: int, max_len: int,
                         num_pages: Optional[int] = None, seed: int = 0, device="cpu",
                         lengths: Optional[list[int]] = None, stale: str = "random",
@@ -149,23 +170,7 @@ def make_indexer_inputs(batch: int, heads: int, pages_per_row: int, max_len: int
         raise ValueError(f"num_pages {num_pages} < {needed} live pages")
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)  # data made where it is used
-
-    # Keys: Hadamard-rotated values look Gaussian; give each position its own magnitude.
-    k = torch.randn(num_pages, PAGE_SIZE, HEAD_DIM, generator=gen, device=device)
-    k *= torch.rand(num_pages, PAGE_SIZE, 1, generator=gen, device=device) * 2 + 0.1
-    k8, s_k = quantize_rows(k)
-    del k
-    pool = torch.empty(num_pages, PAGE_BYTES, dtype=torch.uint8, device=device)
-    pool[:, :SCALE_OFFSET] = k8.view(torch.uint8).reshape(num_pages, SCALE_OFFSET)
-    pool[:, SCALE_OFFSET:] = s_k.contiguous().view(torch.uint8).reshape(num_pages, PAGE_SIZE * 4)
-    del k8
-
-    # Queries: quantised per head; the q scale and the softmax scales are folded into the weights.
-    q = torch.randn(batch, heads, HEAD_DIM, generator=gen, device=device)
-    q8, s_q = quantize_rows(q)
-    w = torch.randn(batch, heads, generator=gen, device=device) * INDEX_WEIGHT_SCALE * s_q
-
-    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    pool, q8, w, perm = _pool_and_queries(num_pages, batch, heads, gen, device)
     if stale == "random":
         table = torch.randint(0, num_pages, (batch, pages_per_row), generator=gen, device=device,
                               dtype=torch.int32)
@@ -253,19 +258,8 @@ def make_prefill_inputs(requests: list[tuple[int, int]], heads: int = 64, pages_
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     num_pages = sum(need) + 3
-    k = torch.randn(num_pages, PAGE_SIZE, HEAD_DIM, generator=gen, device=device)
-    k *= torch.rand(num_pages, PAGE_SIZE, 1, generator=gen, device=device) * 2 + 0.1
-    k8, s_k = quantize_rows(k)
-    del k
-    pool = torch.empty(num_pages, PAGE_BYTES, dtype=torch.uint8, device=device)
-    pool[:, :SCALE_OFFSET] = k8.view(torch.uint8).reshape(num_pages, SCALE_OFFSET)
-    pool[:, SCALE_OFFSET:] = s_k.contiguous().view(torch.uint8).reshape(num_pages, PAGE_SIZE * 4)
-    del k8
     batch = len(lengths)
-    q = torch.randn(batch, heads, HEAD_DIM, generator=gen, device=device)
-    q8, s_q = quantize_rows(q)
-    w = torch.randn(batch, heads, generator=gen, device=device) * INDEX_WEIGHT_SCALE * s_q
-    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    pool, q8, w, perm = _pool_and_queries(num_pages, batch, heads, gen, device)
     request_rows = torch.randint(0, num_pages, (len(requests), pages), generator=gen, device=device,
                                  dtype=torch.int32)  # stale entries: random valid ids
     cursor = 0

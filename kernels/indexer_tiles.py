@@ -14,22 +14,24 @@ and is never dereferenced.
 Work and grid
 -------------
 Rows ``[ROWS*i, ROWS*i + ROWS)`` form tile ``i``; the grid is ``(ceil(B/ROWS), R)`` with ``R`` from
-``indexer.programs_per_row`` applied to the number of tiles. Program ``(i, j)`` loads each row's
-length ``L_r`` (clamped to ``[0, max_seq_len]``), its ``q`` ``[H, 128]`` and weights once, then for
-pages ``p = j, j+R, ... < max_r ceil(L_r/64)``:
+``programs_per_tile`` (``indexer.programs_per_row`` for the number of tiles, above one rounded up
+to a multiple of ``ROWS``). Every program of a tile first compares the tile's page-table rows over
+all pages ``p < max_r ceil(L_r/64)`` (rows compared only where ``p < ceil(L_r/64)``; lengths
+clamped to ``[0, max_seq_len]``), so all of them take the same path:
 
-* reads the ``ROWS`` page ids ``page_table[r, p]`` of the rows that still have page ``p``
-  (``p < ceil(L_r/64)``; others are never read);
-* **shared**: if they are all the same id, loads that key page and its scales once and scores
-  every row of the tile from it (``ROWS`` fp8 ``tl.dot`` of ``[64 x 128] @ [128 x H]`` on one
-  tile in shared memory); positions ``t >= L_r`` of each row are ``-inf`` (causal rows end at
-  different slots of one page);
-* **per row** otherwise (tiles across a request boundary, decode-like tables): each row loads and
-  scores its own page, as the per-row kernel does.
+* **shared** (every such page id agrees): the rows' ``q`` are stacked into one ``[ROWS*H, 128]``
+  operand, and for pages ``p = j, j+R, ...`` the program loads the key page and its scales once
+  and runs one fp8 ``tl.dot`` ``[64 x 128] @ [128 x ROWS*H]`` (M = rows x heads on the tensor
+  cores), ReLU, weights, a sum over each row's heads; positions ``t >= L_r`` of each row are
+  ``-inf`` (causal rows end at different slots of one page). The loop has no branch, so Triton
+  pipelines its key loads; page ids are read one step ahead.
+* **per row** otherwise (tiles across a request boundary, decode-like tables): program ``j``
+  scores row ``j % ROWS`` at pages ``j//ROWS, j//ROWS + R/ROWS, ...`` as the per-row kernel does
+  (when ``R`` is 1, the one program scores each row in turn).
 
-The choice is made per tile and page in the kernel, from the page table: no host sync, static
-launch configuration, capture-safe. Stores of a row stop at ``min(ceil(L_r/64)*64, max_seq_len)``;
-with the exact policy each program also writes its ``1/R`` share of every row's ``-inf`` tail.
+No host sync, static launch configuration, capture-safe. Stores of a row stop at
+``min(ceil(L_r/64)*64, max_seq_len)``; with the exact policy each program also writes its ``1/R``
+share of every row's ``-inf`` tail.
 """
 
 from __future__ import annotations
@@ -44,78 +46,39 @@ HEAD_DIM = 128
 PAGE_BYTES = PAGE_SIZE * (HEAD_DIM + 4)
 SCALE_OFFSET = PAGE_SIZE * HEAD_DIM
 
-ROWS = 4  # rows per tile: a page read once serves four rows
+ROWS = 4  # rows per tile: M = ROWS x H on the tensor cores for a page the tile shares
 NUM_WARPS = 4
-NUM_STAGES = 2
-# Products as [H x 128] @ [128 x 64], q on the left: on sm_90 the four q tiles then go to shared
-# memory once, before the page loop, and a key page is stored once for the four products (with q on
-# the right Triton re-stores each q tile at every page).
-HEADS_MAJOR = True
+NUM_STAGES = 3
+CHECK = 64  # page-table columns a program compares per step when it decides shared / per row
 
 
 @triton.jit
-def _row_setup(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr,
-               row, batch, max_seq_len, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
-    """One row's length (0 past the batch), page count, q [H, D], weights [H], table row, output
-    row, store end and where its exact tail starts."""
+def _row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, row, batch,
+                 max_seq_len, PAGE: tl.constexpr):
+    """One row's length (0 past the batch), page count, table row, output row and store end
+    (``min(ceil(L/64)*64, max_seq_len)``; 0 past the batch)."""
     live = row < batch
     row_c = tl.where(live, row, 0)
     seq_len = tl.load(seq_lens_ptr + row_c * seq_lens_stride)
     seq_len = tl.where(live, tl.minimum(tl.maximum(seq_len, 0), max_seq_len), 0)
     n_pages = (seq_len + PAGE - 1) // PAGE
-    offs_h = tl.arange(0, H)
-    offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + row_c * (H * D) + offs_h[:, None] * D + offs_d[None, :])
-    w = tl.load(w_ptr + row_c * H + offs_h)
-    # A row past the batch stores nothing: its page range is empty and its tail starts at the end.
     store_end = tl.where(live, tl.minimum(n_pages * PAGE, max_seq_len), 0)
-    fill_from = tl.where(live, store_end, max_seq_len)
-    return seq_len, n_pages, q, w, page_table_ptr + row_c * pt_stride, out_ptr + row_c * max_seq_len, \
-        store_end, fill_from
+    return seq_len, n_pages, page_table_ptr + row_c * pt_stride, out_ptr + row_c * max_seq_len, \
+        store_end
 
 
 @triton.jit
 def _fill_tail(out_row, store_end, max_seq_len, j, progs, FILL: tl.constexpr, PAGE: tl.constexpr):
-    """This program's share of ``[store_end, max_seq_len)`` set to ``-inf`` (exact policy); a row
-    past the batch has ``store_end == max_seq_len``."""
-    tail_start = store_end
-    tail = tl.maximum(max_seq_len - tail_start, 0)
+    """This program's share of ``[store_end, max_seq_len)`` set to ``-inf`` (exact policy)."""
+    tail = tl.maximum(max_seq_len - store_end, 0)
     chunk = tl.cdiv(tl.cdiv(tail, progs), PAGE) * PAGE
-    start = tail_start + j * chunk
+    start = store_end + j * chunk
     end = tl.minimum(start + chunk, max_seq_len)
     neg_inf = tl.full([FILL], float("-inf"), tl.float32)
     for off in range(start, end, FILL):
         off = tl.multiple_of(off, PAGE)
         idx = off + tl.arange(0, FILL)
         tl.store(out_row + idx, neg_inf, mask=idx < end)
-
-
-@triton.jit
-def _page_id(pt_row, p, n_pages, num_pages):
-    """Page ``p`` of a row that has it (else -1), and whether it lies in the pool."""
-    page = tl.load(pt_row + p, mask=p < n_pages, other=-1)
-    return page, (page >= 0) & (page < num_pages)
-
-
-@triton.jit
-def _score(k, s_k, ok, q, w, seq_len, p, out_row, store_end, PAGE: tl.constexpr,
-           HEADS_MAJOR: tl.constexpr):
-    """Score page ``p`` of one row from a loaded key tile; store below ``store_end``."""
-    offs_t = tl.arange(0, PAGE)
-    scored_until = tl.where(ok, seq_len, 0)
-    if HEADS_MAJOR:
-        # q as the left operand (it may stay in registers on sm_90), the key tile shared by
-        # the tile's four products as the right one.
-        scores = tl.dot(q, tl.trans(k))  # [H, PAGE], fp32 accumulation
-        scores = tl.maximum(scores, 0.0)
-        logit = tl.sum(scores * w[:, None], axis=0) * s_k
-    else:
-        scores = tl.dot(k, tl.trans(q))  # [PAGE, H], fp32 accumulation
-        scores = tl.maximum(scores, 0.0)
-        logit = tl.sum(scores * w[None, :], axis=1) * s_k
-    t = p * PAGE + offs_t
-    logit = tl.where(t < scored_until, logit, float("-inf"))
-    tl.store(out_row + t, logit, mask=t < store_end)
 
 
 @triton.jit
@@ -128,6 +91,21 @@ def _load_page(kv_fp8, kv_f32, page, ok, PAGE: tl.constexpr, D: tl.constexpr,
     k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
     s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
     return k, s_k
+
+
+@triton.jit
+def _tile_shares_pages(pt_rows, n, n_max, j, progs, CHECK: tl.constexpr):
+    """Whether, at every page ``p = j, j+R, ... < n_max``, the tile's rows that have page ``p``
+    carry the same id there (rows are the leading axis of ``pt_rows`` and ``n``)."""
+    offs_c = tl.arange(0, CHECK)
+    differ = 0
+    for p0 in range(j, n_max, progs * CHECK):
+        ps = p0 + offs_c * progs
+        has = ps[None, :] < n[:, None]
+        ids = tl.load(pt_rows[:, None] + ps[None, :], mask=has, other=-1)
+        lead = tl.max(ids, axis=0)
+        differ += tl.sum(tl.sum((has & (ids != lead[None, :])).to(tl.int32), axis=1), axis=0)
+    return differ == 0
 
 
 @triton.jit
@@ -144,6 +122,7 @@ def _shared_rows_kernel(
     max_seq_len,
     batch,
     progs,
+    ROWS: tl.constexpr,
     H: tl.constexpr,
     D: tl.constexpr,
     PAGE: tl.constexpr,
@@ -151,75 +130,112 @@ def _shared_rows_kernel(
     SCALE_OFFSET: tl.constexpr,
     FILL: tl.constexpr,
     EXACT_TAIL: tl.constexpr,
-    HEADS_MAJOR: tl.constexpr,
+    CHECK: tl.constexpr,
 ):
     tile = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
-    row0 = tile * 4
-    L0, n0, q0, w0, pt0, o0, e0, f0 = _row_setup(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride,
-                                             page_table_ptr, pt_stride, out_ptr, row0, batch,
-                                             max_seq_len, H, D, PAGE)
-    L1, n1, q1, w1, pt1, o1, e1, f1 = _row_setup(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride,
-                                             page_table_ptr, pt_stride, out_ptr, row0 + 1, batch,
-                                             max_seq_len, H, D, PAGE)
-    L2, n2, q2, w2, pt2, o2, e2, f2 = _row_setup(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride,
-                                             page_table_ptr, pt_stride, out_ptr, row0 + 2, batch,
-                                             max_seq_len, H, D, PAGE)
-    L3, n3, q3, w3, pt3, o3, e3, f3 = _row_setup(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride,
-                                             page_table_ptr, pt_stride, out_ptr, row0 + 3, batch,
-                                             max_seq_len, H, D, PAGE)
+    offs_r = tl.arange(0, ROWS)
+    offs_t = tl.arange(0, PAGE)
+    offs_d = tl.arange(0, D)
+    rows = tile * ROWS + offs_r
+    seq_len, n_pages, pt_rows, out_rows, store_end = _row_scalars(
+        seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, rows, batch,
+        max_seq_len, PAGE)
     if EXACT_TAIL:
-        _fill_tail(o0, f0, max_seq_len, j, progs, FILL, PAGE)
-        _fill_tail(o1, f1, max_seq_len, j, progs, FILL, PAGE)
-        _fill_tail(o2, f2, max_seq_len, j, progs, FILL, PAGE)
-        _fill_tail(o3, f3, max_seq_len, j, progs, FILL, PAGE)
+        for r in tl.static_range(ROWS):
+            _, _, _, o_r, e_r = _row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr,
+                                             pt_stride, out_ptr, tile * ROWS + r, batch,
+                                             max_seq_len, PAGE)
+            # a row past the batch has nothing to fill (its store end is 0 but it has no row)
+            if tile * ROWS + r < batch:
+                _fill_tail(o_r, e_r, max_seq_len, j, progs, FILL, PAGE)
 
     kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
-    n_max = tl.maximum(tl.maximum(n0, n1), tl.maximum(n2, n3))
-    # Page ids are read one step ahead, so a page's key load waits on nothing but its own id.
-    nid0, nok0 = _page_id(pt0, j, n0, num_pages)
-    nid1, nok1 = _page_id(pt1, j, n1, num_pages)
-    nid2, nok2 = _page_id(pt2, j, n2, num_pages)
-    nid3, nok3 = _page_id(pt3, j, n3, num_pages)
-    for p in range(j, n_max, progs):
-        id0, ok0, id1, ok1, id2, ok2, id3, ok3 = nid0, nok0, nid1, nok1, nid2, nok2, nid3, nok3
-        nid0, nok0 = _page_id(pt0, p + progs, n0, num_pages)
-        nid1, nok1 = _page_id(pt1, p + progs, n1, num_pages)
-        nid2, nok2 = _page_id(pt2, p + progs, n2, num_pages)
-        nid3, nok3 = _page_id(pt3, p + progs, n3, num_pages)
-        # The page the rows that still have page p agree on (-1 marks a row past its length).
-        lead = tl.maximum(tl.maximum(id0, id1), tl.maximum(id2, id3))
-        same = ((id0 == lead) | (p >= n0)) & ((id1 == lead) | (p >= n1)) & \
-            ((id2 == lead) | (p >= n2)) & ((id3 == lead) | (p >= n3))
-        if same:
+    n_max = tl.max(n_pages, axis=0)
+    # Decided over the whole tile (every program of it the same way), so that the two paths'
+    # page splits never mix within a tile.
+    if _tile_shares_pages(pt_rows, n_pages, n_max, 0, 1, CHECK):
+        # One key page for the whole tile: [PAGE, D] @ [D, ROWS*H], the rows' q stacked.
+        offs_m = tl.arange(0, ROWS * H)
+        m_live = (tile * ROWS + offs_m // H) < batch
+        q = tl.load(q_ptr + (tile * (ROWS * H) + offs_m)[:, None] * D + offs_d[None, :],
+                    mask=m_live[:, None], other=0.0)
+        w = tl.load(w_ptr + tile * (ROWS * H) + offs_m, mask=m_live, other=0.0)
+        # The page ids are read a step ahead, so a page's key load waits on nothing but its id.
+        ids_next = tl.load(pt_rows + j, mask=j < n_pages, other=-1)
+        for p in range(j, n_max, progs):
+            lead = tl.max(ids_next, axis=0)
+            ids_next = tl.load(pt_rows + (p + progs), mask=(p + progs) < n_pages, other=-1)
             ok = (lead >= 0) & (lead < num_pages)
             k, s_k = _load_page(kv_fp8, kv_f32, lead, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok, q0, w0, L0, p, o0, e0, PAGE, HEADS_MAJOR)
-            _score(k, s_k, ok, q1, w1, L1, p, o1, e1, PAGE, HEADS_MAJOR)
-            _score(k, s_k, ok, q2, w2, L2, p, o2, e2, PAGE, HEADS_MAJOR)
-            _score(k, s_k, ok, q3, w3, L3, p, o3, e3, PAGE, HEADS_MAJOR)
-        else:
-            k, s_k = _load_page(kv_fp8, kv_f32, id0, ok0, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok0, q0, w0, L0, p, o0, e0, PAGE, HEADS_MAJOR)
-            k, s_k = _load_page(kv_fp8, kv_f32, id1, ok1, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok1, q1, w1, L1, p, o1, e1, PAGE, HEADS_MAJOR)
-            k, s_k = _load_page(kv_fp8, kv_f32, id2, ok2, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok2, q2, w2, L2, p, o2, e2, PAGE, HEADS_MAJOR)
-            k, s_k = _load_page(kv_fp8, kv_f32, id3, ok3, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            _score(k, s_k, ok3, q3, w3, L3, p, o3, e3, PAGE, HEADS_MAJOR)
+            scores = tl.dot(k, tl.trans(q))  # [PAGE, ROWS*H], fp32 accumulation
+            scores = tl.maximum(scores, 0.0) * w[None, :]
+            logit = tl.trans(tl.sum(tl.reshape(scores, (PAGE, ROWS, H)), axis=2))  # [ROWS, PAGE]
+            logit = logit * s_k[None, :]
+            t = p * PAGE + offs_t
+            scored_until = tl.where(ok, seq_len, 0)
+            logit = tl.where(t[None, :] < scored_until[:, None], logit, float("-inf"))
+            tl.store(out_rows[:, None] + t[None, :], logit, mask=t[None, :] < store_end[:, None])
+    elif progs % ROWS == 0:
+        # Rows that do not share (decode-like tables, a tile across requests), with the programs
+        # split over the rows: row j % ROWS, every (R/ROWS)-th page, as the per-row kernel's grid.
+        _score_row(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr,
+                   kv_fp8, kv_f32, tile * ROWS + j % ROWS, batch, num_pages, max_seq_len,
+                   j // ROWS, progs // ROWS, H, D, PAGE, PAGE_BYTES, SCALE_OFFSET)
+    else:
+        for r in tl.static_range(ROWS):
+            _score_row(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride,
+                       out_ptr, kv_fp8, kv_f32, tile * ROWS + r, batch, num_pages, max_seq_len,
+                       j, progs, H, D, PAGE, PAGE_BYTES, SCALE_OFFSET)
+
+
+@triton.jit
+def _score_row(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr,
+               kv_fp8, kv_f32, row, batch, num_pages, max_seq_len, first, step, H: tl.constexpr,
+               D: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+               SCALE_OFFSET: tl.constexpr):
+    """Pages ``first, first+step, ...`` of one row on its own (nothing past the batch)."""
+    offs_t = tl.arange(0, PAGE)
+    offs_h = tl.arange(0, H)
+    offs_d = tl.arange(0, D)
+    seq_len, n_pages, pt_row, out_row, store_end = _row_scalars(
+        seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, row, batch,
+        max_seq_len, PAGE)
+    row_c = tl.where(row < batch, row, 0)
+    q = tl.load(q_ptr + row_c * (H * D) + offs_h[:, None] * D + offs_d[None, :])
+    w = tl.load(w_ptr + row_c * H + offs_h)
+    id_next = tl.load(pt_row + first, mask=first < n_pages, other=-1)
+    for p in range(first, n_pages, step):
+        page = id_next
+        id_next = tl.load(pt_row + (p + step), mask=(p + step) < n_pages, other=-1)
+        ok = (page >= 0) & (page < num_pages)
+        k, s_k = _load_page(kv_fp8, kv_f32, page, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
+        scores = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)  # [PAGE, H]
+        logit = tl.sum(scores * w[None, :], axis=1) * s_k
+        t = p * PAGE + offs_t
+        logit = tl.where(t < tl.where(ok, seq_len, 0), logit, float("-inf"))
+        tl.store(out_row + t, logit, mask=t < store_end)
+
+
+def programs_per_tile(programs_per_row_of_tiles: int, rows: int = ROWS) -> int:
+    """``R`` for the ``(ceil(B/rows), R)`` grid from the per-row kernel's choice for ``ceil(B/rows)``
+    rows: above one, rounded up to a multiple of ``rows``, so a tile whose rows do not share keys
+    splits its programs over its rows."""
+    r = programs_per_row_of_tiles
+    return r if r <= 1 else -(-r // rows) * rows
 
 
 def launch(q_fp8, kv_pages, weight, seq_lens_1d, page_table, out, num_pages, max_seq_len, progs,
-           tail, fill_block, num_warps=NUM_WARPS, num_stages=NUM_STAGES, heads_major=HEADS_MAJOR):
+           tail, fill_block, num_warps=NUM_WARPS, num_stages=NUM_STAGES, rows=ROWS, check=CHECK):
     """Launch on already-checked arguments (``indexer.check_args``); ``progs`` is ``R`` for the
-    ``(ceil(B/4), R)`` grid, ``tail`` ``"exact"`` or ``"skip"``."""
+    ``(ceil(B/rows), R)`` grid (``programs_per_tile``), ``tail`` ``"exact"`` or ``"skip"``."""
     batch, _, heads, head_dim = q_fp8.shape
-    grid = (-(-batch // ROWS), progs)
+    grid = (-(-batch // rows), progs)
     _shared_rows_kernel[grid](
         q_fp8, kv_pages, weight, seq_lens_1d, page_table, out,
         seq_lens_1d.stride(0), page_table.stride(0), num_pages, max_seq_len, batch, progs,
-        H=heads, D=head_dim, PAGE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, SCALE_OFFSET=SCALE_OFFSET,
-        FILL=fill_block, EXACT_TAIL=tail == "exact", HEADS_MAJOR=heads_major,
+        ROWS=rows, H=heads, D=head_dim, PAGE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES,
+        SCALE_OFFSET=SCALE_OFFSET, FILL=fill_block, EXACT_TAIL=tail == "exact", CHECK=check,
         num_warps=num_warps, num_stages=num_stages,
     )

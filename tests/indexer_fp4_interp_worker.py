@@ -120,6 +120,39 @@ def main():
                                       empty.weights[:0], empty.seq_lens[:0], empty.page_table[:0],
                                       None, 128)
     results.append({"name": "empty batch", "shape": list(out.shape)})
+
+    # The row-tile kernel (rows that share keys): a tile across two requests with a zero-length
+    # row and a chunk starting mid-page, and verify-like 6-row requests sharing a prefix page;
+    # both tails, the per-row split (R = 8) and the single-program loop.
+    tile_cases = [("tiles: two requests, zero row", [(130, 30), (70, 11)], {"zero_rows": (4,)}),
+                  ("tiles: verify 6 rows, shared prefix page", [(200 + 40 * i, 6) for i in range(3)],
+                   {"shared_prefix_pages": 1})]
+    for name, requests, opts in tile_cases:
+        inputs = ref.make_fp4_prefill_inputs(requests, 16, seed=len(results), **opts)
+        for tail, progs in (("exact", 2), ("skip", 8), ("skip", 1)):
+            q_fp4, q_sf, batch, _, _, num_pages, lens, kv, msl = k4.check_args(
+                inputs.q, inputs.kv_cache, inputs.weights, inputs.seq_lens, inputs.page_table,
+                inputs.max_seq_len, False, tail)
+            out = torch.full((batch, msl), 123.0)
+            k4.launch_tiles(q_fp4, q_sf, kv, inputs.weights, lens, inputs.page_table, out,
+                            num_pages, msl, progs, tail=tail)
+            lengths = inputs.seq_lens.long()
+            past = torch.arange(msl).unsqueeze(0) >= ((lengths + 63) // 64 * 64).unsqueeze(1)
+            results.append(check(f"{name} ({tail}, R={progs})", inputs, out,
+                                 tail="exact" if tail == "exact" else "page",
+                                 past_page_untouched=bool(torch.all(out[past] == 123.0))))
+
+    # The entry sends prefill-sized calls to the row-tile kernel (thresholds scaled down here).
+    from dsv4kit.kernels import indexer as fp8_entry
+
+    fp8_entry.SHARED_ROWS_MIN_BATCH, fp8_entry.SHARED_ROWS_MIN_LEN = 24, 96
+    seen, real = [], k4.launch_tiles
+    k4.launch_tiles = lambda *a, **k: (seen.append(k.get("tail")), real(*a, **k))
+    inputs = ref.make_fp4_prefill_inputs([(360, 24)], 16, seed=5)
+    out = k4.fp8_fp4_paged_mqa_logits_for_sglang(*inputs.args())
+    results.append(check("tiles: entry at the row-tile batch", inputs, out, tail="page",
+                         used_tiles=seen == ["skip"]))
+    k4.launch_tiles = real
     json.dump(results, sys.stdout)
 
 

@@ -53,7 +53,7 @@ def main():
     for name, requests, opts in CASES:
         heads = opts.pop("heads", 64)
         inputs = ref.make_prefill_inputs(requests, heads, seed=len(results) + 7, **opts)
-        for tail, progs in (("exact", 2), ("skip", 1)):
+        for tail, progs in (("exact", 2), ("skip", 1), ("skip", 8)):
             results.append(result(name, inputs, launch(inputs, tail, progs), tail))
 
     # Corrupt ids inside [0, L) on a page the tile shares, and on one it does not: never read,
@@ -69,16 +69,24 @@ def main():
     good = good and all(bool(torch.isfinite(out[r, 128:n]).all()) for r, n in enumerate(lengths))
     results.append({"name": "corrupt page ids", "corrupt_inf": bad, "others_finite": good})
 
-    # The entry sends batches of SHARED_ROWS_MIN_BATCH rows or more to the row-tile kernel.
-    inputs = ref.make_prefill_inputs([(0, indexer.SHARED_ROWS_MIN_BATCH)], seed=5)
+    # The entry sends calls of at least SHARED_ROWS_MIN_BATCH rows and SHARED_ROWS_MIN_LEN
+    # positions to the row-tile kernel, others to the per-row one (thresholds scaled down here).
+    indexer.SHARED_ROWS_MIN_BATCH, indexer.SHARED_ROWS_MIN_LEN = 24, 96
     seen = []
     real = indexer_tiles.launch
     indexer_tiles.launch = lambda *a, **k: (seen.append(a[-2]), real(*a, **k))
+    inputs = ref.make_prefill_inputs([(360, 24)], seed=5)  # max_seq_len 96
     out = indexer.fp8_paged_mqa_logits_for_sglang(*inputs.args())
-    indexer_tiles.launch = real
     stats = result("entry at the row-tile batch", inputs, out, "skip")
     stats["used_tiles"] = seen == ["skip"]
     results.append(stats)
+    below = []
+    for requests in ([(360, 23)], [(356, 24)]):  # one row short; max_seq_len 95
+        seen.clear()
+        indexer.fp8_paged_mqa_logits_for_sglang(*ref.make_prefill_inputs(requests, seed=5).args())
+        below.append(seen == [])
+    indexer_tiles.launch = real
+    results.append({"name": "entry below the row-tile thresholds", "per_row": below})
     json.dump(results, sys.stdout)
 
 

@@ -41,6 +41,24 @@ def test_kernel_matches_float64(interp, name):
     assert r["dtype"] == "torch.float32" and r["contiguous"] and r["compared"] > 0
 
 
+TILE_CASES = [f"{name} ({tail}, R={progs})"
+              for name in ("tiles: two requests, zero row", "tiles: verify 6 rows, shared prefix page")
+              for tail, progs in (("exact", 2), ("skip", 8), ("skip", 1))]
+
+
+@pytest.mark.parametrize("name", TILE_CASES)
+def test_row_tile_kernel_matches_float64(interp, name):
+    r = interp[name]
+    assert r["pattern_ok"] and r["nan_free"] and r["rel"] <= REL_BAR, name
+    if "skip" in name:  # nothing at or past the page holding L is written
+        assert r["past_page_untouched"], name
+
+
+def test_the_entry_sends_prefill_sized_calls_to_the_row_tiles(interp):
+    r = interp["tiles: entry at the row-tile batch"]
+    assert r["used_tiles"] and r["pattern_ok"] and r["rel"] <= REL_BAR
+
+
 def test_all_zero_pages_score_exact_zeros(interp):
     assert interp["all-zero pages"]["zeros"]
 

@@ -61,6 +61,7 @@ def test_corrupt_ids_are_never_read_shared_or_per_row(interp):
 def test_the_entry_sends_prefill_sized_batches_to_the_tiles(interp):
     r = interp[("entry at the row-tile batch", "skip")]
     assert r["used_tiles"] and r["pattern_ok"] and r["rel"] <= REL_BAR
+    assert interp[("entry below the row-tile thresholds", None)]["per_row"] == [True, True]
 
 
 BUILD = r"""
@@ -75,12 +76,12 @@ sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*u8", "w_ptr": "*fp32", "seq_lens_ptr": "
        "num_pages": "i32", "max_seq_len": "i32", "batch": "i32", "progs": "i32",
        "H": "constexpr", "D": "constexpr", "PAGE": "constexpr", "PAGE_BYTES": "constexpr",
        "SCALE_OFFSET": "constexpr", "FILL": "constexpr", "EXACT_TAIL": "constexpr",
-       "HEADS_MAJOR": "constexpr"}
+       "ROWS": "constexpr", "CHECK": "constexpr"}
 out = {}
 for tail in ("exact", "skip"):
     ce = {"H": 64, "D": 128, "PAGE": ix.PAGE_SIZE, "PAGE_BYTES": ix.PAGE_BYTES,
           "SCALE_OFFSET": ix.SCALE_OFFSET, "FILL": ix.FILL_BLOCK, "EXACT_TAIL": tail == "exact",
-          "HEADS_MAJOR": it.HEADS_MAJOR}
+          "ROWS": it.ROWS, "CHECK": it.CHECK}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
     c = triton.compile(ASTSource(it._shared_rows_kernel, sig, ce, attrs=attrs),
                        target=GPUTarget("cuda", 120, 32),
