@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 FARM = REPO / ".pkgroot" / "dsv4kit"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
 PACKAGE_DIR = PYPROJECT["package-dir"]
-CAPABILITIES = ("provision", "validate", "bench", "profile", "quality", "records", "rollout", "monitor")
+CAPABILITIES = ("provision", "validate", "serving", "bench", "profile", "quality", "records", "rollout", "monitor")
 LAYER = {"entry": 0, "commands": 1, **{c: 2 for c in CAPABILITIES}, "validation": 3, "core": 4, "kernels": 5,
          "root": 6}
 MAX_COMMAND_LINES = 65
@@ -268,8 +268,8 @@ def test_command_functions_are_thin():
 
 # Run on the box, where the standard library may be all there is (docs/architecture.md).
 BOX_SIDE = ("dsv4kit.rollout.status", "dsv4kit.rollout.targets", "dsv4kit.rollout.plugin", "dsv4kit.rollout.__main__",
-            "dsv4kit.bench.box.http", "dsv4kit.bench.box.metrics", "dsv4kit.bench.box.telemetry",
-            "dsv4kit.bench.box.probe", "dsv4kit.bench.box.point", "dsv4kit.bench.box.__main__", "dsv4kit.profile.box_profile", "dsv4kit.quality.box_eval",
+            "dsv4kit.serving.box.http", "dsv4kit.serving.box.metrics", "dsv4kit.serving.box.telemetry",
+            "dsv4kit.serving.box.probe", "dsv4kit.serving.box.point", "dsv4kit.serving.box.__main__", "dsv4kit.profile.box_profile", "dsv4kit.quality.box_eval",
             "dsv4kit.quality.prompts", "dsv4kit.quality.api_prompts", "dsv4kit.core.unit_env", "dsv4kit.core.missing", "dsv4kit.core.exitcodes",
             "dsv4kit.sglang_plugin", "dsv4kit", "dsv4kit._version")
 

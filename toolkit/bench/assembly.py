@@ -141,9 +141,19 @@ class SweepState:
     point_seconds: list = field(default_factory=list)
 
 
+def arm_comparison(record: dict):
+    """The A/B verdicts: arm B against arm A, from the one record's points (``dsv4kit.records.compare``)."""
+    from dsv4kit.records.compare import compare, select_arm
+    from dsv4kit.serving.arms import ABSpec
+
+    sides = {arm: select_arm(record, arm) for arm in ABSpec.arms}
+    # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both,
+    # and a server flag changes the launch arguments).
+    return compare(sides["A"], sides["B"], ignore=("kernel_flags", "launch_args"))
+
+
 def build_record(s: SweepState, incomplete: Optional[str] = None) -> SweepResult:
     """The record of the sweep so far (``incomplete``: why it stopped early)."""
-    from dsv4kit.bench.arms import arm_comparison
     from dsv4kit.records.provenance import toolkit_info
 
     cfg, points = s.cfg, s.points
@@ -208,7 +218,7 @@ class PointContext:
     prefill_port: Optional[int]
     metrics_ports: list
     serving_gpus: Optional[int]
-    #: The record's model: ``{"path", "served_name", "revision"}`` (``dsv4kit.bench.served_model``).
+    #: The record's model: ``{"path", "served_name", "revision"}`` (``dsv4kit.serving.served_model``).
     model: Optional[dict] = None
 
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from dsv4kit.bench import arms, assembly, config, spill, sweep
+from dsv4kit.bench import assembly, config, spill, sweep
 from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.records import results_repo
 from dsv4kit.records.compare import compare, key_differences
 from dsv4kit.records.record import RecordError
+from dsv4kit.serving import arms
 
 if TYPE_CHECKING:
     from dsv4kit.core.inventory import Host

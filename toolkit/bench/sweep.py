@@ -3,7 +3,7 @@
 Steps (each remote step has a timeout; see docs/benchmarking.md):
 
 1. The configuration is checked before anything connects (``dsv4kit.bench.config``).
-2. Connect, make a scratch directory on the box, copy the box-side package there (``dsv4kit.bench.remote``).
+2. Connect, make a scratch directory on the box, copy the box-side package there (``dsv4kit.serving.remote``).
 3. Read ``/server_info`` of the decode server. If its ``context_length`` differs from ``--ctx``,
    re-run the playbook's ``sglang_service`` tag with ``dsv4_context_length=<ctx>``, wait for
    ``/health`` on every serving port, and read it back again.
@@ -13,7 +13,7 @@ Steps (each remote step has a timeout; see docs/benchmarking.md):
    client's own request count as progress), fetch the result line and the evidence, and turn
    them into the point's entry (``dsv4kit.bench.assembly``: the exact-occupancy window, the
    gates); spill the point locally at once (``dsv4kit.bench.spill``). With ``--ab`` the
-   repetitions alternate between two arms, with a restart before each (``dsv4kit.bench.arms``).
+   repetitions alternate between two arms, with a restart before each (``dsv4kit.serving.arms``).
 6. Remove the scratch directory. Only then is the record built; ``dsv4kit bench`` publishes it.
    A sweep that stops after some points hands its completed points back as an incomplete
    record (``exc.partial``).
@@ -30,22 +30,22 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit.bench import assembly
-from dsv4kit.bench.arms import (ABSpec, arm_comparison, arm_extra_vars,  # noqa: F401  (re-exported)
-                                default_apply_arm, parse_ab)
 from dsv4kit.bench.assembly import (PointContext, SweepResult, SweepState, _context_of,  # noqa: F401
-                                    _provenance_differs, format_summary)
-from dsv4kit.bench.box.point import NOT_IDLE_EXIT, PROGRESS_PREFIX
+                                    _provenance_differs, arm_comparison, format_summary)
 from dsv4kit.bench.config import (BOX_KEY_FIELDS, CLIENT_ENV, CLIENT_MODULE, LONG_INPUT,  # noqa: F401
                                   RESTART_TAG, BenchAbort, SweepConfig, check_config, check_host,
                                   check_restart_tools, client_argv, client_section, default_lengths,
                                   parse_concurrency, planned_record, run_names, safe_name, slo_limits, utc_stamp)
-from dsv4kit.bench.remote import Remote, default_restart  # noqa: F401  (re-exported)
-from dsv4kit.bench.served_model import expected_model
 from dsv4kit.bench.spill import (MIN_FREE_MB, Spill, SpillError, check_free_space,  # noqa: F401
                                  default_spill_root, write_durably)
 from dsv4kit.core import exitcodes
 from dsv4kit.core.ssh import RemoteError
 from dsv4kit.records.record import decode_info
+from dsv4kit.serving.arms import (ABSpec, arm_extra_vars, default_apply_arm,  # noqa: F401  (re-exported)
+                                  parse_ab)
+from dsv4kit.serving.box.point import NOT_IDLE_EXIT, PROGRESS_PREFIX
+from dsv4kit.serving.remote import Remote, default_restart  # noqa: F401  (re-exported)
+from dsv4kit.serving.served_model import expected_model
 
 Say = Callable[[str], None]
 
@@ -171,7 +171,7 @@ class _SweepLoop:
     def prepare(self, restart: Optional[Callable]) -> None:
         """Read the decode server (restarting it for ``--ctx`` when needed), the prefill server and
         the box's provenance."""
-        from dsv4kit.bench.arm_pins import pin_running
+        from dsv4kit.serving.pins import pin_running
         from dsv4kit.records.provenance import sections
 
         s, cfg, remote, host = self.s, self.s.cfg, self.remote, self.host

@@ -129,10 +129,11 @@ def _tasks_source(value: str) -> Optional[dict]:
 
 def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     """Every check that needs no box, in the order the user meets them; Abort naming the first problem."""
-    from dsv4kit.bench import arms as bench_arms, config
+    from dsv4kit.bench import config
     from dsv4kit.bench.run import _check_repo
     from dsv4kit.core.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.records import results_repo
+    from dsv4kit.serving import arms as bench_arms
 
     if req.ctx is not None and req.ctx < 2048:
         raise Abort(exitcodes.USAGE, f"--ctx {req.ctx}: the needle check needs at least 2048 tokens of context")
@@ -174,7 +175,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
 
 # ------------------------------------------------------------------------------ on the box
 class BoxEval:
-    """``box_eval.py`` on the box, beside the bench's helper (``dsv4kit.bench.remote.Remote``)."""
+    """``box_eval.py`` on the box, beside the bench's helper (``dsv4kit.serving.remote.Remote``)."""
 
     def __init__(self, remote, url: str, env: Optional[dict], progress: Say):
         self.remote, self.url, self.env, self.progress = remote, url, env, progress
@@ -291,11 +292,11 @@ def execute(p: EvalPlan, progress: Say, argv: list[str]) -> EvalOutcome:
 def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dict, dict]:
     import os
 
-    from dsv4kit.bench import arms as bench_arms, remote as bench_remote
-    from dsv4kit.bench.arm_pins import pin_running
     from dsv4kit.records.provenance import sections, toolkit_info
     from dsv4kit.records.record import decode_info
     from dsv4kit.rollout.remote import remote_report
+    from dsv4kit.serving import arms as bench_arms, remote as bench_remote
+    from dsv4kit.serving.pins import pin_running
 
     host, req = p.target, p.request
     created, started = datetime.now(timezone.utc), time.time()
@@ -370,7 +371,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
 
 def served_name(host) -> str:
     """The name clients give the model: dsv4_served_model_name, else the path SGLang serves it as."""
-    from dsv4kit.bench.served_model import served_name_candidates
+    from dsv4kit.serving.served_model import served_name_candidates
 
     names = served_name_candidates(host)
     return names[0] if names else str(host.get("dsv4_model_path"))
@@ -381,7 +382,7 @@ def ran_with(host, probe: dict, ab) -> dict:
     (``quality_evidence.coupled``; the kernel flags are in the arm's ``software``): read from the
     running servers, else the value the arm's restart rendered (a literal or pinned inventory
     value); None where neither is known."""
-    from dsv4kit.bench.arm_pins import running_fp4
+    from dsv4kit.serving.pins import running_fp4
     from dsv4kit.records.quality_evidence import FP4_SETTING, coupled, normalise
 
     if FP4_SETTING not in coupled(getattr(ab, "key", None)):
