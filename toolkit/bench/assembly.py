@@ -25,6 +25,7 @@ from dsv4kit.bench.window import analyze as analyze_window
 from dsv4kit.core.scrub import scrub
 from dsv4kit.records.record import (KIND, SCHEMA_VERSION, comparability_key, decode_info, derive, dumps,
                                     split_client_line, strict_json, summarize_points)
+from dsv4kit.serving.session import context_length_of
 
 
 @dataclass
@@ -55,9 +56,7 @@ def _num(value, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
 
 
-def _context_of(server_info: dict) -> Optional[int]:
-    value = decode_info(server_info).get("context_length")
-    return int(value) if isinstance(value, (int, float)) else None
+_context_of = context_length_of
 
 
 

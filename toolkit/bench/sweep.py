@@ -22,7 +22,6 @@ Steps (each remote step has a timeout; see docs/benchmarking.md):
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import time
 from datetime import datetime, timezone
@@ -44,8 +43,9 @@ from dsv4kit.records.record import decode_info
 from dsv4kit.serving.arms import (ABSpec, arm_extra_vars, default_apply_arm,  # noqa: F401  (re-exported)
                                   parse_ab)
 from dsv4kit.serving.box.point import NOT_IDLE_EXIT, PROGRESS_PREFIX
-from dsv4kit.serving.remote import Remote, default_restart  # noqa: F401  (re-exported)
+from dsv4kit.serving.remote import default_restart  # noqa: F401  (re-exported)
 from dsv4kit.serving.served_model import expected_model
+from dsv4kit.serving.session import Addresses, ServingSession, api_env
 
 Say = Callable[[str], None]
 
@@ -112,14 +112,12 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
     run_id, tag = run_names(host.name, cfg.context_length, stamp or utc_stamp(created))
     s = SweepState(cfg=cfg, run_id=run_id, tag=tag, created=created, started=time.time(), argv=argv,
                    total=cfg.repeat * len(cfg.concurrency) * (2 if ab else 1), ab=ab, slo=slo_limits(host))
-    env = dict(CLIENT_ENV)
-    if os.environ.get("DSV4KIT_API_KEY"):
-        env["OPENAI_API_KEY"] = os.environ["DSV4KIT_API_KEY"]
-    helper_env = {"OPENAI_API_KEY": env["OPENAI_API_KEY"]} if "OPENAI_API_KEY" in env else None
+    helper_env = api_env()
+    env = {**CLIENT_ENV, **(helper_env or {})}
     spill = Spill(Path(spill_root) / run_id, progress) if spill_root is not None else None
     if spill is not None:
         spill.create()
-    remote = Remote(session, host, progress)
+    remote = ServingSession(session, host, progress, inventory_path)
     try:
         remote.setup()
         loop = _SweepLoop(s, remote, host, inventory_path, progress, env, helper_env, spill)
@@ -156,47 +154,28 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
 class _SweepLoop:
     """The steps of one sweep after the box is set up: read the servers, then every point."""
 
-    def __init__(self, s: SweepState, remote: Remote, host, inventory_path, progress: Say, env: dict,
+    def __init__(self, s: SweepState, remote: ServingSession, host, inventory_path, progress: Say, env: dict,
                  helper_env: Optional[dict], spill: Optional[Spill]):
         self.s, self.remote, self.host, self.inventory_path = s, remote, host, inventory_path
         self.progress, self.env, self.helper_env, self.spill = progress, env, helper_env, spill
-        self.decode_port = int(host["dsv4_decode_port"])
-        self.router_port = int(host.get("dsv4_router_port") or self.decode_port)
-        self.serving_ports = sorted({p for p in (self.router_port, host.get("dsv4_prefill_port"), self.decode_port)
-                                     if p})
-        prefill_port = host.get("dsv4_prefill_port")
-        self.prefill_port = int(prefill_port) if prefill_port and int(prefill_port) != self.decode_port else None
+        addresses = Addresses.of(host)
+        self.decode_port, self.router_port = addresses.decode_port, addresses.router_port
+        self.serving_ports, self.prefill_port = addresses.serving_ports, addresses.prefill_port
         self.current: dict = {}
 
     def prepare(self, restart: Optional[Callable]) -> None:
         """Read the decode server (restarting it for ``--ctx`` when needed), the prefill server and
         the box's provenance."""
-        from dsv4kit.serving.pins import pin_running
         from dsv4kit.records.provenance import sections
+        from dsv4kit.serving.pins import pin_running
 
         s, cfg, remote, host = self.s, self.s.cfg, self.remote, self.host
-        info = remote.server_info(self.decode_port, self.helper_env)
-        current = _context_of(info)
-        restarted = False
-        if current != cfg.context_length:
-            if not cfg.restart:
-                raise BenchAbort(exitcodes.ENVIRONMENT,
-                                 f"{host.name}: the decode server runs with context length {current}, not "
-                                 f"{cfg.context_length}, and --no-restart was given")
-            self.progress(f"decode server context length is {current}; restarting the serving units with "
-                          f"{cfg.context_length}...")
-            pin_running(host, remote.probe(), current)  # the playbook cannot resolve 'auto'
-            (restart or default_restart)(self.inventory_path, host, cfg.context_length, self.progress,
-                                         cfg.server_timeout_s)
-            remote.wait_health(self.serving_ports, cfg.server_timeout_s, self.helper_env)
-            info = remote.server_info(self.decode_port, self.helper_env)
-            current = _context_of(info)
-            if current != cfg.context_length:
-                raise BenchAbort(exitcodes.ENVIRONMENT,
-                                 f"{host.name}: after the restart the decode server still reports context "
-                                 f"length {current}, not {cfg.context_length}")
-            restarted = True
+        restarted = remote.ensure_context(cfg.context_length, cfg.server_timeout_s, allow_restart=cfg.restart,
+                                          restart=restart)
+        if restarted:
             s.notes.append(f"serving units restarted for context length {cfg.context_length}")
+        info = remote.decode_info()
+        current = _context_of(info)
         self.progress(f"decode server on {host.name}:{self.decode_port}: context length {current} (ok)")
         prefill_info = None
         if self.prefill_port:

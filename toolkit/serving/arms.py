@@ -117,7 +117,7 @@ def default_apply_arm(inventory_path, host, context_length: int, ab: ABSpec, arm
                                          progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
     except provision.ProvisionError as exc:
         raise ServingAbort(exc.exit_code, f"cannot restart the serving units for arm {arm} "
-                                        f"({ab.key}={ab.values[arm]}): {exc}") from None
+                                          f"({ab.key}={ab.values[arm]}): {exc}") from None
     if summary.failed:
         raise ServingAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
                            f"restarting the serving units for arm {arm} ({ab.key}={ab.values[arm]}) failed "

@@ -22,6 +22,14 @@ def _is_auto(value) -> bool:
     return isinstance(value, str) and value.strip().lower() == "auto"
 
 
+def has_auto(host, *, keep: Optional[str] = None) -> bool:
+    """Whether the host holds an ``auto`` (a kernel flag or the FP4 setting, other than ``keep``)
+    that ``pin_running`` would pin."""
+    flags = dict(host.get("dsv4_kernel_flags") or {})
+    return (any(_is_auto(v) for k, v in flags.items() if k != keep)
+            or (keep != FP4_SETTING and _is_auto(host.get(FP4_SETTING))))
+
+
 def running_fp4(host, probe: dict) -> tuple[Optional[bool], str]:
     """(whether both servers run with the FP4 cache, where that was read), or (None, why not)."""
     from dsv4kit.records.served_flags import decode_process

@@ -63,14 +63,14 @@ class Remote:
         """``systemctl restart`` of the serving units the probe found (``sudo -n`` unless root):
         a plain restart, nothing reconfigured (``--restarts``)."""
         if not getattr(self, "units", None):
-            raise ServingAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: --restarts needs the dsv4-*.service units, and "
-                                                    f"none were found (run `dsv4kit provision`)")
+            raise ServingAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: --restarts needs the dsv4-*.service units, "
+                                                      f"and none were found (run `dsv4kit provision`)")
         names = " ".join(shlex.quote(f"{u}.service") for u in self.units)
         result = self.session.run(f'if [ "$(id -u)" = 0 ]; then systemctl restart {names}; '
                                   f'else sudo -n systemctl restart {names}; fi', timeout=timeout, check=False)
         if result.exit_code != 0:
             raise ServingAbort(exitcodes.TOOL_FAILED, f"{self.host.name}: restarting {names} failed (exit "
-                                                    f"{result.exit_code}): {(result.stderr or result.stdout)[-800:]}")
+                                                      f"{result.exit_code}): {(result.stderr or result.stdout)[-800:]}")
 
     def cleanup(self) -> None:
         if self.workdir and ".." not in self.workdir and re.fullmatch(
@@ -123,7 +123,7 @@ class Remote:
                 return json.loads(local.read_text())
             except (OSError, ValueError) as exc:
                 raise ServingAbort(exitcodes.TOOL_FAILED, f"{label}: the box-side evidence file {remote_file} "
-                                                        f"could not be read: {exc}") from None
+                                                          f"could not be read: {exc}") from None
 
     def fetch_line(self, remote_file: str, label: str) -> dict:
         with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
@@ -153,7 +153,7 @@ def default_restart(inventory_path, host, context_length: int, progress: Callabl
                                          progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
     except provision.ProvisionError as exc:  # no ansible-playbook, no playbook: nothing ran
         raise ServingAbort(exc.exit_code, f"cannot restart the serving units with context length "
-                                        f"{context_length}: {exc}") from None
+                                          f"{context_length}: {exc}") from None
     if summary.failed:
         raise ServingAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
                            f"restarting the serving units with context length {context_length} failed "
