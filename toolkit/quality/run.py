@@ -130,7 +130,6 @@ def _tasks_source(value: str) -> Optional[dict]:
 def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     """Every check that needs no box, in the order the user meets them; Abort naming the first problem."""
     from dsv4kit.bench import config
-    from dsv4kit.bench.run import _check_repo
     from dsv4kit.core.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.records import results_repo
     from dsv4kit.serving import arms as serving_arms
@@ -142,7 +141,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     tasks = _tasks_source(req.tasks)
     ab_spec = serving_arms.parse_ab(req.ab) if req.ab is not None else None
     repo = req.results_repo or results_repo.default_path()
-    _check_repo(repo)
+    results_repo.check_option(repo)
     inventory_path = req.inventory or default_inventory_path()
     try:
         target = load_inventory(inventory_path).host(req.host)
