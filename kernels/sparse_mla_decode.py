@@ -552,6 +552,10 @@ def _combine_splits_kernel(
         tl.store(lse_ptr + t * H + heads, lse, mask=head_ok)
 
 
+#: The decode kernels (narrow and wide), for tools that read what Triton compiled of them.
+DECODE_KERNELS = (_sparse_mla_decode_kernel, _sparse_mla_decode_wide_kernel)
+
+
 # --------------------------------------------------------------------------------------------
 # Host side
 # --------------------------------------------------------------------------------------------

@@ -362,7 +362,7 @@ def compiled_mma_kinds() -> dict:
     from dsv4kit.kernels import sparse_mla_decode as dec
 
     kinds = {}
-    for fn in (dec._sparse_mla_decode_kernel, dec._sparse_mla_decode_wide_kernel):
+    for fn in dec.DECODE_KERNELS:
         for caches in getattr(fn, "device_caches", {}).values():
             for compiled in (caches[0].values() if caches else ()):
                 ptx = compiled.asm.get("ptx", "")

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dsv4kit.bench.arm_pins import pin_running, running_fp4
-from dsv4kit.bench.arms import arm_extra_vars, parse_ab
+from dsv4kit.serving.pins import pin_running, running_fp4
+from dsv4kit.serving.arms import arm_extra_vars, parse_ab
 from dsv4kit.bench.config import BenchAbort
 from dsv4kit.core import exitcodes
 

@@ -197,7 +197,7 @@ def test_the_fake_reports_passes_and_transfer_honestly(bench_box):
     assert time.monotonic() - started >= 0.1
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    from dsv4kit.bench.box import metrics as box_helper
+    from dsv4kit.serving.box import metrics as box_helper
 
     values, problems = box_helper.select_metrics(box_helper.parse_exposition(text, names=box_helper.METRICS))
     assert values["decode_tokens_total"] == 30 and values["decode_passes_total"] == pytest.approx(10)

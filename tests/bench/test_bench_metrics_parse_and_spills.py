@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from dsv4kit.bench.box import metrics as box_helper
+from dsv4kit.serving.box import metrics as box_helper
 from dsv4kit.bench.metrics import cross_check, prometheus_samples
 from tests.bench_support import client_line, good_evidence, point_expectation, synthetic_record
 

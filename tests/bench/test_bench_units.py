@@ -333,7 +333,7 @@ def test_window_samples_are_placed_on_the_box_clock():
 
 
 def test_prometheus_text_is_parsed_as_sglang_serves_it():
-    from dsv4kit.bench.box.metrics import parse_exposition, select_metrics
+    from dsv4kit.serving.box.metrics import parse_exposition, select_metrics
 
     text = (
         "# HELP sglang:num_running_reqs The number of running requests.\n"
@@ -416,7 +416,7 @@ def fake_nvidia_smi(tmp_path, monkeypatch):
 def test_gpu_telemetry_is_sampled_with_lms_and_summarised(fake_nvidia_smi, tmp_path, monkeypatch, old_driver):
     import time as _time
 
-    from dsv4kit.bench.box.telemetry import Telemetry, gpu_settings
+    from dsv4kit.serving.box.telemetry import Telemetry, gpu_settings
 
     if old_driver:
         monkeypatch.setenv("FAKE_NVSMI_OLD", "1")
@@ -436,7 +436,7 @@ def test_gpu_telemetry_is_sampled_with_lms_and_summarised(fake_nvidia_smi, tmp_p
 
 
 def test_no_nvidia_smi_is_said_not_hidden(tmp_path, monkeypatch):
-    from dsv4kit.bench.box.telemetry import Telemetry
+    from dsv4kit.serving.box.telemetry import Telemetry
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with Telemetry(100, str(tmp_path / "t.csv")) as telemetry:

@@ -26,7 +26,7 @@ class CopySession:
 
 
 def test_the_eval_and_profile_scripts_import_the_box_package_http_client_as_shipped(tmp_path):
-    from dsv4kit.bench.remote import Remote
+    from dsv4kit.serving.remote import Remote
     from dsv4kit.profile.run import BOX_SCRIPT
     from dsv4kit.quality.run import BoxEval
 

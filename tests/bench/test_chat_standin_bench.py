@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from dsv4kit.bench.box.metrics import read_metrics
+from dsv4kit.serving.box.metrics import read_metrics
 from tests.chat_standin import EOS, byte_tokenizer
 
 QUESTION = [{"role": "user", "content": "What is 2 plus 3?"}]

@@ -39,7 +39,7 @@ def test_the_standin_refreshes_its_gauges_on_sglangs_cadence_and_counts_every_re
     (docs/sglang-contract.md §9.3); counters move at once. So must the stand-in."""
     import argparse
 
-    from dsv4kit.bench.box.metrics import parse_exposition, select_metrics
+    from dsv4kit.serving.box.metrics import parse_exposition, select_metrics
     from tests.fake_sglang_server import State
 
     args = argparse.Namespace(model_path="/m", context_length=4096, token_delay_ms=1, error_every=0, cached_tokens=0,

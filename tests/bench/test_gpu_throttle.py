@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4kit.bench.box.telemetry import Telemetry, window_telemetry
+from dsv4kit.serving.box.telemetry import Telemetry, window_telemetry
 from dsv4kit.bench.gpu_throttle import dcgm_port, throttle_gate
 from tests.bench.test_bench_units import fake_nvidia_smi  # noqa: F401  (fixture)
 
@@ -118,7 +118,7 @@ def test_an_eval_arm_runs_under_watch_and_its_report_names_the_throttle(dcgm, tm
     port, plant = dcgm
     plant({"throttle": {"0": "thermal"}, "after_scrapes": 1})
     out = tmp_path / "arm.gpu"
-    code = subprocess.call([sys.executable, "-m", "dsv4kit.bench.box", "watch", "--out", str(out), "--telemetry-ms",
+    code = subprocess.call([sys.executable, "-m", "dsv4kit.serving.box", "watch", "--out", str(out), "--telemetry-ms",
                             "100", "--dcgm-port", str(port), "--", sys.executable, "-c",
                             "import time; time.sleep(0.8); raise SystemExit(3)"])
     assert code == 3

@@ -6,6 +6,7 @@
   resolves statically, through that farm, to a module and a name it binds;
 * imports run one way (entry -> commands -> capabilities -> validation -> core -> kernels), with
   no circle between modules or capabilities, and no capability importing a command module;
+* no package uses another package's underscore (private) names;
 * a command function stays short.
 """
 
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 FARM = REPO / ".pkgroot" / "dsv4kit"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
 PACKAGE_DIR = PYPROJECT["package-dir"]
-CAPABILITIES = ("provision", "validate", "bench", "profile", "quality", "records", "rollout", "monitor",
+CAPABILITIES = ("provision", "validate", "serving", "bench", "profile", "quality", "records", "rollout", "monitor",
                 "doctor")
 LAYER = {"entry": 0, "commands": 1, **{c: 2 for c in CAPABILITIES}, "validation": 3, "core": 4, "kernels": 5,
          "root": 6}
@@ -267,10 +268,60 @@ def test_command_functions_are_thin():
     assert not long, "\n".join(long)
 
 
+def _private_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) for each underscore name of another package that ``path`` reaches:
+    ``from dsv4kit.x.y import _z`` and ``m._z`` where ``m`` is a dsv4kit module of another package
+    (``import dsv4kit.x.y as m``, ``from dsv4kit.x import y``). Dunder names are public."""
+    own = _layer(module_name(path))[0]
+    tree = ast.parse(path.read_text())
+    aliases: dict[str, str] = {}
+    found = []
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("dsv4kit."):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in PRODUCT:
+                    aliases[alias.asname or alias.name] = full
+                elif private(alias.name) and node.module in PRODUCT and _layer(node.module)[0] != own:
+                    found.append((node.lineno, full))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in PRODUCT:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in aliases and _layer(aliases[base.id])[0] != own:
+                found.append((node.lineno, f"{aliases[base.id]}.{node.attr}"))
+    return found
+
+
+def test_no_package_uses_another_packages_private_names():
+    """An underscore name is its package's own: what two packages share gets a public name in its home."""
+    wrong = [f"{name}:{line} uses {used}" for name, path in PRODUCT.items() for line, used in _private_uses(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_private_name_rule_sees_both_forms(tmp_path, monkeypatch):
+    """Not vacuous: an imported underscore name and an attribute through a module alias are both found."""
+    folder = tmp_path / "toolkit" / "quality"
+    folder.mkdir(parents=True)
+    bad = folder / "bad.py"
+    bad.write_text("from dsv4kit.bench.run import " + "_check_repo\n" + "from dsv4kit.bench import sweep\n"
+                   + "from dsv4kit.quality import prompts\n" + "x = sweep." + "_context_of, prompts._own\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert [used for _, used in _private_uses(bad)] == ["dsv4kit.bench.run." + "_check_repo",
+                                                        "dsv4kit.bench.sweep." + "_context_of"]
+
+
 # Run on the box, where the standard library may be all there is (docs/architecture.md).
 BOX_SIDE = ("dsv4kit.rollout.status", "dsv4kit.rollout.targets", "dsv4kit.rollout.plugin", "dsv4kit.rollout.__main__",
-            "dsv4kit.bench.box.http", "dsv4kit.bench.box.metrics", "dsv4kit.bench.box.telemetry",
-            "dsv4kit.bench.box.probe", "dsv4kit.bench.box.point", "dsv4kit.bench.box.__main__", "dsv4kit.profile.box_profile", "dsv4kit.quality.box_eval",
+            "dsv4kit.serving.box.http", "dsv4kit.serving.box.metrics", "dsv4kit.serving.box.telemetry",
+            "dsv4kit.serving.box.probe", "dsv4kit.serving.box.point", "dsv4kit.serving.box.__main__", "dsv4kit.profile.box_profile", "dsv4kit.quality.box_eval",
             "dsv4kit.quality.prompts", "dsv4kit.quality.api_prompts", "dsv4kit.core.unit_env", "dsv4kit.core.missing", "dsv4kit.core.exitcodes",
             "dsv4kit.sglang_plugin", "dsv4kit", "dsv4kit._version")
 

@@ -29,7 +29,7 @@ def eval_box(bench_box, tmp_path):
 
 def _eval(server, inventory, repo, tasks, fault=None, **req):
     """One in-process ``--ab SGLANG_SM120_TRITON_INDEXER=0,1 --quick`` eval; arm B gets ``fault``."""
-    from dsv4kit.bench import arms
+    from dsv4kit.serving import arms
     from dsv4kit.quality import run
 
     def apply_arm(inventory_path, host, ctx, ab, arm, progress, timeout):

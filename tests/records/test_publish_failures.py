@@ -151,7 +151,7 @@ def fake_sweep(monkeypatch, record: dict, kept: list):
 
         setup = cleanup = lambda self: None
 
-    monkeypatch.setattr(sweep, "Remote", Remote)
+    monkeypatch.setattr(sweep, "ServingSession", Remote)
     monkeypatch.setattr(sweep, "_SweepLoop", Loop)
     monkeypatch.setattr(ssh, "open_session", lambda *a, **kw: nullcontext(None))
 

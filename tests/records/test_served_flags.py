@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tests.cli_support import invoke
 
-from dsv4kit.bench.box import __main__ as bench_remote
+from dsv4kit.serving.box import __main__ as bench_remote
 from dsv4kit.records.compare import compare, format_comparison
 from dsv4kit.core.inventory import Host
 from dsv4kit.records.provenance import sections

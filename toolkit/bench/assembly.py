@@ -26,6 +26,7 @@ from dsv4kit.bench.window import analyze as analyze_window
 from dsv4kit.core.scrub import scrub
 from dsv4kit.records.record import (KIND, SCHEMA_VERSION, comparability_key, decode_info, derive, dumps,
                                     split_client_line, strict_json, summarize_points)
+from dsv4kit.serving.session import context_length_of
 
 
 @dataclass
@@ -56,9 +57,7 @@ def _num(value, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
 
 
-def _context_of(server_info: dict) -> Optional[int]:
-    value = decode_info(server_info).get("context_length")
-    return int(value) if isinstance(value, (int, float)) else None
+_context_of = context_length_of
 
 
 
@@ -142,9 +141,19 @@ class SweepState:
     point_seconds: list = field(default_factory=list)
 
 
+def arm_comparison(record: dict):
+    """The A/B verdicts: arm B against arm A, from the one record's points (``dsv4kit.records.compare``)."""
+    from dsv4kit.records.compare import compare, select_arm
+    from dsv4kit.serving.arms import ABSpec
+
+    sides = {arm: select_arm(record, arm) for arm in ABSpec.arms}
+    # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both,
+    # and a server flag changes the launch arguments).
+    return compare(sides["A"], sides["B"], ignore=("kernel_flags", "launch_args"))
+
+
 def build_record(s: SweepState, incomplete: Optional[str] = None) -> SweepResult:
     """The record of the sweep so far (``incomplete``: why it stopped early)."""
-    from dsv4kit.bench.arms import arm_comparison
     from dsv4kit.records.provenance import toolkit_info
 
     cfg, points = s.cfg, s.points
@@ -209,7 +218,7 @@ class PointContext:
     prefill_port: Optional[int]
     metrics_ports: list
     serving_gpus: Optional[int]
-    #: The record's model: ``{"path", "served_name", "revision"}`` (``dsv4kit.bench.served_model``).
+    #: The record's model: ``{"path", "served_name", "revision"}`` (``dsv4kit.serving.served_model``).
     model: Optional[dict] = None
 
 

@@ -18,11 +18,11 @@ from dsv4kit.bench import api as bench_api
 from dsv4kit.bench.gates import GateConfig
 from dsv4kit.core import exitcodes
 from dsv4kit.core.scrub import scrub
+from dsv4kit.serving.abort import ServingAbort
+from dsv4kit.serving.remote import PROBE_TIMEOUT_S, RESTART_TAG, SMALL_TIMEOUT_S  # noqa: F401  (re-exported)
 
 CLIENT_MODULE = "sglang.benchmark.serving"
 DATASET = "random-ids"
-SMALL_TIMEOUT_S = 60.0
-PROBE_TIMEOUT_S = 120.0
 #: Input lengths at or above this are "long context": fewer prompts per point (each is a big prefill).
 LONG_INPUT = 32768
 CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -48,15 +48,14 @@ def prefill_lengths(context_length: int, text: Optional[str]) -> list:
     return sorted(set(values))
 
 
-#: The playbook tag that (re)starts the serving units; a context-length restart runs only it.
-RESTART_TAG = "sglang_service"
 #: Comparability-key fields that only the box can tell (the probe), not known before a sweep.
 BOX_KEY_FIELDS = ("gpu_model", "client_tool_version", "kernel_flags", "sglang_wheel", "sgl_kernel", "flashinfer",
                   "dsv4kit_wheel", "weights", "driver", "launch_args")
 
 
-class BenchAbort(exitcodes.Abort):
-    """Stop the sweep: nothing is recorded. ``exit_code`` from dsv4kit.core.exitcodes."""
+#: Stop the sweep: nothing is recorded. The serving stack's own type, so that its failed restarts
+#: and health waits stop a sweep as the sweep's own failures do.
+BenchAbort = ServingAbort
 
 
 @dataclass

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from dsv4kit.bench.box.metrics import COUNTERS
+from dsv4kit.serving.box.metrics import COUNTERS
 from dsv4kit.bench.window import CLIENT_PAUSE_S
 
 

@@ -30,7 +30,7 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
                      client's tokens, every counter only up, exactly the point's requests.
 ``served_model``     the decode server's ``/server_info`` ``model_path`` and ``served_model_name`` are the
                      record's model, and the weights manifest names the record's revision
-                     (``dsv4kit.bench.served_model``).
+                     (``dsv4kit.serving.served_model``).
 ``idle``             (only on a point that did not run) the servers still ran or queued requests
                      after ``idle_timeout_s``: another client's load; the client was not started.
 ``max_running``      C <= the decode server's effective ``max_running_requests`` (``effective_max_running``).
@@ -85,7 +85,7 @@ class PointExpectation:
     #: The decode server's limits, from /server_info before the sweep (None: not reported).
     max_running_requests: Optional[int] = None
     max_total_num_tokens: Optional[int] = None
-    #: The record's model (``dsv4kit.bench.served_model.expected_model``); None: not checked.
+    #: The record's model (``dsv4kit.serving.served_model.expected_model``); None: not checked.
     model: Optional[dict] = None
     #: The route measured (``dsv4kit.bench.api``): it decides what the prompt lengths must be.
     api: str = "generate"
@@ -242,7 +242,7 @@ gate_no_foreign_requests = _source_gate("no_foreign_requests")
 def gate_served_model(g: GateInputs) -> Verdict:
     if g.expected.model is None:
         return None
-    from dsv4kit.bench.served_model import check as check_model
+    from dsv4kit.serving.served_model import check as check_model
 
     return check_model(decode_info(g.raw.get("server_info") or {}), g.expected.model)
 

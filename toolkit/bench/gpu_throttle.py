@@ -1,10 +1,10 @@
 """The ``gpu_throttle`` gate of a bench point: no GPU throttled (thermal, hardware slowdown or power
 brake) and no Xid appeared during the point's window, from the point's GPU telemetry
-(``dsv4kit.bench.box.telemetry``: the box's DCGM exporter, else ``nvidia-smi``)."""
+(``dsv4kit.serving.box.telemetry``: the box's DCGM exporter, else ``nvidia-smi``)."""
 
 from __future__ import annotations
 
-from dsv4kit.bench.box.telemetry import throttle_findings
+from dsv4kit.serving.box.telemetry import throttle_findings
 
 #: The DCGM exporter's port when the inventory sets none (the monitoring role's default).
 DEFAULT_DCGM_PORT = 9400

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from dsv4kit.bench.box import metrics as box_metrics
+from dsv4kit.serving.box import metrics as box_metrics
 
 
 def prometheus_samples(text: str) -> list:

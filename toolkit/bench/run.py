@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from dsv4kit.bench import arms, assembly, config, spill, sweep
+from dsv4kit.bench import assembly, config, spill, sweep
 from dsv4kit.core import exitcodes, host_limits
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.records import results_repo
 from dsv4kit.records.compare import compare, key_differences
 from dsv4kit.records.record import RecordError
+from dsv4kit.serving import arms
 
 if TYPE_CHECKING:
     from dsv4kit.core.inventory import Host
@@ -136,15 +137,6 @@ def _ab_spec(req: BenchRequest, warn: Say):
     return spec
 
 
-def _check_repo(repo: Path) -> None:
-    try:
-        results_repo.check_writable(repo)  # before the sweep: a bad path must not cost a sweep
-    except results_repo.GitNotFound as exc:
-        raise Abort(exitcodes.ENVIRONMENT, f"--results-repo: {exc}") from None
-    except results_repo.ResultsRepoError as exc:
-        raise Abort(exitcodes.USAGE, f"--results-repo: {exc}") from None
-
-
 def _target(req: BenchRequest, inventory_path: Path, ab_spec, warn: Say):
     from dsv4kit.core.inventory import InventoryError, load_inventory
     from dsv4kit.provision import playbook
@@ -203,7 +195,7 @@ def plan(req: BenchRequest, warn: Say) -> BenchPlan:
     inventory_path = req.inventory or default_inventory_path()
     cfg = config.from_request(req)
     ab_spec = _ab_spec(req, warn)
-    _check_repo(repo)
+    results_repo.check_option(repo)  # before the sweep: a bad path must not cost a sweep
     try:
         spill.check_free_space([repo, spill.default_spill_root()])
     except config.BenchAbort as exc:

@@ -3,7 +3,7 @@
 Steps (each remote step has a timeout; see docs/benchmarking.md):
 
 1. The configuration is checked before anything connects (``dsv4kit.bench.config``).
-2. Connect, make a scratch directory on the box, copy the box-side package there (``dsv4kit.bench.remote``).
+2. Connect, make a scratch directory on the box, copy the box-side package there (``dsv4kit.serving.remote``).
 3. Read ``/server_info`` of the decode server. If its ``context_length`` differs from ``--ctx``,
    re-run the playbook's ``sglang_service`` tag with ``dsv4_context_length=<ctx>``, wait for
    ``/health`` on every serving port, and read it back again.
@@ -13,7 +13,7 @@ Steps (each remote step has a timeout; see docs/benchmarking.md):
    client's own request count as progress), fetch the result line and the evidence, and turn
    them into the point's entry (``dsv4kit.bench.assembly``: the exact-occupancy window, the
    gates); spill the point locally at once (``dsv4kit.bench.spill``). With ``--ab`` the
-   repetitions alternate between two arms, with a restart before each (``dsv4kit.bench.arms``).
+   repetitions alternate between two arms, with a restart before each (``dsv4kit.serving.arms``).
 6. Remove the scratch directory. Only then is the record built; ``dsv4kit bench`` publishes it.
    A sweep that stops after some points hands its completed points back as an incomplete
    record (``exc.partial``).
@@ -22,7 +22,6 @@ Steps (each remote step has a timeout; see docs/benchmarking.md):
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import time
 from datetime import datetime, timezone
@@ -30,23 +29,24 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dsv4kit.bench import assembly
-from dsv4kit.bench.arms import (ABSpec, arm_comparison, arm_extra_vars,  # noqa: F401  (re-exported)
-                                default_apply_arm, parse_ab)
 from dsv4kit.bench.assembly import (PointContext, SweepResult, SweepState, _context_of,  # noqa: F401
-                                    _provenance_differs, format_summary)
-from dsv4kit.bench.box.point import NOT_IDLE_EXIT, PROGRESS_PREFIX
+                                    _provenance_differs, arm_comparison, format_summary)
 from dsv4kit.bench.gpu_throttle import dcgm_port
 from dsv4kit.bench.config import (BOX_KEY_FIELDS, CLIENT_ENV, CLIENT_MODULE, LONG_INPUT,  # noqa: F401
                                   RESTART_TAG, BenchAbort, SweepConfig, check_config, check_host,
                                   check_restart_tools, client_argv, client_section, default_lengths,
                                   parse_concurrency, planned_record, run_names, safe_name, slo_limits, utc_stamp)
-from dsv4kit.bench.remote import Remote, default_restart  # noqa: F401  (re-exported)
-from dsv4kit.bench.served_model import expected_model, served_name_candidates
 from dsv4kit.bench.spill import (MIN_FREE_MB, Spill, SpillError, check_free_space,  # noqa: F401
                                  default_spill_root, write_durably)
 from dsv4kit.core import exitcodes
 from dsv4kit.core.ssh import RemoteError
 from dsv4kit.records.record import decode_info
+from dsv4kit.serving.arms import (ABSpec, arm_extra_vars, default_apply_arm,  # noqa: F401  (re-exported)
+                                  parse_ab)
+from dsv4kit.serving.box.point import NOT_IDLE_EXIT, PROGRESS_PREFIX
+from dsv4kit.serving.remote import default_restart  # noqa: F401  (re-exported)
+from dsv4kit.serving.served_model import expected_model, served_name_candidates
+from dsv4kit.serving.session import Addresses, ServingSession, api_env
 
 Say = Callable[[str], None]
 
@@ -113,14 +113,12 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
     run_id, tag = run_names(host.name, cfg.context_length, stamp or utc_stamp(created))
     s = SweepState(cfg=cfg, run_id=run_id, tag=tag, created=created, started=time.time(), argv=argv,
                    total=cfg.repeat * len(cfg.concurrency) * (2 if ab else 1), ab=ab, slo=slo_limits(host))
-    env = dict(CLIENT_ENV)
-    if os.environ.get("DSV4KIT_API_KEY"):
-        env["OPENAI_API_KEY"] = os.environ["DSV4KIT_API_KEY"]
-    helper_env = {"OPENAI_API_KEY": env["OPENAI_API_KEY"]} if "OPENAI_API_KEY" in env else None
+    helper_env = api_env()
+    env = {**CLIENT_ENV, **(helper_env or {})}
     spill = Spill(Path(spill_root) / run_id, progress) if spill_root is not None else None
     if spill is not None:
         spill.create()
-    remote = Remote(session, host, progress)
+    remote = ServingSession(session, host, progress, inventory_path)
     try:
         remote.setup()
         loop = _SweepLoop(s, remote, host, inventory_path, progress, env, helper_env, spill)
@@ -157,47 +155,28 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
 class _SweepLoop:
     """The steps of one sweep after the box is set up: read the servers, then every point."""
 
-    def __init__(self, s: SweepState, remote: Remote, host, inventory_path, progress: Say, env: dict,
+    def __init__(self, s: SweepState, remote: ServingSession, host, inventory_path, progress: Say, env: dict,
                  helper_env: Optional[dict], spill: Optional[Spill]):
         self.s, self.remote, self.host, self.inventory_path = s, remote, host, inventory_path
         self.progress, self.env, self.helper_env, self.spill = progress, env, helper_env, spill
-        self.decode_port = int(host["dsv4_decode_port"])
-        self.router_port = int(host.get("dsv4_router_port") or self.decode_port)
-        self.serving_ports = sorted({p for p in (self.router_port, host.get("dsv4_prefill_port"), self.decode_port)
-                                     if p})
-        prefill_port = host.get("dsv4_prefill_port")
-        self.prefill_port = int(prefill_port) if prefill_port and int(prefill_port) != self.decode_port else None
+        addresses = Addresses.of(host)
+        self.decode_port, self.router_port = addresses.decode_port, addresses.router_port
+        self.serving_ports, self.prefill_port = addresses.serving_ports, addresses.prefill_port
         self.current: dict = {}
 
     def prepare(self, restart: Optional[Callable]) -> None:
         """Read the decode server (restarting it for ``--ctx`` when needed), the prefill server and
         the box's provenance."""
-        from dsv4kit.bench.arm_pins import pin_running
         from dsv4kit.records.provenance import sections
+        from dsv4kit.serving.pins import pin_running
 
         s, cfg, remote, host = self.s, self.s.cfg, self.remote, self.host
-        info = remote.server_info(self.decode_port, self.helper_env)
-        current = _context_of(info)
-        restarted = False
-        if current != cfg.context_length:
-            if not cfg.restart:
-                raise BenchAbort(exitcodes.ENVIRONMENT,
-                                 f"{host.name}: the decode server runs with context length {current}, not "
-                                 f"{cfg.context_length}, and --no-restart was given")
-            self.progress(f"decode server context length is {current}; restarting the serving units with "
-                          f"{cfg.context_length}...")
-            pin_running(host, remote.probe(), current)  # the playbook cannot resolve 'auto'
-            (restart or default_restart)(self.inventory_path, host, cfg.context_length, self.progress,
-                                         cfg.server_timeout_s)
-            remote.wait_health(self.serving_ports, cfg.server_timeout_s, self.helper_env)
-            info = remote.server_info(self.decode_port, self.helper_env)
-            current = _context_of(info)
-            if current != cfg.context_length:
-                raise BenchAbort(exitcodes.ENVIRONMENT,
-                                 f"{host.name}: after the restart the decode server still reports context "
-                                 f"length {current}, not {cfg.context_length}")
-            restarted = True
+        restarted = remote.ensure_context(cfg.context_length, cfg.server_timeout_s, allow_restart=cfg.restart,
+                                          restart=restart)
+        if restarted:
             s.notes.append(f"serving units restarted for context length {cfg.context_length}")
+        info = remote.decode_info()
+        current = _context_of(info)
         self.progress(f"decode server on {host.name}:{self.decode_port}: context length {current} (ok)")
         prefill_info = None
         if self.prefill_port:

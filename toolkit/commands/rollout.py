@@ -157,7 +157,7 @@ def plan(
             # An explicit report decides every kernel flag and the FP4 setting, as 'auto' would.
             target.vars = {**target.vars, fp4_plan.SETTING: kernel_plan.AUTO, "dsv4_kernel_flags": {
                 **(target.get("dsv4_kernel_flags") or {}),
-                **{flag: kernel_plan.AUTO for flag in kernel_plan._flags()}}}
+                **{flag: kernel_plan.AUTO for flag in kernel_plan.known_flags()}}}
         result = kernel_plan.plan_host(target, results_dir=results_dir, from_report=from_report,
                                        say=lambda line: typer.echo(line, err=True), quality=finder(results_repo))
     except (InventoryError, kernel_plan.PlanError) as exc:

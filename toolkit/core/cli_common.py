@@ -132,7 +132,7 @@ def check_hosts(inventory: Optional[os.PathLike | str], *, host: Optional[str] =
         if limit is None:
             hosts = [inv.host(host)]
         else:
-            hosts = _limited(inv, limit)
+            hosts = limited_hosts(inv, limit)
     except InventoryError as exc:
         raise Abort(exitcodes.USAGE, str(exc)) from None
     over_ssh = [target for target in hosts if _uses_ssh(target)]
@@ -143,7 +143,8 @@ def check_hosts(inventory: Optional[os.PathLike | str], *, host: Optional[str] =
     return hosts
 
 
-def _limited(inv, limit: Iterable[str]) -> list:
+def limited_hosts(inv, limit: Iterable[str]) -> list:
+    """The inventory's hosts that ``--limit`` names (all of them for a pattern or no limit)."""
     names = [part.strip() for value in limit for part in str(value).split(",") if part.strip()]
     if not names or any(set("*?:!&~[]^") & set(n) for n in names):
         return list(inv.hosts.values())

@@ -196,7 +196,7 @@ def _health(session, host, timeout: float, name: str, say) -> Check:
     """GET /health on the router, prefill and decode ports (the router's alone is 200 even with no
     worker), through the bench's box-side readiness wait."""
     from dsv4kit.bench.config import BenchAbort
-    from dsv4kit.bench.remote import Remote
+    from dsv4kit.serving.remote import Remote
 
     ports = {int(host.get(var)): unit for var, unit in _PORTS if host.get(var)}
     where = ", ".join(f"127.0.0.1:{port} ({unit})" for port, unit in ports.items())

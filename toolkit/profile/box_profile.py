@@ -45,7 +45,7 @@ def _http():
     try:
         from dsv4box import http
     except ImportError:
-        from dsv4kit.bench.box import http
+        from dsv4kit.serving.box import http
     return http
 
 

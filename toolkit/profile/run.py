@@ -1,10 +1,11 @@
 """What ``dsv4kit profile`` does, as plain functions: check, drive the load, profile, fetch, analyse.
 
 ``plan`` makes every check that needs no box and raises ``Abort`` naming the problem. ``capture``
-profiles the decode server once over an open session (the bench's ``Remote``: its scratch
-directory, its helper and its client command line); ``execute`` connects and captures each
-context asked for (restarting the serving units for another context length the way ``dsv4kit
-bench`` does). The command (``dsv4kit.commands.profile``) only parses and prints.
+profiles the decode server once over an open ``dsv4kit.serving.session.ServingSession`` (its
+scratch directory and box-side helper) with the bench's client command line; ``execute``
+connects and captures each context asked for (restarting the serving units for another context
+length through the serving session, as ``dsv4kit bench`` does). The command
+(``dsv4kit.commands.profile``) only parses and prints.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dsv4kit.core.cli_common import doing
 from dsv4kit.core.exitcodes import Abort
 from dsv4kit.profile import breakdown, trace
 from dsv4kit.records.record import decode_info
+from dsv4kit.serving.abort import ServingAbort
+from dsv4kit.serving.session import Addresses, ServingSession
 
 Say = Callable[[str], None]
 MAX_STEPS = 256
@@ -110,8 +113,7 @@ def plan(req: ProfileRequest) -> ProfilePlan:
 def _client_argv(remote, host, *, ctx: int, concurrency: int, isl: int, osl: int, out_file: str) -> list:
     cfg = sweep.SweepConfig(context_length=ctx, concurrency=[concurrency], input_len=isl, output_len=osl,
                             num_prompts=concurrency, warmup_requests=1)
-    router_port = int(host.get("dsv4_router_port") or host["dsv4_decode_port"])
-    return sweep.client_argv(remote.python, cfg, concurrency=concurrency, base_url=f"http://127.0.0.1:{router_port}",
+    return sweep.client_argv(remote.python, cfg, concurrency=concurrency, base_url=Addresses.of(host).router_url,
                              model_path=str(host["dsv4_model_path"]), output_file=out_file, tag="dsv4kit-profile")
 
 
@@ -119,8 +121,8 @@ def capture(remote, session, host, *, ctx: int, concurrency: int, num_steps: int
             max_trace_mb: float, steady_timeout: float, timeout: float, progress: Say,
             env: Optional[dict] = None) -> dict:
     """Profile ``num_steps`` decode steps under a steady load of ``concurrency`` requests; the
-    combined breakdown. ``remote`` is a set-up ``dsv4kit.bench.sweep.Remote``."""
-    decode_port = int(host["dsv4_decode_port"])
+    combined breakdown. ``remote`` is a set-up ``dsv4kit.serving.session.ServingSession``."""
+    decode_port = Addresses.of(host).decode_port
     info = remote.server_info(decode_port, env)
     ranks = int(decode_info(info).get("tp_size") or 1)
     session.put(BOX_SCRIPT, f"{remote.workdir}/{BOX_SCRIPT.name}")
@@ -207,50 +209,28 @@ def check_client(remote, session, host) -> None:
                     f"dsv4_venv_dir at the SGLang venv); nothing was profiled")
 
 
-def ensure_context(remote, host, ctx: int, p: ProfilePlan, progress: Say, env, restart=None) -> None:
-    decode_port = int(host["dsv4_decode_port"])
-    current = sweep._context_of(remote.server_info(decode_port, env))
-    if current == ctx:
-        return
-    if not p.request.restart:
-        raise Abort(exitcodes.ENVIRONMENT, f"{host.name}: the decode server runs with context length {current}, "
-                                           f"not {ctx}, and --no-restart was given")
-    progress(f"decode server context length is {current}; restarting the serving units with {ctx}...")
-    (restart or sweep.default_restart)(p.inventory_path, host, ctx, progress, p.request.server_timeout)
-    ports = sorted({int(x) for x in (host.get("dsv4_router_port"), host.get("dsv4_prefill_port"), decode_port) if x})
-    remote.wait_health(ports, p.request.server_timeout, env)
-    if sweep._context_of(remote.server_info(decode_port, env)) != ctx:
-        raise Abort(exitcodes.ENVIRONMENT, f"{host.name}: after the restart the decode server does not run with {ctx}")
-
-
 def execute(p: ProfilePlan, progress: Say, restart: Optional[Callable] = None) -> dict:
     """Connect, profile each context, and return {"profiles": [...], "context_tax": ... or None,
-    "gate", "exit_code"}. ``restart`` replaces the playbook restart (``sweep.default_restart``)."""
-    import os
-
+    "gate", "exit_code"}. ``restart`` replaces the playbook restart
+    (``dsv4kit.serving.remote.default_restart``)."""
     from dsv4kit.core.ssh import RemoteError, open_session
 
-    env = {"OPENAI_API_KEY": os.environ["DSV4KIT_API_KEY"]} if os.environ.get("DSV4KIT_API_KEY") else None
     req = p.request
     profiles = []
     doing(f"connecting to {p.target.name}", "nothing was written")
     try:
         with open_session(p.target, trust_new_host_key=req.trust_new_host_key, say=progress) as session:
-            remote = sweep.Remote(session, p.target, progress)
-            try:
-                doing(f"preparing the bench client on {p.target.name}", "nothing was written")
-                remote.setup()
+            doing(f"preparing the bench client on {p.target.name}", "nothing was written")
+            with ServingSession(session, p.target, progress, inventory_path=p.inventory_path) as remote:
                 check_client(remote, session, p.target)
                 for ctx in p.contexts:
                     doing(f"checking the serving units' context length ({ctx})", "nothing was written")
-                    ensure_context(remote, p.target, ctx, p, progress, env, restart)
+                    remote.ensure_context(ctx, req.server_timeout, allow_restart=req.restart, restart=restart)
                     profiles.append(capture(remote, session, p.target, ctx=ctx, concurrency=req.concurrency,
                                             num_steps=req.num_steps, isl=p.input_len, osl=p.output_len,
                                             max_trace_mb=req.max_trace_mb, steady_timeout=req.steady_timeout,
-                                            timeout=req.timeout, progress=progress, env=env))
-            finally:
-                remote.cleanup()
-    except sweep.BenchAbort as exc:
+                                            timeout=req.timeout, progress=progress, env=remote.env))
+    except ServingAbort as exc:
         raise Abort(exc.exit_code, str(exc)) from None
     except RemoteError as exc:
         raise Abort(exc.exit_code, str(exc)) from None

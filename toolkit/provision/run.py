@@ -66,10 +66,10 @@ def _leave_out(path: Path, limit: Optional[Sequence[str]], unreachable: dict, sa
     Abort(UNREACHABLE) when no host is left."""
     if not unreachable:
         return limit
-    from dsv4kit.core.cli_common import _limited
+    from dsv4kit.core.cli_common import limited_hosts
     from dsv4kit.core.inventory import load_inventory
 
-    targets = [h.name for h in _limited(load_inventory(path), limit or [])]
+    targets = [h.name for h in limited_hosts(load_inventory(path), limit or [])]
     left = [name for name in targets if name not in unreachable]
     down = ", ".join(sorted(unreachable))
     for name, why in sorted(unreachable.items()):

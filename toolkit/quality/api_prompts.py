@@ -22,10 +22,10 @@ import json
 import random
 import urllib.error
 
-try:  # on the box: the bench's box-side package, beside box_eval.py (dsv4kit.bench.remote.Remote.setup)
+try:  # on the box: the bench's box-side package, beside box_eval.py (dsv4kit.serving.remote.Remote.setup)
     from dsv4box.http import open_request
 except ImportError:  # on the control machine
-    from dsv4kit.bench.box.http import open_request
+    from dsv4kit.serving.box.http import open_request
 
 CITIES = ("Paris", "Rome", "Tokyo", "Lima", "Oslo", "Cairo", "Seoul", "Quito", "Dakar", "Hanoi")
 NAMES = ("Ada", "Bo", "Chen", "Dara", "Eli", "Femi", "Gus", "Hana")

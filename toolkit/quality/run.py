@@ -130,19 +130,20 @@ def _tasks_source(value: str) -> Optional[dict]:
 
 def plan(req: EvalRequest, warn: Say) -> EvalPlan:
     """Every check that needs no box, in the order the user meets them; Abort naming the first problem."""
-    from dsv4kit.bench import arms as bench_arms, config
-    from dsv4kit.bench.run import _check_repo
+    from dsv4kit.bench import config
     from dsv4kit.core.inventory import InventoryError, default_inventory_path, load_inventory
     from dsv4kit.core.paths import results_repo_or_default
+    from dsv4kit.records import results_repo
+    from dsv4kit.serving import arms as serving_arms
 
     if req.ctx is not None and req.ctx < 2048:
         raise Abort(exitcodes.USAGE, f"--ctx {req.ctx}: the needle check needs at least 2048 tokens of context")
     if req.questions is not None and req.questions < 1:
         raise Abort(exitcodes.USAGE, f"--questions {req.questions}: give at least 1")
     tasks = _tasks_source(req.tasks)
-    ab_spec = bench_arms.parse_ab(req.ab) if req.ab is not None else None
+    ab_spec = serving_arms.parse_ab(req.ab) if req.ab is not None else None
     repo = results_repo_or_default(req.results_repo)
-    _check_repo(repo)
+    results_repo.check_option(repo)
     inventory_path = req.inventory or default_inventory_path()
     try:
         target = load_inventory(inventory_path).host(req.host)
@@ -155,7 +156,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
         from dsv4kit.provision import playbook
 
         try:  # every arm restarts the serving units through the playbook
-            playbook.check_tags(playbook.check_tools(), tags=bench_arms.arm_extra_vars(
+            playbook.check_tags(playbook.check_tools(), tags=serving_arms.arm_extra_vars(
                 target, int(target.get("dsv4_context_length") or 0), ab_spec, "A")[0])
         except playbook.ProvisionError as exc:
             raise Abort(exc.exit_code, f"--ab restarts the serving units for every arm: {exc}") from None
@@ -175,7 +176,7 @@ def plan(req: EvalRequest, warn: Say) -> EvalPlan:
 
 # ------------------------------------------------------------------------------ on the box
 class BoxEval:
-    """``box_eval.py`` on the box, beside the bench's helper (``dsv4kit.bench.remote.Remote``)."""
+    """``box_eval.py`` on the box, in the scratch directory of a ``dsv4kit.serving.session.ServingSession``."""
 
     def __init__(self, remote, url: str, env: Optional[dict], progress: Say):
         self.remote, self.url, self.env, self.progress = remote, url, env, progress
@@ -297,24 +298,15 @@ def execute(p: EvalPlan, progress: Say, argv: list[str]) -> EvalOutcome:
 
 
 def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dict, dict]:
-    import os
-
-    from dsv4kit.bench import arms as bench_arms, remote as bench_remote
-    from dsv4kit.bench.arm_pins import pin_running
     from dsv4kit.records.provenance import sections, toolkit_info
     from dsv4kit.records.record import decode_info
     from dsv4kit.rollout.remote import remote_report
+    from dsv4kit.serving.session import ServingSession
 
     host, req = p.target, p.request
     created, started = datetime.now(timezone.utc), time.time()
-    router_port = int(host.get("dsv4_router_port") or host["dsv4_decode_port"])
-    decode_port = int(host["dsv4_decode_port"])
-    serving_ports = sorted({int(x) for x in (router_port, host.get("dsv4_prefill_port"), decode_port) if x})
-    env = {"OPENAI_API_KEY": os.environ["DSV4KIT_API_KEY"]} if os.environ.get("DSV4KIT_API_KEY") else None
-    remote = bench_remote.Remote(session, host, progress)
-    try:
-        remote.setup()
-        box = BoxEval(remote, f"http://127.0.0.1:{router_port}", env, progress)
+    with ServingSession(session, host, progress, inventory_path=p.inventory_path) as remote:
+        box = BoxEval(remote, remote.addresses.router_url, remote.env, progress)
         probe = box.probe()
         served = probe.get("context_length")
         ctx = req.ctx or served
@@ -324,20 +316,20 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         _check_model(host, probe)
         tasks_path = box.fetch_tasks(p.tasks) if p.tasks is not None else None
         spec = spec_for(ctx, req.quick, req.seed, tasks_path, req.questions)
-        spec["api"] = {"model": served_name(host), "seeds": [req.seed] if req.quick else [req.seed + i for i in range(3)],
+        spec["api"] = {"model": remote.served_name(),
+                       "seeds": [req.seed] if req.quick else [req.seed + i for i in range(3)],
                        "max_tokens": 4096}  # the chat API check (dsv4kit.quality.api_check)
         spec.update(url=box.url, model_path=str(host["dsv4_model_path"]), parallel=min(64, int(
             host.get("dsv4_max_running_requests") or 64)))
         arms, details, provenance, ran = {}, {}, {}, {}
         if p.ab_spec is not None:  # the playbook cannot resolve 'auto': the arms keep what runs now
-            pin_running(host, remote.probe(), served, keep=p.ab_spec.key)
+            remote.pin(served, keep=p.ab_spec.key)
         names = list(p.ab_spec.arms) if p.ab_spec is not None else ["A"]
         for arm in names:
             if p.ab_spec is not None:
                 progress(f"arm {arm}: restarting the serving units with {_arm_setting(p.ab_spec, arm)}...")
-                bench_arms.default_apply_arm(p.inventory_path, host, served, p.ab_spec, arm, progress, req.server_timeout)
-                remote.wait_health(serving_ports, req.server_timeout, env)
-            info = remote.server_info(decode_port, env)
+                remote.apply_arm(p.ab_spec, arm, served, req.server_timeout)
+            info = remote.decode_info()
             arm_probe = remote.probe()
             provenance[arm] = sections(host=host, probe=arm_probe, server_info=info, context_length=served,
                                        restarted=p.ab_spec is not None)
@@ -351,7 +343,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
                 progress("arm A: the task items once more, the control...")
                 details[arm]["control"] = box.run({k: v for k, v in spec.items() if k == "tasks" or not isinstance(v, dict)},
                                                   "arm-A-control", req.arm_timeout)
-            after = decode_info(remote.server_info(decode_port, env))
+            after = decode_info(remote.decode_info())
             arms[arm] = {"setting": _arm_setting(p.ab_spec, arm), "paths": _paths(plugin),
                          "plugin": {k: plugin.get(k) for k in ("flags", "targets", "indexer_route", "problems", "error")},
                          "software": {k: provenance[arm]["software"].get(k) for k in
@@ -368,7 +360,7 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
         for arm, body in arms.items():  # speculative acceptance is judged with the answers
             details[arm]["speculative"] = {"algorithm": body["speculative_algorithm"],
                                            "accept_length": body["avg_spec_accept_length"]}
-        outcome, checks = judge(details, p.thresholds, served_names=[served_name(host)])
+        outcome, checks = judge(details, p.thresholds, served_names=[remote.served_name()])
         record = _build(p, argv, created, started, ctx, spec, provenance["A"], arms, checks, outcome,
                         decode_info(info), toolkit_info(argv))
         record["evidence"]["ran_with"] = agreed(ran)
@@ -376,16 +368,6 @@ def _run_arms(p: EvalPlan, session, progress: Say, argv: list[str]) -> tuple[dic
 
         publish_record(session, host, "eval", record, record["outcome"], progress)
         return record, details
-    finally:
-        remote.cleanup()
-
-
-def served_name(host) -> str:
-    """The name clients give the model: dsv4_served_model_name, else the path SGLang serves it as."""
-    from dsv4kit.bench.served_model import served_name_candidates
-
-    names = served_name_candidates(host)
-    return names[0] if names else str(host.get("dsv4_model_path"))
 
 
 def ran_with(host, probe: dict, ab) -> dict:
@@ -393,7 +375,7 @@ def ran_with(host, probe: dict, ab) -> dict:
     (``quality_evidence.coupled``; the kernel flags are in the arm's ``software``): read from the
     running servers, else the value the arm's restart rendered (a literal or pinned inventory
     value); None where neither is known."""
-    from dsv4kit.bench.arm_pins import running_fp4
+    from dsv4kit.serving.pins import running_fp4
     from dsv4kit.records.quality_evidence import FP4_SETTING, coupled, normalise
 
     if FP4_SETTING not in coupled(getattr(ab, "key", None)):

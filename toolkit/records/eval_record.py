@@ -38,7 +38,7 @@ SERVED_PREFIXES = ("dsv4_model_drafter", "dsv4_draft", "dsv4_speculative", "dsv4
                    "dsv4_indexer")
 
 
-#: Inventory settings an A/B may change (``bench``/``eval --ab KEY=...``: dsv4kit.bench.arms).
+#: Inventory settings an A/B may change (``bench``/``eval --ab KEY=...``: dsv4kit.serving.arms).
 SETTING_KEYS = ("dsv4_fp4_indexer",)
 
 

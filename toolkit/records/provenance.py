@@ -1,6 +1,6 @@
 """Provenance of a bench record: this toolkit's commit, and the box facts the probe gathered.
 
-The box side is ``dsv4kit.bench.box probe`` (run there with the SGLang venv python); this module
+The box side is ``dsv4kit.serving.box probe`` (run there with the SGLang venv python); this module
 turns its JSON plus the inventory and ``/server_info`` into the record's ``toolkit``, ``host``,
 ``gpus``, ``software``, ``model`` and ``server`` sections. Everything passes through
 ``dsv4kit.core.scrub`` on the way.

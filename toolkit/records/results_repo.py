@@ -186,6 +186,19 @@ def _probe_dir(directory: Path, what: str) -> None:
         raise ResultsRepoError(f"{what} {str(directory)!r} is not writable: {problem}")
 
 
+def check_option(repo: Path) -> None:
+    """``--results-repo`` before any work: Abort(ENVIRONMENT) without git, Abort(USAGE) when
+    ``repo`` cannot take a record (``check_writable``)."""
+    from dsv4kit.core import exitcodes
+
+    try:
+        check_writable(repo)
+    except GitNotFound as exc:
+        raise exitcodes.Abort(exitcodes.ENVIRONMENT, f"--results-repo: {exc}") from None
+    except ResultsRepoError as exc:
+        raise exitcodes.Abort(exitcodes.USAGE, f"--results-repo: {exc}") from None
+
+
 def check_writable(path: os.PathLike | str) -> bool:
     """Before a sweep: git is there, and the repository at ``path`` can be created or written.
 

@@ -270,7 +270,7 @@ def plan_host(host, *, results_dir: Optional[Path] = None, from_report: Optional
     unknown = [f for f in autos if _target_of(f) is None]
     if unknown:
         raise PlanError(exitcodes.USAGE, f"{host.name}: 'auto' is only known for the kernel flags "
-                                         f"{', '.join(sorted(_flags()))}, not {', '.join(unknown)}")
+                                         f"{', '.join(sorted(known_flags()))}, not {', '.join(unknown)}")
     report, path, facts, source, why = _evidence(host, plan, autos, results_dir, from_report, probe, say)
     if why is not None:
         return _stock(plan, autos, source, why, fp4_auto)
@@ -405,7 +405,8 @@ def _with_quality(host, name: str, decision: dict, facts, quality, served_with: 
     return "1", {**decision, "value": "1", "source": "report + quality record", "why": f"{reasons}; {found['why']}"}
 
 
-def _flags() -> list[str]:
+def known_flags() -> list[str]:
+    """Every kernel flag the toolkit knows (``dsv4kit.validation.verdict.FLAGS``)."""
     from dsv4kit.validation.verdict import FLAGS
 
     return list(FLAGS.values())

@@ -4,15 +4,15 @@
 refuses a literal ``auto``. So before ``bench`` or ``eval`` restarts the serving units (an A/B arm,
 another context length), ``pin_running`` replaces each ``auto`` in the host's variables by the value
 the units run now, read on the box (the bench probe): the restart then changes only what it means
-to change. Shared by ``dsv4kit.bench`` and ``dsv4kit.quality``.
+to change. Shared by ``dsv4kit.bench``, ``dsv4kit.quality`` and ``dsv4kit.profile``.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from dsv4kit.bench.config import BenchAbort
 from dsv4kit.core import exitcodes
+from dsv4kit.serving.abort import ServingAbort
 
 FP4_SETTING = "dsv4_fp4_indexer"
 FP4_SERVER_FLAG = "--enable-deepseek-v4-fp4-indexer"
@@ -20,6 +20,14 @@ FP4_SERVER_FLAG = "--enable-deepseek-v4-fp4-indexer"
 
 def _is_auto(value) -> bool:
     return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def has_auto(host, *, keep: Optional[str] = None) -> bool:
+    """Whether the host holds an ``auto`` (a kernel flag or the FP4 setting, other than ``keep``)
+    that ``pin_running`` would pin."""
+    flags = dict(host.get("dsv4_kernel_flags") or {})
+    return (any(_is_auto(v) for k, v in flags.items() if k != keep)
+            or (keep != FP4_SETTING and _is_auto(host.get(FP4_SETTING))))
 
 
 def running_fp4(host, probe: dict) -> tuple[Optional[bool], str]:
@@ -50,7 +58,7 @@ def running_fp4(host, probe: dict) -> tuple[Optional[bool], str]:
 def pin_running(host, probe: dict, served: int, *, keep: Optional[str] = None) -> None:
     """Pin the host's ``auto`` kernel flags and FP4 setting (in ``host.vars``) to what the units run now.
 
-    ``keep``: the A/B key the arms set themselves (left as is). BenchAbort(ENVIRONMENT) when an
+    ``keep``: the A/B key the arms set themselves (left as is). ServingAbort(ENVIRONMENT) when an
     ``auto`` FP4 setting cannot be read from the box: a restart would not know what to render.
     """
     from dsv4kit.records.provenance import sections
@@ -65,10 +73,10 @@ def pin_running(host, probe: dict, served: int, *, keep: Optional[str] = None) -
     if keep != FP4_SETTING and _is_auto(host.get(FP4_SETTING)):
         value, source = running_fp4(host, probe)
         if value is None:
-            raise BenchAbort(exitcodes.ENVIRONMENT,
-                             f"{FP4_SETTING} is 'auto' and what the units run cannot be read ({source}), so a "
-                             f"restart would not know whether to keep the FP4 cache: run `dsv4kit provision` "
-                             f"first, or set {FP4_SETTING} to true or false in the inventory")
+            raise ServingAbort(exitcodes.ENVIRONMENT,
+                               f"{FP4_SETTING} is 'auto' and what the units run cannot be read ({source}), so a "
+                               f"restart would not know whether to keep the FP4 cache: run `dsv4kit provision` "
+                               f"first, or set {FP4_SETTING} to true or false in the inventory")
         pins[FP4_SETTING] = value
     if pins:
         host.vars = {**host.vars, **pins}

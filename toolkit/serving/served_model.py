@@ -32,6 +32,13 @@ def served_name_candidates(host) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def served_name(host) -> str:
+    """The name clients give the model: the first of ``served_name_candidates``, else the path
+    SGLang serves it under."""
+    names = served_name_candidates(host)
+    return names[0] if names else str(host.get("dsv4_model_path"))
+
+
 def expected_model(host, probe: Optional[dict]) -> dict:
     """What the record says is served: the inventory's model path, the names it may be served
     under (the path, and ``dsv4_served_model_name`` when the inventory sets one), its revision, and

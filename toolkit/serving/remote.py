@@ -1,7 +1,7 @@
 """The box-side steps of a sweep over one SSH session (``Remote``), and the context-length restart.
 
 Each remote step has a timeout. ``Remote.setup`` copies the box-side package
-(``dsv4kit.bench.box``, with ``core/unit_env.py``) into a scratch directory on the box as
+(``dsv4kit.serving.box``, with ``core/unit_env.py``) into a scratch directory on the box as
 ``dsv4box``; the other methods run its commands there (``python -m dsv4box``).
 """
 
@@ -14,10 +14,16 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
-from dsv4kit.bench.config import PROBE_TIMEOUT_S, RESTART_TAG, SMALL_TIMEOUT_S, BenchAbort
 from dsv4kit.core import exitcodes
+from dsv4kit.serving.abort import ServingAbort
 
-#: The name the box-side package (``dsv4kit.bench.box``) has in the scratch directory on the box.
+#: Timeouts of the short box-side steps, and of the probe (it reads the model files).
+SMALL_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 120.0
+#: The playbook tag that re-renders and restarts the serving units.
+RESTART_TAG = "sglang_service"
+
+#: The name the box-side package (``dsv4kit.serving.box``) has in the scratch directory on the box.
 BOX_PACKAGE = "dsv4box"
 
 
@@ -34,9 +40,9 @@ class Remote:
     def setup(self) -> None:
         check = self.session.run(f"test -x {shlex.quote(self.python)}", timeout=SMALL_TIMEOUT_S, check=False)
         if check.exit_code != 0:
-            raise BenchAbort(exitcodes.ENVIRONMENT,
-                             f"{self.host.name}: no SGLang venv python at {self.python} (dsv4_venv_dir); "
-                             f"run `dsv4kit provision` first")
+            raise ServingAbort(exitcodes.ENVIRONMENT,
+                               f"{self.host.name}: no SGLang venv python at {self.python} (dsv4_venv_dir); "
+                               f"run `dsv4kit provision` first")
         # <dsv4_state_dir>/scratch/bench-XXXXXXXX (as validate does), else the box's temp dir.
         scratch = f"{str(self.host.get('dsv4_state_dir') or '/var/lib/dsv4kit').rstrip('/')}/scratch"
         made = self.session.run(
@@ -57,14 +63,14 @@ class Remote:
         """``systemctl restart`` of the serving units the probe found (``sudo -n`` unless root):
         a plain restart, nothing reconfigured (``--restarts``)."""
         if not getattr(self, "units", None):
-            raise BenchAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: --restarts needs the dsv4-*.service units, and "
-                                                    f"none were found (run `dsv4kit provision`)")
+            raise ServingAbort(exitcodes.ENVIRONMENT, f"{self.host.name}: --restarts needs the dsv4-*.service units, "
+                                                      f"and none were found (run `dsv4kit provision`)")
         names = " ".join(shlex.quote(f"{u}.service") for u in self.units)
         result = self.session.run(f'if [ "$(id -u)" = 0 ]; then systemctl restart {names}; '
                                   f'else sudo -n systemctl restart {names}; fi', timeout=timeout, check=False)
         if result.exit_code != 0:
-            raise BenchAbort(exitcodes.TOOL_FAILED, f"{self.host.name}: restarting {names} failed (exit "
-                                                    f"{result.exit_code}): {(result.stderr or result.stdout)[-800:]}")
+            raise ServingAbort(exitcodes.TOOL_FAILED, f"{self.host.name}: restarting {names} failed (exit "
+                                                      f"{result.exit_code}): {(result.stderr or result.stdout)[-800:]}")
 
     def cleanup(self) -> None:
         if self.workdir and ".." not in self.workdir and re.fullmatch(
@@ -82,25 +88,25 @@ class Remote:
         try:
             return json.loads(lines[-1])
         except (IndexError, ValueError):
-            raise BenchAbort(exitcodes.TOOL_FAILED,
-                             f"{self.host.name}: bench helper {args[0]} gave no JSON (exit {result.exit_code}): "
-                             f"{(result.stderr or result.stdout).strip()[-800:]}") from None
+            raise ServingAbort(exitcodes.TOOL_FAILED,
+                               f"{self.host.name}: bench helper {args[0]} gave no JSON (exit {result.exit_code}): "
+                               f"{(result.stderr or result.stdout).strip()[-800:]}") from None
 
     def server_info(self, port: int, env: Optional[dict]) -> dict:
         answer = self.helper("server-info", "--port", str(port), env=env)
         if not answer.get("ok"):
-            raise BenchAbort(exitcodes.ENVIRONMENT,
-                             f"{self.host.name}: {answer.get('error')}; is the serving unit running? "
-                             f"(`dsv4kit provision` starts it)")
+            raise ServingAbort(exitcodes.ENVIRONMENT,
+                               f"{self.host.name}: {answer.get('error')}; is the serving unit running? "
+                               f"(`dsv4kit provision` starts it)")
         return answer["server_info"]
 
     def wait_health(self, ports: list[int], timeout: float, env: Optional[dict]) -> None:
         answer = self.helper("wait-health", "--ports", ",".join(str(p) for p in ports), "--timeout",
                              str(timeout), timeout=timeout + SMALL_TIMEOUT_S, env=env)
         if not answer.get("ok"):
-            raise BenchAbort(exitcodes.TIMEOUT,
-                             f"{self.host.name}: serving ports {answer.get('pending')} not healthy after "
-                             f"{timeout:g}s: {answer.get('last_error')}")
+            raise ServingAbort(exitcodes.TIMEOUT,
+                               f"{self.host.name}: serving ports {answer.get('pending')} not healthy after "
+                               f"{timeout:g}s: {answer.get('last_error')}")
 
     def probe(self) -> dict:
         prefix = str(self.host.get("dsv4_prefix") or "/").rstrip("/")
@@ -116,8 +122,8 @@ class Remote:
                 self.session.get(remote_file, local)
                 return json.loads(local.read_text())
             except (OSError, ValueError) as exc:
-                raise BenchAbort(exitcodes.TOOL_FAILED, f"{label}: the box-side evidence file {remote_file} "
-                                                        f"could not be read: {exc}") from None
+                raise ServingAbort(exitcodes.TOOL_FAILED, f"{label}: the box-side evidence file {remote_file} "
+                                                          f"could not be read: {exc}") from None
 
     def fetch_line(self, remote_file: str, label: str) -> dict:
         with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:
@@ -125,20 +131,20 @@ class Remote:
             self.session.get(remote_file, local)
             lines = [l for l in local.read_text().splitlines() if l.strip()]
         if len(lines) != 1:
-            raise BenchAbort(exitcodes.TOOL_FAILED,
-                             f"{label}: expected one result line in {remote_file}, found {len(lines)}")
+            raise ServingAbort(exitcodes.TOOL_FAILED,
+                               f"{label}: expected one result line in {remote_file}, found {len(lines)}")
         try:
             return json.loads(lines[0])
         except ValueError as exc:
-            raise BenchAbort(exitcodes.TOOL_FAILED, f"{label}: the client's result line is not JSON: {exc}") from None
+            raise ServingAbort(exitcodes.TOOL_FAILED, f"{label}: the client's result line is not JSON: {exc}") from None
 
 
 
 def default_restart(inventory_path, host, context_length: int, progress: Callable[[str], None],
                     timeout: float) -> None:
     """Re-run the playbook's serving tag with the new context length (same settings as provision;
-    an ``auto`` setting as ``dsv4kit.bench.arm_pins.pin_running`` pinned it)."""
-    from dsv4kit.bench.arm_pins import pinned_settings
+    an ``auto`` setting as ``dsv4kit.serving.pins.pin_running`` pinned it)."""
+    from dsv4kit.serving.pins import pinned_settings
     from dsv4kit.provision import playbook as provision
 
     try:
@@ -146,11 +152,11 @@ def default_restart(inventory_path, host, context_length: int, progress: Callabl
                                          extra_vars={"dsv4_context_length": context_length, **pinned_settings(host)},
                                          progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
     except provision.ProvisionError as exc:  # no ansible-playbook, no playbook: nothing ran
-        raise BenchAbort(exc.exit_code, f"cannot restart the serving units with context length "
-                                        f"{context_length}: {exc}") from None
+        raise ServingAbort(exc.exit_code, f"cannot restart the serving units with context length "
+                                          f"{context_length}: {exc}") from None
     if summary.failed:
-        raise BenchAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
-                         f"restarting the serving units with context length {context_length} failed "
-                         f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
+        raise ServingAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
+                           f"restarting the serving units with context length {context_length} failed "
+                           f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
 
 

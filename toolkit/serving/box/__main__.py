@@ -1,5 +1,5 @@
 """Box-side helper of ``dsv4kit bench``, run on the box with the SGLang venv python as
-``python -m dsv4box COMMAND`` from the directory it is copied into (``dsv4kit.bench.remote``). Standard library only; each
+``python -m dsv4box COMMAND`` from the directory it is copied into (``dsv4kit.serving.remote``). Standard library only; each
 subcommand prints one JSON object on stdout (``run-point`` writes its evidence to a file):
 
 ``server-info --port P``        ``GET /server_info`` of the server on 127.0.0.1:P.

@@ -1,7 +1,8 @@
-"""A/B arms (``bench --ab KEY=A,B``): the spec, the restart settings of each arm, the verdict.
+"""A/B arms (``bench --ab KEY=A,B``, ``eval --ab``): the spec and the restart settings of each arm.
 
-``dsv4kit eval`` uses the same pieces, so they live here under these names: ``ABSpec``,
-``parse_ab``, ``arm_extra_vars``, ``default_apply_arm``, ``arm_comparison``.
+``dsv4kit bench`` and ``dsv4kit eval`` use the same pieces: ``ABSpec``, ``parse_ab``,
+``arm_extra_vars``, ``default_apply_arm``. The bench's verdict between the arms of one record is
+``dsv4kit.bench.assembly.arm_comparison``.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from dsv4kit.bench.config import RESTART_TAG, BenchAbort
 from dsv4kit.core import exitcodes
+from dsv4kit.serving.abort import ServingAbort
+from dsv4kit.serving.remote import RESTART_TAG
 
 
 #: Inventory settings of the serving units an A/B may change (lower-case keys), with their values.
@@ -42,7 +44,7 @@ class ABSpec:
 
 
 def parse_ab(text: str) -> ABSpec:
-    """``KEY=A,B`` -> ABSpec; bad input is BenchAbort(USAGE). A setting's values are read as
+    """``KEY=A,B`` -> ABSpec; bad input is ServingAbort(USAGE). A setting's values are read as
     booleans (true/false, 1/0, any case) and kept as ``true``/``false``."""
     key, sep, values = text.partition("=")
     key = key.strip()
@@ -67,7 +69,7 @@ def parse_ab(text: str) -> ABSpec:
     elif parts[0] == parts[1]:
         problems.append(f"the two values are the same ({parts[0]!r}): nothing to compare")
     if problems:
-        raise BenchAbort(exitcodes.USAGE, f"--ab {text!r}: " + "; ".join(problems))
+        raise ServingAbort(exitcodes.USAGE, f"--ab {text!r}: " + "; ".join(problems))
     return ABSpec(key=key, values={"A": parts[0], "B": parts[1]})
 
 
@@ -78,7 +80,7 @@ def arm_extra_vars(host, context_length: int, ab: ABSpec, arm: str) -> tuple[lis
     setting is passed as itself (a boolean; tag sglang_service restarts both servers). The inventory
     is not changed: the next ``dsv4kit provision`` restores its values. Settings the arm leaves alone
     go as the host holds them (``pin_running`` pins an ``auto`` one first)."""
-    from dsv4kit.bench.arm_pins import pinned_settings
+    from dsv4kit.serving.pins import pinned_settings
 
     value = ab.values[arm]
     extra = {"dsv4_context_length": context_length, **pinned_settings(host)}
@@ -114,22 +116,10 @@ def default_apply_arm(inventory_path, host, context_length: int, ab: ABSpec, arm
         summary = provision.run_playbook(inventory_path, limit=host.name, tags=tags, extra_vars=extra,
                                          progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
     except provision.ProvisionError as exc:
-        raise BenchAbort(exc.exit_code, f"cannot restart the serving units for arm {arm} "
-                                        f"({ab.key}={ab.values[arm]}): {exc}") from None
+        raise ServingAbort(exc.exit_code, f"cannot restart the serving units for arm {arm} "
+                                          f"({ab.key}={ab.values[arm]}): {exc}") from None
     if summary.failed:
-        raise BenchAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
-                         f"restarting the serving units for arm {arm} ({ab.key}={ab.values[arm]}) failed "
-                         f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
-
-
-def arm_comparison(record: dict):
-    """The A/B verdicts: arm B against arm A, from the one record's points (``dsv4kit.records.compare``)."""
-    from dsv4kit.records.compare import compare, select_arm
-
-    sides = {arm: select_arm(record, arm) for arm in ABSpec.arms}
-    # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both).
-    # One record: the arms differ by design, in the A/B key itself (served_flags.key_value names both,
-    # and a server flag changes the launch arguments).
-    return compare(sides["A"], sides["B"], ignore=("kernel_flags", "launch_args"))
-
+        raise ServingAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
+                           f"restarting the serving units for arm {arm} ({ab.key}={ab.values[arm]}) failed "
+                           f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
 
