@@ -84,7 +84,7 @@ def control_machine() -> list[Check]:
 # --------------------------------------------------------------------------- the inventory
 def inventory(path, limit: Optional[list]) -> tuple[Check, list]:
     """The inventory check and the hosts to check next (--limit: host or group names)."""
-    from dsv4kit.core.cli_common import _limited
+    from dsv4kit.core.cli_common import limited_hosts
     from dsv4kit.core.inventory import InventoryError, load_inventory
 
     try:
@@ -92,7 +92,7 @@ def inventory(path, limit: Optional[list]) -> tuple[Check, list]:
     except InventoryError as exc:
         return _failed("inventory", str(exc), "fix the file named above (its variables: docs/provisioning.md)",
                        exitcodes.USAGE), []
-    hosts = _limited(inv, limit) if limit else list(inv.hosts.values())
+    hosts = limited_hosts(inv, limit) if limit else list(inv.hosts.values())
     if not hosts:
         return _failed("inventory", f"--limit {','.join(limit)} matches no host or group",
                        "give host or group names of the inventory", exitcodes.USAGE), []
