@@ -131,7 +131,8 @@ class State:
         self.served_model_path = getattr(args, "served_model_path", "")
         self.kv_transfer_ms = getattr(args, "kv_transfer_ms", 0.0)
         # latency histograms, cache hit rate, SWA use, PD transfer series (tests/standin_histograms.py)
-        self.serving = ServingMetrics(getattr(args, "disaggregation_mode", None) or "null")
+        self.serving = ServingMetrics(getattr(args, "disaggregation_mode", None) or "null",
+                                      publish=getattr(args, "serving_metrics", False))
         self.chat = chat_standin.ChatStandIn(getattr(args, "served_model_name", "") or args.model_path)
         # SGLang's HTTP middleware counts every request it receives by (endpoint, method), as it arrives.
         self.http_requests: dict = {}
@@ -719,6 +720,9 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-transfer-ms", type=float, default=0.0,
                         help="PD decode: the first token comes at once (the prefill server's), then the KV "
                              "transfer takes this long before the request runs here")
+    parser.add_argument("--serving-metrics", action="store_true",
+                        help="/metrics also has 0.5.23's latency histograms, cache hit rate, SWA use and PD transfer "
+                             "series (off by default: the bench tests scrape every 20 ms on a shared CI machine)")
     parser.add_argument("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"],
                         help="prefill: /metrics also has the KV transfer latency histogram, one transfer per request")
     parser.add_argument("--prefill-peer-port", type=int, default=0,

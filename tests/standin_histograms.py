@@ -46,8 +46,8 @@ class Histogram:
 class ServingMetrics:
     """What the stand-in adds to ``/metrics`` from the requests it served (call with its lock held)."""
 
-    def __init__(self, disaggregation_mode: str = "null"):
-        self.mode = disaggregation_mode
+    def __init__(self, disaggregation_mode: str = "null", publish: bool = True):
+        self.mode, self.publish = disaggregation_mode, publish
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
         self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
@@ -79,6 +79,8 @@ class ServingMetrics:
         self.bootstrap_failed += int(body.get("bootstrap_failed", 0))
 
     def lines(self, model_path: str, scheduler_labels: str, startup_time: float, token_usage: float) -> list:
+        if not self.publish:
+            return []
         tokenizer = f'model_name="{model_path}",engine_type="unified"'
         streaming = tokenizer + ',is_streaming="true"'
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

@@ -83,9 +83,10 @@ def stack(tmp_path_factory, loopback_ssh):
     work = tmp_path_factory.mktemp("journey")
     procs: list[subprocess.Popen] = []
     # the prefill role writes PD's KV transfer histogram; decode runs speculative decoding
-    servers = {"prefill": FakeServer(work / "prefill", work / "model", token_delay_ms=5,
+    servers = {"prefill": FakeServer(work / "prefill", work / "model", token_delay_ms=5, serving_metrics=True,
                                      disaggregation_mode="prefill").start(),
-               "decode": FakeServer(work / "decode", work / "model", token_delay_ms=5, spec_accept_length=2.5).start()}
+               "decode": FakeServer(work / "decode", work / "model", token_delay_ms=5, serving_metrics=True,
+                                    spec_accept_length=2.5).start()}
     dcgm, router = _Exporter("dcgm", work), _Exporter("router", work)
     procs += [dcgm.proc, router.proc]
     ports = {name: _free_port() for name in ("prometheus", "alertmanager", "node")}

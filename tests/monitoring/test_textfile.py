@@ -63,8 +63,11 @@ def test_a_record_is_written_over_ssh_whole_and_nothing_without_the_directory(tm
         assert not collector.exists() and not warnings  # no monitoring on this box: nothing, quietly
         collector.mkdir()
         assert textfile.publish_record(session, host, "eval", RECORD, "pass", warnings.append)
+        assert os.listdir(collector) == [] and not warnings  # a directory the role did not mark: nothing
+        (collector / textfile.MARKER).write_text("the monitoring role's\n")
+        assert textfile.publish_record(session, host, "eval", RECORD, "pass", warnings.append)
         assert textfile.publish_record(session, host, "bench", RECORD, "invalid", warnings.append)
-    assert sorted(os.listdir(collector)) == ["dsv4kit-record-bench.prom", "dsv4kit-record-eval.prom"]
+    assert sorted(os.listdir(collector)) == [textfile.MARKER, "dsv4kit-record-bench.prom", "dsv4kit-record-eval.prom"]
     assert oct((collector / "dsv4kit-record-eval.prom").stat().st_mode & 0o777) == "0o644"
     eval_series = _samples((collector / "dsv4kit-record-eval.prom").read_text())
     assert eval_series[0].labels["run_id"] == RECORD["run_id"] and eval_series[0].labels["outcome"] == "pass"

@@ -88,6 +88,8 @@ FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dsv4_monitoring_spec_accept_qualified": ((int, float, type(None)), "Speculative acceptance length the qualifying eval recorded; null: no acceptance alert."),
     "dsv4_monitoring_spec_accept_share": ((int, float), "The acceptance alert fires below this share of dsv4_monitoring_spec_accept_qualified."),
     "dsv4_monitoring_alert_webhooks": (list, "Alertmanager webhook receiver URLs."),
+    "dsv4_monitoring_textfile_dir": (str, "node_exporter's textfile collector directory under dsv4_prefix "
+                                          "(the rollout and validate/eval/bench write the dashboard's box series)."),
     "dsv4_prometheus_apt_versions": (dict, "Per Ubuntu release, the pinned versions of prometheus, prometheus-alertmanager and prometheus-node-exporter."),
     "dsv4_dcgm_exporter_version": (str, "NVIDIA DCGM exporter release (<DCGM>-<exporter>) the rules and dashboard are written for."),
     "dsv4_dcgm_exporter_package": (str, "apt package of the DCGM exporter (CUDA repository)."),

@@ -70,9 +70,14 @@ def textfile_dir(host) -> Optional[str]:
     return f"{str(host.get('dsv4_prefix') or '').rstrip('/')}{host.get('dsv4_monitoring_textfile_dir') or DEFAULT_DIR}"
 
 
-#: On the box: nothing when the directory is absent (no monitoring there); sudo -n when the login
-#: user cannot write it; the same hidden-name-then-rename as ``write_local``.
-_BOX_WRITE = ('d=$1; f=$2; [ -d "$d" ] || exit 0; s=""; [ -w "$d" ] || s="sudo -n"; '
+#: The monitoring role leaves this file in the directory it points the collector at: the commands
+#: write their record series only into a directory the role configured (never into a
+#: distribution's default directory that nothing of ours reads).
+MARKER = ".dsv4kit-monitoring"
+
+#: On the box: nothing without the role's marker (no monitoring there); sudo -n when the login
+#: user cannot write the directory; the same hidden-name-then-rename as ``write_local``.
+_BOX_WRITE = ('d=$1; f=$2; [ -e "$d/' + MARKER + '" ] || exit 0; s=""; [ -w "$d" ] || s="sudo -n"; '
               'printf "%s" "$3" | $s tee "$d/.$f.tmp" >/dev/null && $s chmod 0644 "$d/.$f.tmp" '
               '&& $s mv -f "$d/.$f.tmp" "$d/$f"')
 
