@@ -398,7 +398,7 @@ def make_handler(state: State):
                     for key in ("error_every", "cached_tokens", "token_delay_ms", "flush_status",
                                 "priority_scheduling", "all_schedulers", "tp_size", "served_model_path",
                                 "spec_accept_length", "kv_transfer_ms", "decode_counter_scale",
-                                "counter_reset_at", "gauge_refresh_passes", "stalled"):
+                                "counter_reset_at", "gauge_refresh_passes", "stalled", "prefill_ms"):
                         if key in body:
                             setattr(state, key, body[key])
                     if body.get("counter_reset_at"):  # from now: once the decode counter grew by that much
