@@ -250,7 +250,7 @@ def test_bench_prefill_under_ab_measures_each_arm_with_its_own_servers(bench_box
         applied.append(arm)
         server.post("/_test/config", {"restart": True, "prefill_ms": 40 if arm == "A" else 160})
 
-    cfg = SweepConfig(context_length=4096, concurrency=[2], input_len=16, output_len=16, repeat=1, num_prompts=4,
+    cfg = SweepConfig(context_length=4096, concurrency=[1], input_len=16, output_len=8, repeat=1, num_prompts=2,
                       warmup_requests=1, metrics_interval_s=0.02, prefill_lengths=[512], prefill_requests=1)
     with open_session(host) as session:
         record = run_sweep(cfg, host=host, session=session, inventory_path=inventory, progress=lambda _: None,
