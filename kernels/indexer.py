@@ -78,6 +78,7 @@ import triton
 import triton.language as tl
 
 from dsv4kit.kernels.errors import KernelArgumentError
+from dsv4kit.kernels.indexer_rows import fill_tail, page_id
 
 PAGE_SIZE = 64  # compressed positions per index-K page
 HEAD_DIM = 128  # index head dim
@@ -160,18 +161,8 @@ def _indexer_logits_kernel(
         # and its stores masked by n_pages, so it writes nothing.
         scoring = scoring | (page_first == -2147483648)
     page_first = page_first.to(tl.int64)
-    if EXACT_TAIL:
-        # ---- this program's share of the -inf tail [n_pages*PAGE, max_seq_len) ----
-        tail_start = n_pages * PAGE
-        tail = tl.maximum(max_seq_len - tail_start, 0)
-        chunk = tl.cdiv(tl.cdiv(tail, progs_per_row), PAGE) * PAGE  # multiple of 64: aligned stores
-        start = tail_start + j * chunk
-        end = tl.minimum(start + chunk, max_seq_len)
-        neg_inf = tl.full([FILL], float("-inf"), tl.float32)
-        for off in range(start, end, FILL):
-            off = tl.multiple_of(off, PAGE)
-            idx = off + tl.arange(0, FILL)
-            tl.store(out_row + idx, neg_inf, mask=idx < end)
+    if EXACT_TAIL:  # this program's share of the -inf tail [n_pages*PAGE, max_seq_len)
+        fill_tail(out_row, n_pages * PAGE, max_seq_len, j, progs_per_row, FILL, PAGE)
 
     # ---- scored pages: j, j+R, ... < n_pages ----
     store_end = tl.minimum(n_pages * PAGE, max_seq_len)
@@ -205,9 +196,7 @@ def _indexer_logits_kernel(
                     page_ok = ok_next
                     s_k = s_next
                     p_next = p + progs_per_row
-                    page_next = tl.load(pt_row + p_next, mask=p_next < n_pages, other=0).to(tl.int64)
-                    ok_next = (page_next >= 0) & (page_next < num_pages)
-                    page_next = tl.where(ok_next, page_next, 0)
+                    page_next, ok_next = page_id(pt_row, p_next, n_pages, num_pages)
                     s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4
                                      + offs_t, mask=(offs_t * 0 + p_next) < n_pages, other=0.0)
                 else:

@@ -55,6 +55,7 @@ import triton.language as tl
 from dsv4kit.kernels import indexer as _fp8_entry
 from dsv4kit.kernels import indexer_tiles as _tiles
 from dsv4kit.kernels.errors import KernelArgumentError
+from dsv4kit.kernels.indexer_rows import fill_tail, page_id, row_scalars
 from dsv4kit.kernels.indexer import (
     _INTERPRET,
     FILL_BLOCK,
@@ -118,16 +119,7 @@ def _fp4_logits_kernel(
     # Read beside seq_len: j < R <= P keeps it inside the row; used only if j < n_pages.
     page_first = tl.load(pt_row + j).to(tl.int64)
     if EXACT_TAIL:
-        tail_start = n_pages * PAGE
-        tail = tl.maximum(max_seq_len - tail_start, 0)
-        chunk = tl.cdiv(tl.cdiv(tail, progs_per_row), PAGE) * PAGE
-        start = tail_start + j * chunk
-        end = tl.minimum(start + chunk, max_seq_len)
-        neg_inf = tl.full([FILL], float("-inf"), tl.float32)
-        for off in range(start, end, FILL):
-            off = tl.multiple_of(off, PAGE)
-            idx = off + tl.arange(0, FILL)
-            tl.store(out_row + idx, neg_inf, mask=idx < end)
+        fill_tail(out_row, n_pages * PAGE, max_seq_len, j, progs_per_row, FILL, PAGE)
 
     if j < n_pages:
         store_end = tl.minimum(n_pages * PAGE, max_seq_len)
@@ -151,10 +143,7 @@ def _fp4_logits_kernel(
                 _score_page(kv_ptr, page, ok, q, q_scale, w, seq_len, p, out_row, store_end,
                             offs_t, offs_i, offs_s, PAGE, PACKED, PAGE_BYTES, SCALE_OFFSET)
                 # The next page's id, read one step ahead.
-                p_next = p + progs_per_row
-                page = tl.load(pt_row + p_next, mask=p_next < n_pages, other=0).to(tl.int64)
-                ok = (page >= 0) & (page < num_pages)
-                page = tl.where(ok, page, 0)
+                page, ok = page_id(pt_row, p + progs_per_row, n_pages, num_pages)
 
 
 @triton.jit
@@ -209,16 +198,16 @@ def _fp4_shared_rows_kernel(
     offs_i = tl.arange(0, PACKED)
     offs_s = tl.arange(0, 4)
     rows = tile * ROWS + offs_r
-    seq_len, n_pages, pt_rows, out_rows, store_end = _tiles._row_scalars(
+    seq_len, n_pages, pt_rows, out_rows, store_end = row_scalars(
         seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, rows, batch,
         max_seq_len, PAGE)
     if EXACT_TAIL:
         for r in tl.static_range(ROWS):
-            _, _, _, o_r, e_r = _tiles._row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr,
+            _, _, _, o_r, e_r = row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr,
                                                     pt_stride, out_ptr, tile * ROWS + r, batch,
                                                     max_seq_len, PAGE)
             if tile * ROWS + r < batch:
-                _tiles._fill_tail(o_r, e_r, max_seq_len, j, progs, FILL, PAGE)
+                fill_tail(o_r, e_r, max_seq_len, j, progs, FILL, PAGE)
     q_u8 = q_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
     qs_u8 = qs_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
     n_max = tl.max(n_pages, axis=0)
@@ -248,7 +237,7 @@ def _fp4_shared_rows_kernel(
         offs_h = tl.arange(0, H)
         for r in tl.static_range(ROWS):
             row = tile * ROWS + r
-            L_r, n_r, pt_r, o_r, e_r = _tiles._row_scalars(seq_lens_ptr, seq_lens_stride,
+            L_r, n_r, pt_r, o_r, e_r = row_scalars(seq_lens_ptr, seq_lens_stride,
                                                            page_table_ptr, pt_stride, out_ptr, row,
                                                            batch, max_seq_len, PAGE)
             row_c = tl.where(row < batch, row, 0)
@@ -256,9 +245,8 @@ def _fp4_shared_rows_kernel(
             qs_r = tl.load(qs_u8 + (row_c * H + offs_h[:, None]) * 4 + offs_s[None, :])
             w_r = tl.load(w_ptr + row_c * H + offs_h)
             for p in range(j, n_r, progs):
-                page = tl.load(pt_r + p).to(tl.int64)
-                ok = (page >= 0) & (page < num_pages)
-                _score_page(kv_ptr, tl.where(ok, page, 0), ok, q_r, qs_r, w_r, L_r, p, o_r, e_r,
+                page, ok = page_id(pt_r, p, n_r, num_pages)
+                _score_page(kv_ptr, page, ok, q_r, qs_r, w_r, L_r, p, o_r, e_r,
                             offs_t, offs_i, offs_s, PAGE, PACKED, PAGE_BYTES, SCALE_OFFSET)
 
 

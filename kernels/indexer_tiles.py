@@ -39,6 +39,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsv4kit.kernels.indexer_rows import fill_tail, page_id, row_scalars
+
 # The index-K page layout of dsv4kit.kernels.indexer (docs/sglang-contract.md §2.3), repeated here
 # because that module imports this one; a test holds the two equal.
 PAGE_SIZE = 64
@@ -50,35 +52,6 @@ ROWS = 4  # rows per tile: M = ROWS x H on the tensor cores for a page the tile 
 NUM_WARPS = 4
 NUM_STAGES = 3
 CHECK = 64  # page-table columns a program compares per step when it decides shared / per row
-
-
-@triton.jit
-def _row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, row, batch,
-                 max_seq_len, PAGE: tl.constexpr):
-    """One row's length (0 past the batch), page count, table row, output row and store end
-    (``min(ceil(L/64)*64, max_seq_len)``; 0 past the batch)."""
-    live = row < batch
-    row_c = tl.where(live, row, 0)
-    seq_len = tl.load(seq_lens_ptr + row_c * seq_lens_stride)
-    seq_len = tl.where(live, tl.minimum(tl.maximum(seq_len, 0), max_seq_len), 0)
-    n_pages = (seq_len + PAGE - 1) // PAGE
-    store_end = tl.where(live, tl.minimum(n_pages * PAGE, max_seq_len), 0)
-    return seq_len, n_pages, page_table_ptr + row_c * pt_stride, out_ptr + row_c * max_seq_len, \
-        store_end
-
-
-@triton.jit
-def _fill_tail(out_row, store_end, max_seq_len, j, progs, FILL: tl.constexpr, PAGE: tl.constexpr):
-    """This program's share of ``[store_end, max_seq_len)`` set to ``-inf`` (exact policy)."""
-    tail = tl.maximum(max_seq_len - store_end, 0)
-    chunk = tl.cdiv(tl.cdiv(tail, progs), PAGE) * PAGE
-    start = store_end + j * chunk
-    end = tl.minimum(start + chunk, max_seq_len)
-    neg_inf = tl.full([FILL], float("-inf"), tl.float32)
-    for off in range(start, end, FILL):
-        off = tl.multiple_of(off, PAGE)
-        idx = off + tl.arange(0, FILL)
-        tl.store(out_row + idx, neg_inf, mask=idx < end)
 
 
 @triton.jit
@@ -138,17 +111,17 @@ def _shared_rows_kernel(
     offs_t = tl.arange(0, PAGE)
     offs_d = tl.arange(0, D)
     rows = tile * ROWS + offs_r
-    seq_len, n_pages, pt_rows, out_rows, store_end = _row_scalars(
+    seq_len, n_pages, pt_rows, out_rows, store_end = row_scalars(
         seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, rows, batch,
         max_seq_len, PAGE)
     if EXACT_TAIL:
         for r in tl.static_range(ROWS):
-            _, _, _, o_r, e_r = _row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr,
+            _, _, _, o_r, e_r = row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr,
                                              pt_stride, out_ptr, tile * ROWS + r, batch,
                                              max_seq_len, PAGE)
             # a row past the batch has nothing to fill (its store end is 0 but it has no row)
             if tile * ROWS + r < batch:
-                _fill_tail(o_r, e_r, max_seq_len, j, progs, FILL, PAGE)
+                fill_tail(o_r, e_r, max_seq_len, j, progs, FILL, PAGE)
 
     kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
@@ -199,17 +172,16 @@ def _score_row(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_s
     offs_t = tl.arange(0, PAGE)
     offs_h = tl.arange(0, H)
     offs_d = tl.arange(0, D)
-    seq_len, n_pages, pt_row, out_row, store_end = _row_scalars(
+    seq_len, n_pages, pt_row, out_row, store_end = row_scalars(
         seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, row, batch,
         max_seq_len, PAGE)
     row_c = tl.where(row < batch, row, 0)
     q = tl.load(q_ptr + row_c * (H * D) + offs_h[:, None] * D + offs_d[None, :])
     w = tl.load(w_ptr + row_c * H + offs_h)
-    id_next = tl.load(pt_row + first, mask=first < n_pages, other=-1)
+    id_next, ok_next = page_id(pt_row, first, n_pages, num_pages)
     for p in range(first, n_pages, step):
-        page = id_next
-        id_next = tl.load(pt_row + (p + step), mask=(p + step) < n_pages, other=-1)
-        ok = (page >= 0) & (page < num_pages)
+        page, ok = id_next, ok_next
+        id_next, ok_next = page_id(pt_row, p + step, n_pages, num_pages)
         k, s_k = _load_page(kv_fp8, kv_f32, page, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
         scores = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)  # [PAGE, H]
         logit = tl.sum(scores * w[None, :], axis=1) * s_k

@@ -15,7 +15,8 @@ per extend token, every row of a request with the same page-table row and a caus
   reference on a sample of rows.
 * The FP8 floor: the shape's FLOPs (``sum_r L_r * H * 128 * 2``) at the ``torch._scaled_mm`` rate
   measured in the same run (``dsv4kit.validation.timing``). Times are medians of CUDA-graph
-  replays over input copies that rotate past the L2.
+  replays over input copies that rotate past the L2, from the second of two passes over the
+  implementations (the first pass is kept as ``times_us_first_pass``).
 * Targets: at every prefill shape ours <= 1.3x the floor where the prefix is >= 32K tokens and
   <= 1.6x at an empty prefix, faster than TileLang; decode no slower than the per-row kernel by
   more than 3%.
@@ -141,20 +142,27 @@ def bench_shape(torch, shape: dict, runs, rates: dict, log) -> dict:
                   flops=flops(first), times_us={}, checks={}, skipped={})
     result["floor_us"] = result["flops"] / rates["fp8_flops_per_s"] * 1e6
     pages = first.page_table.shape[1]
-    for name, fn, tail in runs:
-        if name == TORCH and bench_indexer.fallback_peak_bytes(batch, pages) > FALLBACK_BUDGET:
-            result["skipped"][name] = "over the fallback memory budget"
-            continue
-        try:
-            out = fn(*first.args())
-            result["checks"][name] = _check(torch, out, first, tail)
-            del out
-            calls = [lambda c=c, fn=fn: fn(*c.args()) for c in copies]
-            result["times_us"][name] = timing.graph_time_us(torch, calls)
-        except Exception as exc:  # noqa: BLE001 - one implementation failing is recorded
-            result["skipped"][name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
-            log(f"{name} at {shape['name']}: {result['skipped'][name]}")
-        torch.cuda.empty_cache()
+    # Two passes over the implementations, the second one kept: in one pass the first timed
+    # implementation came out up to ~10% slower than an identical launch timed after it (H100).
+    result["times_us_first_pass"] = {}
+    for timed in (result["times_us_first_pass"], result["times_us"]):
+        for name, fn, tail in runs:
+            if name in result["skipped"]:
+                continue
+            if name == TORCH and bench_indexer.fallback_peak_bytes(batch, pages) > FALLBACK_BUDGET:
+                result["skipped"][name] = "over the fallback memory budget"
+                continue
+            try:
+                if name not in result["checks"]:
+                    out = fn(*first.args())
+                    result["checks"][name] = _check(torch, out, first, tail)
+                    del out
+                calls = [lambda c=c, fn=fn: fn(*c.args()) for c in copies]
+                timed[name] = timing.graph_time_us(torch, calls)
+            except Exception as exc:  # noqa: BLE001 - one implementation failing is recorded
+                result["skipped"][name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+                log(f"{name} at {shape['name']}: {result['skipped'][name]}")
+            torch.cuda.empty_cache()
     ours, per_row = result["times_us"].get(OURS), result["times_us"].get(PER_ROW)
     stock = result["times_us"].get(TILELANG)
     result["vs_floor"] = None if ours is None else ours / result["floor_us"]

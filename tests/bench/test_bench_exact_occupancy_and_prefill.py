@@ -248,7 +248,40 @@ def test_bench_prefill_records_cold_prefill_per_length_from_the_prefill_servers_
     assert set(per) == {"256", "1024"} and all(e["valid"] and e["requests"] == 3 for e in per.values()), per
     # 50 ms a prompt whatever its length: the longer prompt's rate is about 4x the shorter's
     assert per["1024"]["tokens_per_s"] > 2.5 * per["256"]["tokens_per_s"], per
-    assert "prefill [2/2]: 1024 tokens:" in cold.stderr and "prompt tok/s (cold)" in cold.stderr
+    assert "prefill [2/2]: 1024 tokens:" in cold.stderr and "prompt tok/s (cold), TTFT" in cold.stderr
+    # TTFT: the wall time of each one-token request, at least the stand-in's 50 ms prefill
+    assert all(0.05 <= e["ttft_s"] < 5 for e in per.values()), per
+
+
+def test_bench_prefill_under_ab_measures_each_arm_with_its_own_servers(bench_box, tmp_path):
+    # Arm B's prefill takes 4x as long: the record holds both arms' cold prefill side by side,
+    # B's rate about a quarter of A's and its TTFT about 4x.
+    from dsv4kit.bench.prefill import ab_section  # noqa: F401  (the section the record holds)
+    from dsv4kit.bench.sweep import SweepConfig, parse_ab, run_sweep
+    from dsv4kit.bench import assembly
+    from dsv4kit.core.inventory import load_inventory
+    from dsv4kit.core.ssh import open_session
+
+    server, inventory = bench_box(context_length=4096, prefill_ms=40)
+    host = load_inventory(inventory).host()
+    applied = []
+
+    def apply_arm(inventory_path, host_, context_length, ab_, arm, progress, timeout):
+        applied.append(arm)
+        server.post("/_test/config", {"restart": True, "prefill_ms": 40 if arm == "A" else 160})
+
+    cfg = SweepConfig(context_length=4096, concurrency=[1], input_len=16, output_len=8, repeat=1, num_prompts=2,
+                      warmup_requests=1, metrics_interval_s=0.02, prefill_lengths=[512], prefill_requests=1)
+    with open_session(host) as session:
+        record = run_sweep(cfg, host=host, session=session, inventory_path=inventory, progress=lambda _: None,
+                           ab=parse_ab("SGLANG_SM120_TRITON_INDEXER=0,1"), apply_arm=apply_arm).record
+    assert applied == ["A", "B"]
+    prefill = record["prefill"]
+    assert set(prefill["arms"]) == {"A", "B"} and prefill["valid"], prefill["per_length"]
+    entry = prefill["per_length"]["512"]
+    assert 0.15 < entry["B_over_A_tokens_per_s"] < 0.5 and 2 < entry["B_over_A_ttft"] < 6, entry
+    table = assembly.format_summary(record)
+    assert "cold tok/s A" in table and "TTFT s A" in table and "\n     512 " in table, table
 
 
 def test_the_admissible_window_rule():

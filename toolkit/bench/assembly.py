@@ -80,7 +80,7 @@ def format_summary(record: dict) -> str:
             blocks.append(_summary_table(per_c["per_concurrency"]))
         if ab.get("summary") is not None:
             blocks.append(f"A/B (B against A): {ab.get('outcome')}: {ab.get('summary')}")
-        return "\n".join(blocks)
+        return "\n".join(blocks) + _prefill_table(record.get("prefill"))
     return _summary_table(summary["per_concurrency"]) + _prefill_table(record.get("prefill"))
 
 
@@ -88,10 +88,22 @@ def _prefill_table(prefill: Optional[dict]) -> str:
     """``bench --prefill``'s lines under the table (empty without it)."""
     if not prefill:
         return ""
-    lines = ["", f"{'prompt':>8} {'cold prefill tok/s':>19}  (the prefill server's counters)"]
+    def num(value, digits):
+        return "INVALID" if value is None else f"{value:.{digits}f}"
+
+    if "arms" in prefill:
+        lines = ["", f"{'prompt':>8} {'cold tok/s A':>13} {'B':>10} {'B/A':>6} {'TTFT s A':>9} {'B':>8} {'B/A':>6}"
+                 "  (the prefill server's counters)"]
+        for length, e in prefill.get("per_length", {}).items():
+            rate, ttft = e["tokens_per_s"], e["ttft_s"]
+            lines.append(f"{length:>8} {num(rate['A'], 1):>13} {num(rate['B'], 1):>10} "
+                         f"{num(e['B_over_A_tokens_per_s'], 2):>6} {num(ttft['A'], 3):>9} {num(ttft['B'], 3):>8} "
+                         f"{num(e['B_over_A_ttft'], 2):>6}")
+        return "\n".join(lines)
+    lines = ["", f"{'prompt':>8} {'cold prefill tok/s':>19} {'TTFT s':>8}  (the prefill server's counters)"]
     for length, entry in prefill.get("per_length", {}).items():
         value = "INVALID" if not entry["valid"] else f"{entry['tokens_per_s']:.1f}"
-        lines.append(f"{length:>8} {value:>19}")
+        lines.append(f"{length:>8} {value:>19} {num(entry.get('ttft_s'), 3):>8}")
     return "\n".join(lines)
 
 

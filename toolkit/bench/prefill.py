@@ -8,7 +8,11 @@ and reused (``prefill_cache``). A length is valid when every request had exactly
 computed, nothing reused (cold), and was the only generation request that started on the serving
 ports meanwhile (``http_requests_total``: no other client); its ``tokens_per_s`` is the computed
 tokens over the wall time around each request on the box (one new token and the HTTP round trip
-included, a small share at long prompts).
+included, a small share at long prompts). That wall time is also the request's time to its first
+(and only) token: ``ttft_s`` is its mean over the requests of a length.
+
+Under ``--ab`` each arm is measured after its last repetition's points, with that arm's servers,
+and ``ab_section`` puts the two side by side with B's rate and TTFT over A's.
 """
 
 from __future__ import annotations
@@ -44,7 +48,27 @@ def judge(length: int, answer: dict) -> dict:
     return {"length": length, "requests": len(samples), "valid": valid, "problems": problems,
             "tokens_per_s": statistics.fmean(rates) if valid else None,
             "tokens_per_s_min": min(rates) if valid else None, "tokens_per_s_max": max(rates) if valid else None,
+            "ttft_s": statistics.fmean(s["seconds"] for s in samples) if valid else None,
             "samples": samples}
+
+
+def ab_section(arms: dict) -> dict:
+    """The record's ``prefill`` section under ``--ab``: each arm's ``run`` result under ``arms``,
+    and per length both arms' rate and TTFT with B over A (None where either arm is invalid)."""
+    per_length = {}
+    for length in arms["A"]["per_length"]:
+        a, b = arms["A"]["per_length"][length], arms["B"]["per_length"].get(length) or {"valid": False}
+        valid = a["valid"] and b["valid"]
+        per_length[length] = {
+            "length": a["length"], "valid": valid,
+            "problems": [f"arm {arm}: {p}" for arm, e in (("A", a), ("B", b)) for p in e.get("problems", [])],
+            "tokens_per_s": {"A": a.get("tokens_per_s"), "B": b.get("tokens_per_s")},
+            "ttft_s": {"A": a.get("ttft_s"), "B": b.get("ttft_s")},
+            "B_over_A_tokens_per_s": b["tokens_per_s"] / a["tokens_per_s"] if valid else None,
+            "B_over_A_ttft": b["ttft_s"] / a["ttft_s"] if valid else None}
+    return {"source": arms["A"]["source"], "port": arms["A"]["port"],
+            "requests_per_length": arms["A"]["requests_per_length"], "arms": arms,
+            "per_length": per_length, "valid": all(e["valid"] for e in per_length.values())}
 
 
 def run(remote, lengths: list, *, router_port: int, prefill_port: int, requests: int, seed: int,
@@ -65,6 +89,6 @@ def run(remote, lengths: list, *, router_port: int, prefill_port: int, requests:
         out["per_length"][str(length)] = entry
         rate = entry["tokens_per_s"]
         progress(f"prefill [{n}/{len(lengths)}]: {length} tokens: "
-                 + (f"{rate:.1f} prompt tok/s (cold)" if rate is not None else "INVALID: " + "; ".join(entry["problems"])))
+                 + (f"{rate:.1f} prompt tok/s (cold), TTFT {entry['ttft_s']:.3f} s" if rate is not None else "INVALID: " + "; ".join(entry["problems"])))
     out["valid"] = all(e["valid"] for e in out["per_length"].values())
     return out

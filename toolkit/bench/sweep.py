@@ -126,8 +126,10 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
         if spill is not None:  # from here on the spill always holds a record the points join
             spill.progress(assembly.build_record(s, incomplete="the sweep did not finish"))
         loop.run(apply_arm, restart_units)
-        if cfg.prefill_lengths:
-            s.extras["prefill"] = loop.prefill()
+        if cfg.prefill_lengths:  # under --ab each arm's was taken after its last repetition
+            from dsv4kit.bench.prefill import ab_section
+
+            s.extras["prefill"] = ab_section(loop.prefill_arms) if ab else loop.prefill()
         if profile is not None:
             s.extras["profile"] = profile(remote, session, host, cfg, progress, helper_env)
     except (BenchAbort, RemoteError) as exc:
@@ -207,6 +209,7 @@ class _SweepLoop:
 
     def run(self, apply_arm: Optional[Callable], restart_units: Optional[Callable]) -> None:
         s, cfg, ab = self.s, self.s.cfg, self.s.ab
+        self.prefill_arms: dict = {}  # --prefill under --ab: each arm's, after its last repetition
         if ab is None:
             for rep in range(cfg.repeat):
                 if rep and restart_before(rep, cfg.repeat, cfg.restarts):
@@ -232,6 +235,8 @@ class _SweepLoop:
                 s.arm_provenance.setdefault(arm, provenance)
                 for c in cfg.concurrency:
                     self.point(c, rep, arm)
+                if cfg.prefill_lengths and rep == cfg.repeat - 1:  # --prefill with this arm's servers
+                    self.prefill_arms[arm] = self.prefill()
 
     def point(self, c: int, rep: int, arm: Optional[str]) -> None:
         s, cfg, remote, ab = self.s, self.s.cfg, self.remote, self.s.ab

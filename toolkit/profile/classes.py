@@ -47,6 +47,7 @@ RULES: tuple[Rule, ...] = (
     Rule("indexer", "ours", r"^_indexer_logits_kernel", "dsv4kit kernels/indexer.py"),
     Rule("indexer", "ours", r"^_fp4_logits_kernel", "dsv4kit kernels/indexer_fp4.py"),
     Rule("indexer", "ours", r"^_shared_rows_kernel", "dsv4kit kernels/indexer_tiles.py (rows that share keys)"),
+    Rule("indexer", "ours", r"^_fp4_shared_rows_kernel", "dsv4kit kernels/indexer_fp4.py (rows that share keys)"),
     Rule("attention", "ours", r"^_(sparse_mla_decode(_wide)?|combine_splits|simt_scope)_kernel",
          "dsv4kit kernels/sparse_mla_decode.py, sparse_mla_simt.py"),
     # SGLang 0.5.23's DeepSeek-V4 per-step glue: cache stores, attention metadata, compressors
