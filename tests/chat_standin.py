@@ -298,10 +298,6 @@ class ChatRun:
             out.append(self._chunk(None, usage=self.usage()))
         return out + ["[DONE]"]
 
-    def stream(self) -> list:
-        """Every payload of the stream at once (no decode pacing)."""
-        return self.opening() + [p for n in range(1, len(self.output) + 1) for p in self.step(n)] + self.closing()
-
 
 def send_error(handler, exc: Exception) -> None:
     """SGLang answers a chat request it cannot take with 400 and its message."""

@@ -91,11 +91,16 @@ def test_ignore_eos_without_a_limit_is_refused_with_400(server):
 def chat_model_dir(tmp_path_factory):
     """A model directory whose tokenizer is the chat stand-in's (byte-level, DeepSeek-V4's special
     tokens): the client and the server read text with one tokenizer, as on a real box."""
-    from transformers import PreTrainedTokenizerFast
+    import subprocess
+    import sys
+    from pathlib import Path
 
     directory = tmp_path_factory.mktemp("chat-model") / "DeepSeek-V4-Flash-test"
-    PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), clean_up_tokenization_spaces=False) \
-        .save_pretrained(str(directory))
+    script = ("import sys; from transformers import PreTrainedTokenizerFast; from tests.chat_standin import byte_tokenizer; "
+              "PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), clean_up_tokenization_spaces=False)"
+              ".save_pretrained(sys.argv[1])")  # in a child: transformers stays out of this process
+    subprocess.run([sys.executable, "-c", script, str(directory)], check=True, timeout=300,
+                   cwd=Path(__file__).resolve().parents[2])
     (directory / "config.json").write_text(json.dumps({"model_type": "dsv4kit-test", "vocab_size": 270}))
     return directory
 

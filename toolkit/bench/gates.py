@@ -14,7 +14,8 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
                      ``data: {"error": ...}``, and the native client counts it as a success with
                      ``output_len`` = the *requested* length, empty text and ``ttft = 0``.
 ``ttft_positive``    every per-request TTFT > 0 (the same trap, per request).
-``input_lens``       the server-reported prompt length of every request equals ISL, and the server
+``input_lens``       the server-reported prompt length of every request equals ISL (``--api chat``: none
+                     shorter than ISL less ``retok_tolerance``, ``dsv4kit.bench.api``), and the server
                      does report ``prompt_tokens`` (else the client falls back to the planned length).
 ``concurrency``      achieved concurrency (sum of latencies / duration) >= ``min_concurrency_ratio``
                      x the requested one: the client applied the load (queued requests count too).
