@@ -531,6 +531,8 @@ def make_handler(state: State):
                     for payload in run.step(len(ids)):
                         self._chunk(payload.encode())
 
+            if state.prefill_peer_port:  # the router sends the chat request to the prefill server too
+                self._dispatch_prefill({"input_ids": list(run.prompt_ids), "sampling_params": {}})
             self._stream_tokens(index, len(run.prompt_ids), len(run.output), run.cached, delay, body.get("priority", 0),
                                 token_at=run.output.__getitem__, emit=emit)
             if not stream:

@@ -69,14 +69,12 @@ def test_records_of_different_apis_are_not_compared_and_say_which_api():
 
 
 def test_the_record_schema_knows_the_api_and_records_show_prints_it(tmp_path):
-    from typer.testing import CliRunner
-
-    from dsv4kit.cli import app
+    from tests.cli_support import invoke
 
     chat = chat_record("lo-ctx4096-20260101T000300Z")
     check(chat)
     with pytest.raises(RecordError, match="client.api is 'grpc'"):
         check({**chat, "client": {**chat["client"], "api": "grpc"}})
     publish_record(tmp_path / "results", chat)
-    shown = CliRunner().invoke(app, ["records", "show", chat["run_id"], "--results-repo", str(tmp_path / "results")])
+    shown = invoke(["records", "show", chat["run_id"], "--results-repo", tmp_path / "results"])
     assert shown.exit_code == 0 and "API chat (client backend sglang-oai-chat)" in shown.output, shown.output
