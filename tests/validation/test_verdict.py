@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -120,8 +119,11 @@ def test_the_indexer_verdict_also_measures_prefill_chunks_that_fit_the_context()
 
 
 def test_defaults_are_the_bench_concurrencies_and_the_inventory_context():
-    bench = (REPO / "toolkit/commands/bench.py").read_text()
-    default = re.search(r'typer\.Option\("([\d,]+)", "--concurrency"', bench).group(1)
+    import inspect
+
+    from dsv4kit.commands.bench import bench
+
+    default = inspect.signature(bench).parameters["concurrency"].default
     assert verdict_run.DEFAULT_CONCURRENCY == tuple(int(c) for c in default.split(","))
     all_vars = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
     assert verdict_run.DEFAULT_CONTEXT == all_vars["dsv4_context_length"]

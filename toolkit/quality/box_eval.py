@@ -32,7 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prompts  # noqa: E402  (copied beside this file)
 import api_prompts  # noqa: E402  (copied beside this file; the api check)
-from dsv4box.http import headers as key_headers, open_request, request  # noqa: E402  (the bench's, beside this file)
+try:  # on the box: the serving stack's box-side package, copied beside this file
+    from dsv4box.http import headers as key_headers, open_request, request
+except ImportError:  # on the control machine (the judge imports finite from here)
+    from dsv4kit.serving.box.http import headers as key_headers, open_request, request
 
 REQUEST_TIMEOUT_S = 900.0
 
