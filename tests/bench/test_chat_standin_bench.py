@@ -111,7 +111,7 @@ def test_bench_api_chat_runs_the_real_chat_client_valid_when_honest_invalid_when
     """``--api chat`` through ``sglang.benchmark.serving --backend sglang-oai-chat`` against the chat
     stand-in: rep 1 honest, valid under every gate; rep 2 the chat route's usage says one token more
     per request than it streamed, so the client's count and the server's counters disagree."""
-    from tests.bench.test_bench_round3 import in_process_sweep
+    from tests.bench_support import in_process_sweep
     from tests.bench_support import FakeServer, bench_inventory
     from tests.conftest import SERVED_MODEL
 
