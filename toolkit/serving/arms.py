@@ -109,17 +109,8 @@ def arm_extra_vars(host, context_length: int, ab: ABSpec, arm: str) -> tuple[lis
 def default_apply_arm(inventory_path, host, context_length: int, ab: ABSpec, arm: str,
                       progress: Callable[[str], None], timeout: float) -> None:
     """Restart the serving units with arm ``arm``'s setting (``arm_extra_vars``) via the playbook."""
-    from dsv4kit.provision import playbook as provision
+    from dsv4kit.serving.remote import restart_units
 
     tags, extra = arm_extra_vars(host, context_length, ab, arm)
-    try:
-        summary = provision.run_playbook(inventory_path, limit=host.name, tags=tags, extra_vars=extra,
-                                         progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
-    except provision.ProvisionError as exc:
-        raise ServingAbort(exc.exit_code, f"cannot restart the serving units for arm {arm} "
-                                          f"({ab.key}={ab.values[arm]}): {exc}") from None
-    if summary.failed:
-        raise ServingAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
-                           f"restarting the serving units for arm {arm} ({ab.key}={ab.values[arm]}) failed "
-                           f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
+    restart_units(inventory_path, host, tags, extra, f"for arm {arm} ({ab.key}={ab.values[arm]})", progress, timeout)
 

@@ -140,23 +140,30 @@ class Remote:
 
 
 
+def restart_units(inventory_path, host, tags: list, extra_vars: dict, what: str,
+                  progress: Callable[[str], None], timeout: float) -> None:
+    """Re-run the playbook's ``tags`` on ``host`` with ``extra_vars``; ServingAbort naming ``what``
+    (e.g. "with context length 8192") when it cannot run or fails."""
+    from dsv4kit.provision import playbook as provision
+
+    try:
+        summary = provision.run_playbook(inventory_path, limit=host.name, tags=tags, extra_vars=extra_vars,
+                                         progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
+    except provision.ProvisionError as exc:  # no ansible-playbook, no playbook: nothing ran
+        raise ServingAbort(exc.exit_code, f"cannot restart the serving units {what}: {exc}") from None
+    if summary.failed:
+        raise ServingAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
+                           f"restarting the serving units {what} failed "
+                           f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
+
+
 def default_restart(inventory_path, host, context_length: int, progress: Callable[[str], None],
                     timeout: float) -> None:
     """Re-run the playbook's serving tag with the new context length (same settings as provision;
     an ``auto`` setting as ``dsv4kit.serving.pins.pin_running`` pinned it)."""
     from dsv4kit.serving.pins import pinned_settings
-    from dsv4kit.provision import playbook as provision
 
-    try:
-        summary = provision.run_playbook(inventory_path, limit=host.name, tags=[RESTART_TAG],
-                                         extra_vars={"dsv4_context_length": context_length, **pinned_settings(host)},
-                                         progress=lambda line: progress(f"  ansible: {line}"), timeout=timeout)
-    except provision.ProvisionError as exc:  # no ansible-playbook, no playbook: nothing ran
-        raise ServingAbort(exc.exit_code, f"cannot restart the serving units with context length "
-                                          f"{context_length}: {exc}") from None
-    if summary.failed:
-        raise ServingAbort(exitcodes.TIMEOUT if summary.timed_out else exitcodes.TOOL_FAILED,
-                           f"restarting the serving units with context length {context_length} failed "
-                           f"(ansible-playbook exit {summary.returncode}):\n{summary.stdout_tail[-1500:]}")
+    restart_units(inventory_path, host, [RESTART_TAG], {"dsv4_context_length": context_length, **pinned_settings(host)},
+                  f"with context length {context_length}", progress, timeout)
 
 
