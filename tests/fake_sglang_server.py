@@ -57,6 +57,11 @@ headline against what was delivered.
 Any number of clients may load it at once (a second client's requests count in its batch and
 its ``/metrics`` like the bench's own; ``tests/bench_support.ForeignLoad``).
 
+``--api-key-file F``: the server takes the key in F (a ``DSV4_ROUTER_API_KEY=...`` line, as the
+router's key file holds it; never on argv) and decides every request with SGLang 0.5.23's own
+``decide_request_auth`` (``srt/utils/auth.py`` from the cached wheel): ``/health*`` and ``/metrics``
+open, everything else 401 without ``Authorization: Bearer <key>``. ``/_test/*`` stays open.
+
 Listens on 127.0.0.1 only and exits by itself after ``--max-lifetime`` seconds.
 """
 
@@ -86,9 +91,38 @@ FAKE_ADMIN_KEY = "admin-dsv4kit-FAKE-SECRET-77c1"
 #: SGLang 0.5.23 publishes the scheduler gauges from its idle check at most this often.
 IDLE_PUBLISH_S = 30.0
 
+def request_auth(key_file: str):
+    """``allowed(method, path, authorization) -> bool`` of a server whose key is in ``key_file``,
+    decided by SGLang 0.5.23's ``decide_request_auth`` (its module loaded alone: it imports no torch)."""
+    import importlib.util
+    from pathlib import Path
+
+    key = next(line.split("=", 1)[1].strip() for line in Path(key_file).read_text().splitlines()
+               if line.startswith("DSV4_ROUTER_API_KEY="))
+    import sys
+
+    try:
+        from tests.sglang_wheel import sglang_site
+    except ImportError:
+        sys.path.append(str(Path(__file__).resolve().parents[1]))
+        from tests.sglang_wheel import sglang_site
+    spec = importlib.util.spec_from_file_location("sglang_auth", sglang_site() / "sglang/srt/utils/auth.py")
+    auth = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = auth  # its dataclasses look their module up
+    spec.loader.exec_module(auth)
+
+    def allowed(method: str, path: str, authorization) -> bool:
+        return path.startswith("/_test/") or auth.decide_request_auth(
+            method=method, path=path, authorization_header=authorization, api_key=key, admin_api_key=None,
+            auth_level=auth.AuthLevel.NORMAL).allowed
+
+    return allowed
+
+
 class State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.lock = threading.Lock()
+        self.allowed = request_auth(args.api_key_file) if args.api_key_file else None
         self.model_path = args.model_path
         self.context_length = args.context_length
         self.token_delay_ms = args.token_delay_ms
@@ -368,8 +402,18 @@ def make_handler(state: State):
                 self.wfile.write(data)
             return answer is not None
 
+        def _refused(self, path: str) -> bool:
+            """401 as SGLang's API-key middleware answers it, when the request lacks the key."""
+            if state.allowed is None or state.allowed(self.command, path, self.headers.get("Authorization")):
+                return False
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._json(401, {"error": "Unauthorized"})
+            return True
+
         def do_GET(self):
             path = urlparse(self.path).path
+            if self._refused(path):
+                return
             if path in ("/start_profile", "/stop_profile", "/_test/profiler") and self._profiler(path):
                 return
             if path in ("/health", "/health_generate"):
@@ -401,6 +445,8 @@ def make_handler(state: State):
 
         def do_POST(self):
             path = urlparse(self.path).path
+            if self._refused(path):
+                return
             if path in ("/start_profile", "/stop_profile", "/_test/profiler") and self._profiler(path):
                 return
             if path == "/flush_cache":
@@ -730,6 +776,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-peer-port", type=int, default=0,
                         help="PD: send every streamed /generate to the prefill server on this port first, as "
                              "sglang-router does (this server then stands in for router and decode)")
+    parser.add_argument("--api-key-file", default="", help="the key every route but /health*, /metrics needs")
     parser.add_argument("--served-model-name", default="",
                         help="the name /v1/models lists (SGLang's --served-model-name; default: the model path)")
     args = parser.parse_args(argv)

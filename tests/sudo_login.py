@@ -64,6 +64,26 @@ def sudo_login():
         shutil.rmtree(root, ignore_errors=True)
 
 
+@contextmanager
+def reachable_by(*paths: Path):
+    """Let other users reach ``paths`` (the client's venv and interpreter, which may live under a
+    0700 home here): every directory on the way gets search permission for others (``o+x``), only
+    while the block runs; each mode is put back after."""
+    changed = {}
+    try:
+        for path in paths:
+            for directory in [p for p in (Path(os.path.realpath(path)), *Path(os.path.realpath(path)).parents)
+                              if p.is_dir()]:
+                mode = directory.stat().st_mode & 0o7777
+                if not mode & 0o001 and directory not in changed:
+                    changed[directory] = mode
+                    directory.chmod(mode | 0o001)
+        yield
+    finally:
+        for directory, mode in changed.items():
+            directory.chmod(mode)
+
+
 @dataclass
 class ProcessWatch:
     """Reads /proc over and over; ``found`` lists where ``secret`` was seen, and by whom it was readable."""

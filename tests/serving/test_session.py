@@ -30,11 +30,26 @@ def test_the_addresses_come_from_the_inventory(values, router, prefill, serving)
     assert addresses.server_ports == [30001] + ([prefill] if prefill else [])
 
 
-def test_the_key_goes_in_the_environment_only_when_given(monkeypatch):
-    monkeypatch.delenv("DSV4KIT_API_KEY", raising=False)
-    assert api_env() is None
-    monkeypatch.setenv("DSV4KIT_API_KEY", "sk-test")
-    assert api_env() == {"OPENAI_API_KEY": "sk-test"}
+def test_the_box_side_steps_get_the_key_file_path_never_a_key(monkeypatch):
+    monkeypatch.setenv("DSV4KIT_API_KEY", "sk-test")  # the old control-side variable is not read
+    assert api_env(host()) == {"DSV4KIT_API_KEY_FILE": "/etc/dsv4kit/router-secret.env"}
+    assert api_env(host(dsv4_prefix="/srv/b")) == {"DSV4KIT_API_KEY_FILE": "/srv/b/etc/dsv4kit/router-secret.env"}
+
+
+def test_the_box_reads_the_key_file_itself_and_no_file_means_no_key(tmp_path, monkeypatch):
+    from dsv4kit.serving.box import http, key
+
+    secret = tmp_path / "router-secret.env"
+    monkeypatch.setenv(key.KEY_FILE_VARIABLE, str(secret))
+    key.api_key.cache_clear()
+    assert http.headers() == {}
+    secret.write_text("# written by the role\nDSV4_ROUTER_API_KEY=sk-file\n")
+    key.api_key.cache_clear()
+    assert http.headers() == {"Authorization": "Bearer sk-file"}
+    secret.write_text("OTHER=1\n")
+    with pytest.raises(key.KeyFileError, match="no DSV4_ROUTER_API_KEY= line"):
+        key.read_key_file(str(secret))
+    key.api_key.cache_clear()
 
 
 class Box(ServingSession):

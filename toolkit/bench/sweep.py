@@ -113,7 +113,7 @@ def run_sweep(cfg: SweepConfig, *, host, session, inventory_path, progress: Say,
     run_id, tag = run_names(host.name, cfg.context_length, stamp or utc_stamp(created))
     s = SweepState(cfg=cfg, run_id=run_id, tag=tag, created=created, started=time.time(), argv=argv,
                    total=cfg.repeat * len(cfg.concurrency) * (2 if ab else 1), ab=ab, slo=slo_limits(host))
-    helper_env = api_env()
+    helper_env = api_env(host)
     env = {**CLIENT_ENV, **(helper_env or {})}
     spill = Spill(Path(spill_root) / run_id, progress) if spill_root is not None else None
     if spill is not None:

@@ -86,7 +86,8 @@ def start_profile(port: int, out_dir: str, profile_id: str, num_steps: int) -> N
         raise Stop("no_profiler", f"the decode server on port {port} has no /start_profile (HTTP 404): it is not "
                                   f"an SGLang server with the profiler endpoints")
     if status in (401, 403):
-        raise Stop("rejected", f"/start_profile needs the server's admin key (HTTP {status}); set DSV4KIT_API_KEY")
+        raise Stop("rejected", f"/start_profile needs the server's admin key (HTTP {status}); the box's key "
+                                "file gave none it takes")
     if status >= 500:
         raise Stop("rejected", f"/start_profile failed (HTTP {status}: {_message(text)}); SGLang answers so when a "
                                f"profile is already running: stop it with `dsv4kit profile --stop` or POST /stop_profile")
@@ -192,7 +193,7 @@ def cmd_run(args) -> dict:
     argv = args.client[1:] if args.client[:1] == ["--"] else args.client
     log_path = os.path.join(parent, "profile-client.log")
     log = open(log_path, "w")
-    client = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    client = _http().start_client(argv, stdout=log, stderr=subprocess.STDOUT)  # the key in its memory only
     started = False
     result: dict = {"ok": False}
 

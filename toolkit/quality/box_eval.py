@@ -13,8 +13,8 @@ per position a list of such triples). ``run`` runs the checks the spec names and
 answers; judging them is the local side's job (``dsv4kit.quality.checks``). Every request asks
 for logprobs with the top-k; the result's ``budget`` holds, per check, the requests, tokens and
 lengths it drove and the logprob values that were null or not finite (``Ledger``). Progress goes to
-stderr as ``progress CHECK DONE TOTAL``. Every HTTP call has a timeout. ``$OPENAI_API_KEY`` is sent
-as the bearer key when set.
+stderr as ``progress CHECK DONE TOTAL``. Every HTTP call has a timeout. The router's key, when the
+box has one, is read from the box's key file (``dsv4box.key``) and sent as the bearer key.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """``ServingSession``: one box's serving stack over one SSH session, as bench, eval and profile use it.
 
 It owns what those commands each used to set up for themselves: the box's addresses (router,
-decode and prefill ports from the inventory, ``Addresses``), the API key's environment for the
-box-side steps (``api_env``), readiness (every serving port healthy), ``/server_info``, the
-served name clients give the model, and the restarts (another context length, an A/B arm),
-each after pinning what the units run now. It is a ``Remote``: ``setup`` copies the box-side
+decode and prefill ports from the inventory, ``Addresses``), where the box-side steps read the API
+key on the box (``api_env``: the key file's path), readiness (every serving port healthy),
+``/server_info``, the served name clients give the model, and the restarts (another context
+length, an A/B arm), each after pinning what the units run now. It is a ``Remote``: ``setup`` copies the box-side
 package, ``cleanup`` removes the scratch directory; ``with ServingSession(...)`` does both.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -18,15 +17,22 @@ from dsv4kit.core import exitcodes
 from dsv4kit.serving.abort import ServingAbort
 from dsv4kit.serving.remote import Remote
 
-#: The environment variable on the control machine that holds the router's API key, if it needs one.
-API_KEY_VARIABLE = "DSV4KIT_API_KEY"
+#: The router's key file as the provision role writes it, under ``dsv4_prefix`` (root-only, mode 0600;
+#: ``sglang_service_router_secret_file``).
+KEY_FILE = "etc/dsv4kit/router-secret.env"
 
 
-def api_env() -> Optional[dict]:
-    """The environment the box-side steps send the API key in (``OPENAI_API_KEY``, passed through
-    the SSH channel's stdin by ``dsv4kit.core.ssh``, never on a command line); None: no key."""
-    key = os.environ.get(API_KEY_VARIABLE)
-    return {"OPENAI_API_KEY": key} if key else None
+def key_file(host) -> str:
+    """Where the router's API key lies on the box (the file exists only when the inventory sets one)."""
+    return f"{str(host.get('dsv4_prefix') or '/').rstrip('/')}/{KEY_FILE}"
+
+
+def api_env(host) -> dict:
+    """The environment of the box-side steps: the path of the box's key file, never the key. Each
+    box-side process that sends requests reads the key there itself (``dsv4box.key``)."""
+    from dsv4kit.serving.box.key import KEY_FILE_VARIABLE
+
+    return {KEY_FILE_VARIABLE: key_file(host)}
 
 
 def context_length_of(server_info: dict) -> Optional[int]:
@@ -75,7 +81,7 @@ class ServingSession(Remote):
         super().__init__(session, host, progress)
         self.addresses = Addresses.of(host)
         self.inventory_path = inventory_path
-        self.env = api_env()
+        self.env = api_env(host)
 
     def __enter__(self) -> "ServingSession":
         self.setup()

@@ -21,7 +21,8 @@ subcommand prints one JSON object on stdout (``run-point`` writes its evidence t
                                 kernel_rollout decision file, model files' hashes, the wheel hash.
 
 Ports are not exposed off the box, so everything HTTP goes through here over SSH. An API key,
-when the server needs one, comes from the environment (``OPENAI_API_KEY``), never from argv.
+when the server needs one, is read on the box from the root-only file ``$DSV4KIT_API_KEY_FILE``
+names (``key``), never from argv or an environment.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import json
 import sys
 
 from .http import cmd_server_info, cmd_wait_health
+from .key import KeyFileError, api_key
 from .point import cmd_prefill_point, cmd_run_point
 from .probe import cmd_probe
 from .watch import cmd_watch
@@ -79,6 +81,12 @@ def main(argv=None) -> int:
     p.add_argument("--dcgm-port", type=int, default=0)
     p.add_argument("wrapped", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.command not in ("probe", "watch"):  # the commands that send requests
+        try:
+            api_key()  # read once, before any request: a key file it cannot read is named here
+        except KeyFileError as exc:
+            sys.stdout.write(json.dumps({"ok": False, "error": str(exc)}) + "\n")
+            return 1
     if args.command == "run-point":
         return cmd_run_point(args)
     if args.command == "watch":

@@ -1,19 +1,20 @@
-"""The box side's one HTTP client: loopback requests to the serving ports, the API key from the
-environment (``OPENAI_API_KEY``), never from argv. The eval and profile scripts use it too
-(``dsv4box.http`` beside them on the box)."""
+"""The box side's one HTTP client: loopback requests to the serving ports, with the router's API key
+as this process read it from the box's key file (``key.api_key``), never from argv or an environment.
+The eval and profile scripts use it too (``dsv4box.http`` beside them on the box)."""
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 import urllib.error
 import urllib.request
 
+from .key import api_key, start_client  # noqa: F401  (the scripts beside the package start clients through here)
+
 
 def headers() -> dict:
-    key = os.environ.get("OPENAI_API_KEY")
+    key = api_key()
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 

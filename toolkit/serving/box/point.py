@@ -11,6 +11,7 @@ import sys
 import time
 
 from .http import http_get, local, open_request, post
+from .key import start_client
 from .metrics import Scraper, read_metrics, wait_idle
 from .telemetry import window_telemetry
 
@@ -181,7 +182,7 @@ def cmd_run_point(args) -> int:
     telemetry = window_telemetry(args.telemetry_ms, args.evidence_out + ".nvsmi.csv", args.dcgm_port)
     with telemetry, Scraper(ports, args.interval) as scraper:
         reporter = ProgressReporter(scraper, ports[0] if ports else None, args.progress_every)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        proc = start_client(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         with reporter:
             for line in proc.stdout:  # universal newlines: each of tqdm's \r redraws is a line
                 if marker_time is None and MAIN_RUN_MARKER in line:
