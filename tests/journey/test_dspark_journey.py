@@ -2,8 +2,8 @@
 DeepSeek-V4-Flash-0731 with DSpark speculative decoding, as docs/quickstart.md's "Which model"
 sets it. The units as the role renders them carry the DSPARK setting to both PD servers, SGLang
 0.5.23's own parser accepts them, the role's health waits pass (the served algorithm included), and
-the acceptance check of `validate --gpu` (dsv4kit.validate.acceptance, its box-side probe run here
-against the box's ports) reads the acceptance length the decode server reports: a healthy drafter
+the acceptance check of `validate --gpu` (dsv4kit.validate.acceptance, run here as validate runs it:
+over SSH, through the box's serving session) reads the acceptance length the decode server reports: a healthy drafter
 passes, a drafter whose drafts are never accepted (acceptance 1.0) fails with that reason. A
 `dsv4kit bench` point (SGLang's own client in the box's venv, through the router) records that
 acceptance length beside the forward passes per second the decode server counted.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -72,16 +71,18 @@ def box_inventory(box, sshd, directory: Path, **extra) -> Path:
                            dsv4_speculative_dspark_block_size=BLOCK, **ports, **extra)
 
 
-def probe(box) -> dict:
-    """The box-side half of the acceptance check, run with the box's venv python on its ports."""
-    done = subprocess.run([str(box.venv / "bin/python"), "-c", acceptance.BOX_SCRIPT,
-                           f"http://127.0.0.1:{box.vars['dsv4_router_port']}",
-                           f"http://127.0.0.1:{box.vars['dsv4_decode_port']}", "8", json.dumps(acceptance.PROMPTS)],
-                          env=box.env, capture_output=True, text=True, timeout=300)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def probe_and_judge(box, sshd, directory: Path) -> dict:
+    """The acceptance check of `validate --gpu` as it runs: over SSH into the box, through its serving
+    session (the ports, the venv and the key file under the box's prefix)."""
+    from dsv4kit.core.inventory import load_inventory
+    from dsv4kit.core.ssh import open_session
+
+    host = load_inventory(box_inventory(box, sshd, directory, dsv4_prefix=str(box.prefix))).host()
+    with open_session(host) as session:
+        return acceptance.check(session, host, lambda _line: None)
 
 
-def test_dspark_units_start_healthy_and_report_their_acceptance(box):
+def test_dspark_units_start_healthy_and_report_their_acceptance(box, loopback_ssh, tmp_path):
     assert speculative.verify_tokens({**CHOICE, "dsv4_speculative_dspark_block_size": BLOCK}) == BLOCK + 1
     for name in ("dsv4-prefill.service", "dsv4-decode.service"):
         text = (box.units / name).read_text()
@@ -97,7 +98,7 @@ def test_dspark_units_start_healthy_and_report_their_acceptance(box):
     code, result = box.wait(box.router_wait())
     assert code == 0, result
 
-    verdict = acceptance.judge("DSPARK", 1.3, probe(box))
+    verdict = probe_and_judge(box, loopback_ssh, tmp_path / "inv")
     assert verdict["passed"] is True, verdict
     assert verdict["acceptance_length"] == pytest.approx(launch_server_standin.HEALTHY_ACCEPT_LENGTH)
     assert acceptance.exit_code(exitcodes.OK, verdict, lambda _line: None) == exitcodes.OK

@@ -37,4 +37,36 @@ def test_a_server_without_the_configured_drafter_fails():
 
 def test_no_drafter_configured_asks_the_box_nothing():
     host = SimpleNamespace(get=lambda name, default=None: {"dsv4_speculative": "off"}.get(name, default))
-    assert acceptance.check(None, host, "/venv/bin/python", lambda _l: None) is None
+    assert acceptance.check(None, host, lambda _l: None) is None
+
+
+def test_the_probe_runs_in_the_serving_session_with_the_key_the_box_holds(tmp_path, loopback_ssh):
+    """Over the loopback sshd, against a stand-in that wants the router's key: the check finds the
+    ports, the venv and the key through ``ServingSession`` (the key read on the box from the role's
+    file); without that file the server refuses, and the check says so, inconclusive."""
+    from dsv4kit.core.inventory import load_inventory
+    from dsv4kit.core.ssh import open_session
+    from dsv4kit.serving.session import KEY_FILE
+    from tests.bench_support import FakeServer
+    from tests.remote_inventory import write_inventory
+
+    secret = tmp_path / "prefix" / KEY_FILE
+    secret.parent.mkdir(parents=True)
+    secret.write_text("DSV4_ROUTER_API_KEY=sk-acceptance-1\n")
+    secret.chmod(0o600)
+    server = FakeServer(tmp_path / "server", tmp_path, spec_accept_length=2.5, api_key_file=str(secret)).start()
+    try:
+        results = []
+        for prefix in (tmp_path / "prefix", tmp_path / "no-key"):
+            inventory = write_inventory(tmp_path / f"inv-{prefix.name}", loopback_ssh, dsv4_speculative="EAGLE",
+                                        dsv4_speculative_num_steps=3,
+                                        dsv4_router_port=server.port, dsv4_decode_port=server.port,
+                                        dsv4_prefix=str(prefix))
+            host = load_inventory(inventory).host()
+            with open_session(host) as session:
+                results.append(acceptance.check(session, host, lambda _l: None))
+    finally:
+        server.stop()
+    served, refused = results
+    assert served["passed"] is True and served["acceptance_length"] == 2.5, served
+    assert refused["passed"] is None and "401" in refused["message"], refused

@@ -20,25 +20,20 @@ GENERATE_TOKENS = 48
 #: Greedy prompts whose answers a drafter predicts well (counting, a known text).
 PROMPTS = ("Count from 1 to 40, separated by commas:", "Write the English alphabet in order, one letter per line:")
 
-# Run on the box by the venv's python (standard library only): argv router_url decode_url tokens,
-# the key (if any) in DSV4_API_KEY; prints one JSON object.
+# Run on the box by the venv's python in the serving session's scratch directory, beside the box-side
+# package (``dsv4box``: its HTTP client sends the router's key as it read it on the box): argv
+# router_port decode_port tokens prompts; prints one JSON object.
 BOX_SCRIPT = r"""
-import json, os, sys, urllib.request
-router, decode, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
-key = os.environ.get("DSV4_API_KEY", "")
-def call(url, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    if key:
-        req.add_header("Authorization", "Bearer " + key)
-    with urllib.request.urlopen(req, timeout=120) as answer:
-        return json.loads(answer.read().decode())
+import json, sys
+from dsv4box.http import post, server_info
+router, decode, tokens = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 out = {"generated": 0}
 try:
     for prompt in json.loads(sys.argv[4]):
-        call(router + "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": tokens, "temperature": 0}})
+        body = {"text": prompt, "sampling_params": {"max_new_tokens": tokens, "temperature": 0}}
+        post(router, "/generate", body, 120)
         out["generated"] += 1
-    info = call(decode + "/server_info")
+    info = server_info(decode, 120)
     out["server_info"] = {k: info.get(k) for k in ("speculative_algorithm", "speculative_num_draft_tokens",
                                                    "avg_spec_accept_length", "internal_states")}
 except Exception as exc:
@@ -82,21 +77,25 @@ def judge(algorithm: str, least: float, probe: dict) -> dict:
             "message": f"the {algorithm} drafter's acceptance length is {accepted:.2f} tokens per verify step"}
 
 
-def check(session, host, python: str, say: Callable[[str], None], timeout: float = 600.0) -> Optional[dict]:
-    """Run the probe on the box and judge it; None when the host configures no drafter."""
+def check(session, host, say: Callable[[str], None], timeout: float = 600.0) -> Optional[dict]:
+    """Run the probe on the box through its serving session (``dsv4kit.serving.ServingSession``: the
+    ports, the key and the venv python) and judge it; None when the host configures no drafter."""
+    from dsv4kit.serving.abort import ServingAbort
+    from dsv4kit.serving.session import ServingSession
+
     algorithm = host.get("dsv4_speculative") or "off"
     if algorithm == "off":
         return None
     least = float(host.get("dsv4_speculative_min_acceptance") or 1.3)
     say(f"speculative decoding ({algorithm}): reading the served acceptance length after "
         f"{len(PROMPTS)} short answers")
-    key = host.get("dsv4_router_api_key")
-    env = {"DSV4_API_KEY": key} if isinstance(key, str) and key else {}
-    router = f"http://127.0.0.1:{host.get('dsv4_router_port')}"
-    decode = f"http://127.0.0.1:{host.get('dsv4_decode_port')}"
-    command = " ".join(shlex.quote(a) for a in (python, "-c", BOX_SCRIPT, router, decode, str(GENERATE_TOKENS),
-                                                json.dumps(PROMPTS)))
-    ran = session.run(command, timeout=timeout, env=env, check=False)
+    try:
+        with ServingSession(session, host, say) as serving:
+            command = shlex.join([serving.python, "-c", BOX_SCRIPT, str(serving.addresses.router_port),
+                                  str(serving.addresses.decode_port), str(GENERATE_TOKENS), json.dumps(PROMPTS)])
+            ran = session.run(command, timeout=timeout, env=serving.env, cwd=serving.workdir, check=False)
+    except ServingAbort as exc:
+        return judge(algorithm, least, {"error": str(exc)})
     try:
         probe = json.loads((ran.stdout.strip().splitlines() or ["{}"])[-1])
     except ValueError:

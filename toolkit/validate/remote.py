@@ -539,7 +539,7 @@ class _Run:
         report["remote"] = self._record(built, facts)
         from dsv4kit.validate import acceptance
 
-        serving = acceptance.check(self.session, self.host, self.python, self.say)  # None: no drafter
+        serving = acceptance.check(self.session, self.host, self.say)  # None: no drafter
         if serving is not None:
             report["speculative"] = serving
         from dsv4kit.monitor.textfile import publish_record
