@@ -28,7 +28,9 @@ JSON value for the rest. Faults (``POST /_test/config {"chat": {"faults": [...]}
 * ``json_body``: the invoke's arguments as one JSON object instead of parameter tags (the V3.2-era
   form SGLang's text detector reads; 0.5.23's DeepSeek-V4 chat path returns them as ``{}``);
 * ``usage_overcount``: ``usage.completion_tokens`` says one token more than the answer has (a first
-  token counted twice), while the server's counters count what was generated.
+  token counted twice), while the server's counters count what was generated;
+* ``usage_no_prompt_tokens``: ``usage`` leaves ``prompt_tokens`` out (the client then keeps its planned
+  prompt lengths), while the server's counters count the rendered prompt.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<�
             "<think>", "</think>", "｜DSML｜", "<｜latest_reminder｜>", "<｜deepseek_image｜>")
 EOS = "<｜end▁of▁sentence｜>"
 FAULTS = ("parsers_off", "malformed", "bad_arguments", "thinking_leak", "stream_drop", "json_body",
-          "usage_overcount")
+          "usage_overcount", "usage_no_prompt_tokens")
 
 
 def _sglang_on_path() -> None:
@@ -232,8 +234,11 @@ class ChatRun:
 
     def usage(self) -> dict:
         completion = len(self.output) + (1 if "usage_overcount" in self.faults else 0)
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
-                "total_tokens": len(self.prompt_ids) + completion}
+        usage = {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
+                 "total_tokens": len(self.prompt_ids) + completion}
+        if "usage_no_prompt_tokens" in self.faults:
+            del usage["prompt_tokens"]
+        return usage
 
     def _sglext(self) -> Optional[dict]:
         if not self.request.return_cached_tokens_details:

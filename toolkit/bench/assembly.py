@@ -254,7 +254,8 @@ def measured_point(s: SweepState, ctx: PointContext, current: dict, *, c: int, r
     window["sources"] = second_sources(line, evidence, decode_port=ctx.decode_port, metrics_ports=ctx.metrics_ports,
                                        num_prompts=n, concurrency=c,
                                        server_info=decode_info(line.get("server_info") or {}) or limits,
-                                       occupancy=window.get("occupancy"), headline=window.get("decode_tok_s"))
+                                       occupancy=window.get("occupancy"), headline=window.get("decode_tok_s"),
+                                       api=cfg.api)
     validity = evaluate(line, expected, cfg.gates, evidence, window)
     latency = latency_block(line, s.slo)
     raw, point_details, _ = split_client_line(line)

@@ -33,6 +33,14 @@ requests ran, so every rule below is an equality or an exact bound, never a perc
                   of the decode server shows more than C running and queued. Counters cannot miss
                   a request that came and went between two scrapes; the gauges can
                   (docs/sglang-contract.md gives their cadence).
+``prompt_tokens`` (``--api chat`` only)  the prompt lengths chat's own answers reported
+                  (``usage.prompt_tokens``, what the client keeps as ``input_lens``) add up to exactly
+                  what the decode server's ``prompt_tokens_total`` counted. In SGLang 0.5.23 both
+                  are the request's ``meta_info.prompt_tokens``: the chat route reports it as it is
+                  for this model's encoding (only the ``kimi_k3`` encoding subtracts a stub), and the
+                  tokenizer counts it when the request finishes. A chat answer without
+                  ``usage.prompt_tokens`` leaves the client its planned lengths, which miss the
+                  template's tokens: the sum then falls short.
 """
 
 from __future__ import annotations
@@ -217,13 +225,37 @@ def conservation(line: dict, runs: dict, decode_port: int, concurrency: int, ser
                   + ")")
 
 
+def prompt_tokens(line: dict, runs: dict, decode_port: int) -> tuple:
+    """(passed, detail): chat's ``usage.prompt_tokens`` as the client kept them against the decode
+    server's ``prompt_tokens_total`` (module doc), exactly."""
+    decode, input_lens = runs.get(decode_port), line.get("input_lens")
+    if not decode:
+        return False, f"no run edges on the decode server (port {decode_port})"
+    if input_lens is None:
+        return False, "the client line has no per-request input lengths (run with --output-details)"
+    counted, reported = _growth(decode, "prompt_tokens_total"), sum(input_lens)
+    if counted is None:
+        return False, "the decode server reports no sglang:prompt_tokens_total"
+    if counted != reported:
+        planned = line.get("random_input_len")
+        hint = (f" (every one is the planned {planned}: the chat answers carried no usage.prompt_tokens, so the "
+                f"client kept its planned lengths)" if planned is not None and input_lens
+                and all(n == planned for n in input_lens) else "")
+        return False, (f"the decode server's prompt_tokens_total grew by {counted:g}; the {len(input_lens)} chat "
+                       f"answers' usage.prompt_tokens, as the client kept them, add up to {reported}{hint}")
+    return True, (f"the {len(input_lens)} chat answers' usage.prompt_tokens add up to {reported}, exactly what the "
+                  f"decode server's prompt_tokens_total counted")
+
+
 def analyze(line: dict, evidence: Optional[dict], *, decode_port: int, metrics_ports: list, num_prompts: int,
-            concurrency: int, server_info: dict, occupancy: Optional[dict], headline: Optional[float]) -> dict:
-    """The ``sources`` block of a point: ``{rule: {"passed", "detail"}}`` for the module doc's rules."""
+            concurrency: int, server_info: dict, occupancy: Optional[dict], headline: Optional[float],
+            api: str = "generate") -> dict:
+    """The ``sources`` block of a point: ``{rule: {"passed", "detail"}}`` for the module doc's rules
+    (``prompt_tokens`` only for ``api`` chat)."""
+    rules = ("conservation", "counters_up", "no_foreign_requests") + (("prompt_tokens",) if api == "chat" else ())
     if not evidence or not evidence.get("samples"):
         missing = "no /metrics evidence was collected for this point"
-        return {rule: {"passed": False, "detail": missing}
-                for rule in ("conservation", "counters_up", "no_foreign_requests")}
+        return {rule: {"passed": False, "detail": missing} for rule in rules}
     runs, problems = {}, []
     for port in metrics_ports:
         run, problem = run_edges(evidence, port)
@@ -235,7 +267,8 @@ def analyze(line: dict, evidence: Optional[dict], *, decode_port: int, metrics_p
     for rule, verdict in (
             ("conservation", conservation(line, runs, decode_port, concurrency, server_info, occupancy)),
             ("counters_up", counters_up(runs, decode_port, headline)),
-            ("no_foreign_requests", no_foreign_requests(runs, decode_port, num_prompts, concurrency))):
+            ("no_foreign_requests", no_foreign_requests(runs, decode_port, num_prompts, concurrency)),
+            *((("prompt_tokens", prompt_tokens(line, runs, decode_port)),) if api == "chat" else ())):
         passed, detail = verdict
         if problems:
             passed, detail = False, "; ".join(problems) + (f"; {detail}" if not verdict[0] else "")

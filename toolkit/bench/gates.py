@@ -14,9 +14,11 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
                      ``data: {"error": ...}``, and the native client counts it as a success with
                      ``output_len`` = the *requested* length, empty text and ``ttft = 0``.
 ``ttft_positive``    every per-request TTFT > 0 (the same trap, per request).
-``input_lens``       the server-reported prompt length of every request equals ISL (``--api chat``: none
-                     shorter than ISL less ``retok_tolerance``, ``dsv4kit.bench.api``), and the server
+``input_lens``       the server-reported prompt length of every request equals ISL, and the server
                      does report ``prompt_tokens`` (else the client falls back to the planned length).
+                     ``--api chat``: chat's own ``usage.prompt_tokens`` add up to exactly the decode
+                     server's ``prompt_tokens_total`` growth (``conservation.prompt_tokens``), and none
+                     is shorter than ISL less ``retok_tolerance`` (``dsv4kit.bench.api``).
 ``concurrency``      achieved concurrency (sum of latencies / duration) >= ``min_concurrency_ratio``
                      x the requested one: the client applied the load (queued requests count too).
 ``exact_occupancy`` the decode server's own scrapes hold an admissible window (``dsv4kit.bench.window``):
@@ -190,12 +192,18 @@ def gate_input_lens(g: GateInputs) -> Verdict:
     input_lens, meta_keys = g.raw.get("input_lens"), g.meta_keys
     if input_lens is None:
         return False, "no per-request input lengths in the client line"
-    if meta_keys is None or "prompt_tokens" not in meta_keys:
+    if g.expected.api == "chat":  # chat's own usage, held against the server's counter (not the /generate probe)
+        source = (g.window.get("sources") or {}).get("prompt_tokens") or {
+            "passed": False, "detail": "no second source for chat's prompt lengths was analysed"}
+        if not source["passed"]:
+            return False, source["detail"]
+    elif meta_keys is None or "prompt_tokens" not in meta_keys:
         return False, (g.no_meta if meta_keys is None else "the server does not report meta_info.prompt_tokens: the "
                        "client's input lengths are the planned ones, not evidence")
     from dsv4kit.bench.api import input_lens_ok
 
-    return input_lens_ok(g.expected.api, input_lens, g.expected.input_len, g.config.retok_tolerance)
+    passed, detail = input_lens_ok(g.expected.api, input_lens, g.expected.input_len, g.config.retok_tolerance)
+    return passed, (f"{detail}; {source['detail']}" if g.expected.api == "chat" and passed else detail)
 
 
 def concurrency_ratio(raw: dict, expected: PointExpectation) -> Optional[float]:
