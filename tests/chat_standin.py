@@ -16,8 +16,9 @@ The request's ``max_completion_tokens`` (or ``max_tokens``) cuts the answer (``f
 ``length``); ``ignore_eos`` (SGLang's extra body field) drops the stop token and the model writes on
 (``FILLER``) to exactly that many tokens; ``usage`` is in every whole answer and, streamed, in a last
 ``choices: []`` chunk only with ``stream_options.include_usage``; ``return_cached_tokens_details``
-adds ``sglext``. The stand-in server runs each request (``ChatRun``) through the queue, decode pacing
-and counters of a streamed ``/generate``. Its tool calls use DSML parameter tags, ``string="true"`` for strings and ``string="false"`` with a
+adds ``sglext``. The stand-in server runs each request (``ChatRun``), streamed or whole, through the
+queue, decode pacing and counters of a streamed ``/generate``: a whole answer comes only after its
+last decode step. Its tool calls use DSML parameter tags, ``string="true"`` for strings and ``string="false"`` with a
 JSON value for the rest. Faults (``POST /_test/config {"chat": {"faults": [...]}}``):
 
 * ``parsers_off``: the server runs without the two parsers (raw DSML and thinking in ``content``);

@@ -122,7 +122,7 @@ def request_auth(key_file: str):
 class State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.lock = threading.Lock()
-        self.allowed = request_auth(args.api_key_file) if args.api_key_file else None
+        self.allowed = request_auth(args.api_key_file) if getattr(args, "api_key_file", "") else None
         self.model_path = args.model_path
         self.context_length = args.context_length
         self.token_delay_ms = args.token_delay_ms
@@ -550,8 +550,9 @@ def make_handler(state: State):
             self.wfile.flush()
 
         def _chat(self, body: dict) -> None:
-            """A chat request through the same queue, decode pacing and counters as a streamed
-            /generate: the chat stand-in's ids are the tokens, its SSE payloads the chunks
+            """A chat request, streamed or whole, through the same queue, decode pacing and counters as
+            a streamed /generate (a whole answer comes after its last decode step, as SGLang's does):
+            the chat stand-in's ids are the tokens, its SSE payloads the chunks
             (tests/chat_standin.py; ``max_completion_tokens``, ``ignore_eos``, ``usage`` honoured)."""
             with state.lock:
                 state.generate_count += 1
@@ -561,9 +562,7 @@ def make_handler(state: State):
                 run = state.chat.run(body, cached)
             except Exception as exc:
                 return chat_standin.send_error(self, exc)
-            stream = bool(body.get("stream"))
-            if not stream:
-                delay = 0.0  # counted like a streamed one, answered at once as a whole /generate is
+            stream = bool(body.get("stream"))  # whole or streamed, the answer takes its decode steps
             if stream:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")

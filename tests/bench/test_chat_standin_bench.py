@@ -80,6 +80,35 @@ def test_a_stream_carries_usage_only_when_asked_and_cached_details_in_sglext(ser
     assert sglext == [{"cached_tokens_details": {"device": 0, "host": 0}}]
 
 
+def test_a_whole_answer_is_paced_like_a_streamed_one(chat_server_factory):
+    """A non-streamed request takes its decode steps too (SGLang answers it after the last one):
+    64 tokens at 20 ms a step take at least 1.26 s, whole or streamed, and occupy a decode slot."""
+    import threading
+    import time
+
+    paced = chat_server_factory("chat-paced", token_delay_ms=20)
+    chat(paced, max_completion_tokens=1)  # SGLang's chat path imported: the time below is the answer's
+    seen = []
+
+    def watch(stop):
+        while not stop.is_set():
+            seen.append(read_metrics(paced.port)[0].get("num_running_reqs"))
+            time.sleep(0.05)
+
+    for stream in (False, True):
+        stop = threading.Event()
+        watcher = threading.Thread(target=watch, args=(stop,), daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        answer, moved = chat(paced, max_completion_tokens=64, ignore_eos=True, stream=stream)
+        took = time.monotonic() - started
+        stop.set()
+        watcher.join(timeout=10)
+        assert took >= 63 * 0.020 and 1 in seen, (stream, took, seen)
+        assert moved["generation_tokens_total"] == 64, (stream, moved)
+        seen.clear()
+
+
 def test_ignore_eos_without_a_limit_is_refused_with_400(server):
     with pytest.raises(urllib.error.HTTPError) as caught:
         chat(server, ignore_eos=True)
