@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -349,6 +351,23 @@ class ForeignLoad:
         for thread in self.threads:
             if thread.ident is not None:
                 thread.join(timeout)
+
+
+@contextlib.contextmanager
+def cli_running(*args: str, stdout=subprocess.PIPE, timeout: float = 300):
+    """``python -m dsv4kit.cli ARGS`` started in the background (stderr a pipe, text) for a test that
+    acts while it runs; killed when the block is left, and after ``timeout`` s by a watchdog, so a
+    silent hang also ends a loop over its stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", *args], stdout=stdout, stderr=subprocess.PIPE,
+                            text=True, cwd=HERE.parent)
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    try:
+        yield proc
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
 
 
 def in_process_sweep(inventory, progress=None, **cfg_kw):

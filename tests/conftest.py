@@ -102,8 +102,9 @@ def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
     """``make(**server_kw) -> (server, inventory)``: a stand-in server and a one-host inventory whose
     box is this machine over the loopback sshd. ``separate_prefill``: a second server on its own
     port (a PD layout); ``units``: the serving units the playbook writes, under a scratch prefix;
-    ``inventory_context_length`` / ``inventory_extra``: inventory values. Finished points spill to
-    ``tmp_path/spill`` (``$DSV4KIT_SPILL_DIR``)."""
+    ``inventory_context_length`` / ``inventory_extra``: inventory values; ``model``: another model
+    directory (default: ``tokenizer_dir``). Finished points spill to ``tmp_path/spill``
+    (``$DSV4KIT_SPILL_DIR``)."""
     from tests.bench_support import FakeServer, bench_inventory, write_units
 
     servers = []
@@ -112,11 +113,12 @@ def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
     def make(separate_prefill: bool = False, units: bool = False, **server_kw):
         context_length = server_kw.pop("inventory_context_length", None)
         inventory_extra = server_kw.pop("inventory_extra", {})
-        server = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
+        model = server_kw.pop("model", None) or tokenizer_dir
+        server = FakeServer(tmp_path / f"server{len(servers)}", model, **server_kw).start()
         servers.append(server)
         prefill_port = None
         if separate_prefill:
-            prefill = FakeServer(tmp_path / f"server{len(servers)}", tokenizer_dir, **server_kw).start()
+            prefill = FakeServer(tmp_path / f"server{len(servers)}", model, **server_kw).start()
             servers.append(prefill)
             prefill_port = prefill.port
             server.post("/_test/config", {"prefill_peer_port": prefill_port})  # the router's dual dispatch
@@ -125,7 +127,7 @@ def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
             prefix = tmp_path / "prefix"
             write_units(prefix, bench_venv, server.port, prefill_port)
         inventory = bench_inventory(tmp_path / f"inv{len(servers)}", loopback_ssh, venv=bench_venv,
-                                    model_path=tokenizer_dir, port=server.port, prefill_port=prefill_port,
+                                    model_path=model, port=server.port, prefill_port=prefill_port,
                                     context_length=context_length or server_kw.get("context_length", 4096),
                                     prefix=prefix, **inventory_extra)
         return server, inventory

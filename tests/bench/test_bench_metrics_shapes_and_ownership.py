@@ -7,14 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 
 import pytest
 
-from tests.bench.test_bench_sweep import REPO_ROOT, SMALL, clients_running, dsv4kit
-from tests.bench_support import ForeignLoad, in_process_sweep
+from tests.bench.test_bench_sweep import SMALL, clients_running, dsv4kit
+from tests.bench_support import ForeignLoad, cli_running, in_process_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -111,12 +109,8 @@ def _busy(server) -> bool:
 
 def test_a_sigkilled_bench_leaves_nothing_running_on_the_box(bench_box, tmp_path):
     server, inventory = bench_box(context_length=4096, token_delay_ms=200)
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "2",
-                             "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(tmp_path / "r")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
-    watchdog = threading.Timer(300, proc.kill)
-    watchdog.start()
-    try:
+    with cli_running("bench", "--ctx", "4096", "--concurrency", "2", "--repeat", "1", *SMALL, "-i", str(inventory),
+                     "--results-repo", str(tmp_path / "r"), stdout=subprocess.DEVNULL) as proc:
         for line in proc.stderr:
             if "[1/1] C=2" in line and "prompts" in line:
                 break
@@ -126,10 +120,6 @@ def test_a_sigkilled_bench_leaves_nothing_running_on_the_box(bench_box, tmp_path
         assert server.stats()["generate_count"], "the client never reached the server"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == -signal.SIGKILL
     assert clients_running(inventory) == []  # the session watchdog ended the client's group
     sent = server.stats()["generate_count"]
@@ -143,13 +133,9 @@ def test_a_spill_that_cannot_be_written_stops_the_sweep_and_records_publish_reco
     # on disk, nothing half-made is left; `records publish` publishes it once the disk is back.
     server, inventory = bench_box(context_length=4096)
     repo = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,2,4",
-                             "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     seen = []
-    watchdog = threading.Timer(300, proc.kill)
-    watchdog.start()
-    try:
+    with cli_running("bench", "--ctx", "4096", "--concurrency", "1,2,4", "--repeat", "1", *SMALL, "-i", str(inventory),
+                     "--results-repo", str(repo)) as proc:
         for line in proc.stderr:
             seen.append(line)
             if line.startswith("[1/3] C=1") and "tok/s" in line:
@@ -159,10 +145,6 @@ def test_a_spill_that_cannot_be_written_stops_the_sweep_and_records_publish_reco
                 repo.write_text("no room")
                 break
         _, rest = proc.communicate(timeout=200)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
     stderr = "".join(seen) + rest
     assert proc.returncode == 5, stderr
     assert "cannot spill" in stderr and "[3/3]" not in stderr and "records publish" in stderr

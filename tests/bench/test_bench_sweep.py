@@ -13,12 +13,12 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.bench_support import cli_running
 from tests.fake_sglang_server import FAKE_ADMIN_KEY, FAKE_API_KEY
 
 pytestmark = pytest.mark.slow
@@ -182,13 +182,9 @@ def test_an_error_chunk_makes_the_point_invalid(bench_box, tmp_path):
 def test_an_interrupted_sweep_records_nothing(bench_box, tmp_path):
     server, inventory = bench_box(context_length=4096, token_delay_ms=40)
     repo = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,4",
-                             "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     seen = []
-    watchdog = threading.Timer(300, proc.kill)  # a silent hang ends the stderr loop below too
-    watchdog.start()
-    try:
+    with cli_running("bench", "--ctx", "4096", "--concurrency", "1,4", "--repeat", "1", *SMALL, "-i", str(inventory),
+                     "--results-repo", str(repo)) as proc:
         for line in proc.stderr:
             seen.append(line)
             if line.startswith("[2/2] C=4") and "prompts" in line:
@@ -197,10 +193,6 @@ def test_an_interrupted_sweep_records_nothing(bench_box, tmp_path):
         time.sleep(3)  # let the client start on the box
         proc.send_signal(signal.SIGINT)
         _, rest = proc.communicate(timeout=120)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, "".join(seen) + rest
     assert "nothing was recorded" in rest
     assert "1 finished point(s) are kept in" in rest  # the first point, and where it is
@@ -303,13 +295,9 @@ def test_a_failed_point_leaves_an_incomplete_record_with_the_completed_points(be
     # the client aborts the second point. The first point is not lost.
     server, inventory = bench_box(context_length=4096)
     repo = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4kit.cli", "bench", "--ctx", "4096", "--concurrency", "1,2",
-                             "--repeat", "1", *SMALL, "-i", str(inventory), "--results-repo", str(repo)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     seen = []
-    watchdog = threading.Timer(300, proc.kill)
-    watchdog.start()
-    try:
+    with cli_running("bench", "--ctx", "4096", "--concurrency", "1,2", "--repeat", "1", *SMALL, "-i", str(inventory),
+                     "--results-repo", str(repo)) as proc:
         for line in proc.stderr:
             seen.append(line)
             if line.startswith("[1/2] C=1") and "tok/s" in line:
@@ -319,10 +307,6 @@ def test_a_failed_point_leaves_an_incomplete_record_with_the_completed_points(be
                 assert spilled, "the finished point was not spilled"
                 break
         _, rest = proc.communicate(timeout=200)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
     stderr = "".join(seen) + rest
     assert proc.returncode == 6, stderr
     assert "INCOMPLETE record" in stderr and "never serves as a baseline" in stderr

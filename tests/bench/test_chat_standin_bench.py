@@ -136,32 +136,27 @@ def chat_model_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_bench_api_chat_runs_the_real_chat_client_valid_when_honest_invalid_when_usage_lies(
-        tmp_path, loopback_ssh, bench_venv, chat_model_dir, chat_server_factory, monkeypatch):
+        bench_box, chat_model_dir):
     """``--api chat`` through ``sglang.benchmark.serving --backend sglang-oai-chat`` against the chat
     stand-in: rep 1 honest, valid under every gate, its prompt lengths chat's own usage.prompt_tokens
     and exactly the server's prompt_tokens_total; rep 2 the chat route's usage says one token more per
     request than it streamed, so the client's count and the server's counters disagree; rep 3 its
     usage has no prompt_tokens, so the client keeps its planned lengths and they fall short of the
     server's count by the template's tokens."""
-    from tests.bench_support import FakeServer, bench_inventory, in_process_sweep
+    from tests.bench_support import in_process_sweep
     from tests.conftest import SERVED_MODEL
 
-    monkeypatch.setenv("DSV4KIT_SPILL_DIR", str(tmp_path / "spill"))
-    server = FakeServer(tmp_path / "server", chat_model_dir, served_model_name=SERVED_MODEL).start()
+    server, inventory = bench_box(model=chat_model_dir, served_model_name=SERVED_MODEL,
+                                  inventory_extra={"dsv4_served_model_name": SERVED_MODEL})
     faults = {"rep 2/3:": ["usage_overcount"], "rep 3/3:": ["usage_no_prompt_tokens"]}
-    try:
-        inventory = bench_inventory(tmp_path / "inv", loopback_ssh, venv=bench_venv, model_path=chat_model_dir,
-                                    port=server.port, context_length=4096, dsv4_served_model_name=SERVED_MODEL)
 
-        def reshape(line):
-            for rep, planted in faults.items():
-                if "prompts of" in line and rep in line:
-                    server.post("/_test/config", {"chat": {"faults": planted}})
+    def reshape(line):
+        for rep, planted in faults.items():
+            if "prompts of" in line and rep in line:
+                server.post("/_test/config", {"chat": {"faults": planted}})
 
-        record, _ = in_process_sweep(inventory, reshape, concurrency=[4], repeat=3, num_prompts=8,
-                                     warmup_requests=2, output_len=64, api="chat", progress_every_s=0.5)
-    finally:
-        server.stop()
+    record, _ = in_process_sweep(inventory, reshape, concurrency=[4], repeat=3, num_prompts=8,
+                                 warmup_requests=2, output_len=64, api="chat", progress_every_s=0.5)
     assert record["client"]["api"] == "chat" and record["client"]["backend"] == "sglang-oai-chat"
     assert record["comparability_key"]["api"] == "chat"
     honest, over, unreported = record["points"]
