@@ -27,7 +27,7 @@ import yaml
 
 from tests.fake_gpu_box import MONITORING_PACKAGES, upstream
 from tests.monitoring.support import (GRAFANA_PASSWORD, PLANTED, cut_holds, firing, free_port, get_json,
-                                      panels_without_data, post_config, query, swallow, targets_up, traffic,
+                                      panels_without_data, post_config, swallow, targets_up, traffic,
                                       wait_for)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,17 +80,7 @@ def check_monitoring(box, inventory: Path, monitor_line: str, run) -> None:
     _check_grafana(role["monitoring_grafana_port"])
 
     servers = {"prefill": pins["dsv4_prefill_port"], "decode": pins["dsv4_decode_port"]}
-    for port in servers.values():
-        traffic(port)
-    # PD failures (counters that appear at their first event) and a short power-cap clock event
-    post_config(servers["decode"], {"transfer_failed": 1, "bootstrap_failed": 1})
     dcgm = role["monitoring_dcgm_exporter_port"]
-    post_config(dcgm, {"throttle": {"2": "power"}})
-    post_config(dcgm, {"throttle": {"2": "off"}})
-    missing = panels_without_data(prom, timeout=60)
-    assert not missing, missing
-    _draw(prom)
-
     # the rules' holds cut, Prometheus reloaded (the unit's ExecReload: SIGHUP)
     cut_holds(box.prefix / "etc/prometheus/rules/dsv4kit-alerts.yml")
     done = subprocess.run([str(box.tools / "systemctl"), "reload", "prometheus.service"],
@@ -105,8 +95,8 @@ def check_monitoring(box, inventory: Path, monitor_line: str, run) -> None:
     assert fired["DSV4KVCacheExhausted"]["labels"]["role"] == "prefill", fired
     manager = f"http://127.0.0.1:{role['monitoring_alertmanager_port']}/api/v2/alerts"
     wait_for("Alertmanager", lambda: PLANTED <= {a["labels"]["alertname"] for a in get_json(manager)}, 60)
-    xid = next(a for a in get_json(manager) if a["labels"]["alertname"] == "DSV4GPUXid")
-    assert "79" in xid["annotations"]["summary"], xid  # the summary prints the Xid
+    xids = [a["annotations"]["summary"] for a in get_json(manager) if a["labels"]["alertname"] == "DSV4GPUXid"]
+    assert any("Xid 79 1 time(s)" in x for x in xids) and any(x.endswith("reported Xid 79") for x in xids), xids
 
     done = run(monitor_line)  # section 12's line, as the doc spells it: the box keeps its loopback
     assert done.returncode == 1, done.stdout[-3000:]
@@ -116,6 +106,19 @@ def check_monitoring(box, inventory: Path, monitor_line: str, run) -> None:
     port = role["monitoring_prometheus_port"]
     assert f"-L {port}:127.0.0.1:{port}" in outcome["tunnel"], outcome
     post_config(servers["decode"], {"stalled": False})
+
+    # every panel of the dashboard with data, and the picture drawn from it
+    for port in servers.values():
+        # the stand-ins' latency histograms, published from now (the bench's 0.1 s scrapes went without)
+        post_config(port, {"serving_metrics": True})
+        traffic(port)
+    # PD failures (counters that appear at their first event) and a short power-cap clock event
+    post_config(servers["decode"], {"transfer_failed": 1, "bootstrap_failed": 1})
+    post_config(dcgm, {"throttle": {"2": "power"}})
+    post_config(dcgm, {"throttle": {"2": "off"}})
+    missing = panels_without_data(prom, timeout=60)
+    assert not missing, missing
+    _draw(prom)
 
 
 def _cmdline(box, unit: str) -> list[str]:

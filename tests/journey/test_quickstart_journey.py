@@ -50,7 +50,8 @@ import yaml
 
 from tests.docs.test_quickstart import QUICKSTART
 from tests.journey.quickstart_box import QuickstartBox, p2p_log
-from tests.journey.quickstart_monitoring import check_monitoring, monitoring_pins, monitoring_role_vars
+from tests.journey.quickstart_monitoring import (check_monitoring, monitoring_pins, monitoring_role_vars,
+                                                 section_12_line)
 from tests.provision_inventory import TINY_PACKAGES, TEST_SUPPORTED_OS
 from tests.quality_support import make_tasks, task_floor
 from tests.verdict_standins import GPU
@@ -168,6 +169,8 @@ def test_the_quickstart_runs_as_written_on_one_box(box):
     check_quality(box, outputs, again)
     check_section_7(box, outputs, run_ids)
     check_openai_example(inventory)
+    # section 12: the monitoring stage every provision ran, watching the box (tests/journey/quickstart_monitoring.py)
+    check_monitoring(box, inventory, section_12_line(QUICKSTART.read_text()), lambda line: run_line(box, line, env))
 
 
 def check_openai_example(inventory: Path) -> None:
