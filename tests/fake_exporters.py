@@ -14,7 +14,8 @@
 served: "during the point" for a reader whose first scrape opens its window. A throttled GPU's
 violation counter accumulates its throttled time, and the exporter's own clock-event and Xid
 counters (``DCGM_EXP_*``) appear at their first event, as the exporter writes them.
-Run: ``python tests/fake_exporters.py dcgm|router --port-file F [--gpus 8]``; 127.0.0.1 only.
+Run: ``python tests/fake_exporters.py dcgm|router --port-file F [--gpus 8]`` (or ``--address :PORT``, the
+real exporter's flag); 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -205,12 +206,17 @@ def make_handler(state):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=["dcgm", "router"])
-    parser.add_argument("--port-file", required=True)
+    parser.add_argument("--port-file")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--max-lifetime", type=float, default=600.0)
+    # the real exporter's flags, as the monitoring role's unit passes them (a loopback port only)
+    parser.add_argument("-a", "--address", default=":0")
+    parser.add_argument("-f", "--collectors")
+    parser.add_argument("--remote-hostengine-info")
     args = parser.parse_args(argv)
     state = Dcgm(args.gpus) if args.kind == "dcgm" else Router()
-    return serve(make_handler(state), port_file=args.port_file, max_lifetime=args.max_lifetime)
+    return serve(make_handler(state), port=int(args.address.rpartition(":")[2]), port_file=args.port_file,
+                 max_lifetime=args.max_lifetime)
 
 if __name__ == "__main__":
     raise SystemExit(main())

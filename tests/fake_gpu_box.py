@@ -18,8 +18,10 @@ import hashlib
 import os
 import re
 import platform
+import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,6 +140,58 @@ def nvswitch_debs(branch: str, version: str) -> list[Deb]:
                 replaces="libnvidia-nscq")]
 
 
+# --- the monitoring role's packages ------------------------------------------------------------------
+#: The distribution's packages the monitoring role installs; their binaries are this machine's own.
+MONITORING_PACKAGES = ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter")
+#: NVIDIA's CUDA repository: DCGM 4.5.3 and the exporter 4.8.2 (inventory/group_vars/all.yml's pins).
+DCGM_VERSION = "1:4.5.3-1"
+DCGM_EXPORTER_VERSION = "4.8.2-1"
+GRAFANA_VERSION = "11.6.0"  # Grafana's apt repository names its packages by the upstream version alone
+# A package postinst that makes its system user and group the way adduser --system does, but in the
+# box's root ($DPKG_ROOT/etc/passwd, /etc/group): this machine's own users are never touched.
+USER_POSTINST = """#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+  mkdir -p "$DPKG_ROOT/etc"; touch "$DPKG_ROOT/etc/passwd" "$DPKG_ROOT/etc/group"
+  grep -q "^{user}:" "$DPKG_ROOT/etc/group" || echo "{user}:x:{uid}:" >> "$DPKG_ROOT/etc/group"
+  grep -q "^{user}:" "$DPKG_ROOT/etc/passwd" || echo "{user}:x:{uid}:{uid}:{gecos}:{home}:/usr/sbin/nologin" >> "$DPKG_ROOT/etc/passwd"
+fi
+exit 0
+"""
+
+
+def _installed(package: str) -> tuple[str, list[str]]:
+    """``package``'s version and file list as this machine's dpkg has them."""
+    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    files = subprocess.run(["dpkg-query", "-L", package], capture_output=True, text=True, check=True).stdout.split()
+    return version, files
+
+
+def distribution_monitoring_debs() -> list[Deb]:
+    """prometheus, prometheus-alertmanager and prometheus-node-exporter in the shapes of the packages
+    installed on this machine (Debian 12's; Ubuntu 22.04's and 24.04's are the same Debian packaging
+    at other versions): their version, their systemd unit in /lib/systemd/system (User=prometheus,
+    EnvironmentFile=/etc/default/<name>, ExecStart=/usr/bin/<binary> $ARGS), their /etc/default file
+    (ARGS="") and packaged configuration as conffiles, their postinst's system user prometheus
+    (made in the box's root). Each /usr/bin program is a two-line script that runs this machine's
+    real binary of the same path. Left out: the Depends (adduser, libc6, the web UI's libjs-*) and
+    the postinst's start of the unit (the role starts the units)."""
+    debs = []
+    for name in MONITORING_PACKAGES:
+        version, files = _installed(name)
+        content: dict[str, str | bytes] = {}
+        for path in files:
+            if path.startswith("/usr/bin/") and os.access(path, os.X_OK):
+                content[path] = f'#!/bin/sh\nexec {path} "$@"\n'
+            elif (path.startswith(("/lib/systemd/system/", "/usr/lib/systemd/system/")) and path.endswith(".service")) \
+                    or path.startswith(("/etc/default/", "/etc/prometheus/")) and Path(path).is_file():
+                content[path] = Path(path).read_bytes()
+        debs.append(Deb(name, version, files=content, postinst=USER_POSTINST.format(
+            user="prometheus", uid=990, gecos="Prometheus daemon", home="/var/lib/prometheus")))
+    return debs
+
+
 class FakeGPUBox:
     """Scratch root ``root`` (the inventory's dsv4_prefix) with apt, dpkg and driver tools stood in.
 
@@ -217,7 +271,7 @@ class FakeGPUBox:
             target.write_bytes(content if isinstance(content, bytes) else content.encode())
             target.chmod(0o755 if "/bin/" in path else 0o644)
         directory.mkdir(parents=True, exist_ok=True)
-        out = directory / f"{deb.name}_{deb.version}_all.deb"
+        out = directory / f"{deb.name}_{deb.version.split(':')[-1]}_all.deb"  # pool names drop the epoch
         subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-b", str(tree), str(out)], check=True,
                        capture_output=True)
         return out
@@ -239,10 +293,11 @@ class FakeGPUBox:
             "/usr/share/keyrings/cuda-archive-keyring.gpg": self.key.read_bytes(),
         })
 
-    def publish_cuda(self, *, newer: bool = True, unbranched: bool = False, container: str | None = None) -> None:
+    def publish_cuda(self, *, newer: bool = True, unbranched: bool = False, container: str | None = None,
+                     dcgm: bool = False) -> None:
         """NVIDIA's CUDA repository: branch 580 in Ubuntu's naming; ``unbranched``: branch 595 in NVIDIA's
         590+ naming (no branch in the names, nvidia-driver-pinning-595); ``container``: the
-        nvidia-container-toolkit version it also carries."""
+        nvidia-container-toolkit version it also carries; ``dcgm``: DCGM and its exporter (:meth:`dcgm_debs`)."""
         v = CUDA_VERSION
         debs = [
             self.cuda_keyring(),
@@ -270,7 +325,101 @@ class FakeGPUBox:
             debs += [Deb("nvidia-container-toolkit", container, depends=f"nvidia-container-toolkit-base (= {container})"),
                      Deb("nvidia-container-toolkit-base", container), Deb("libnvidia-container1", container),
                      Deb("libnvidia-container-tools", container, depends=f"libnvidia-container1 (= {container})")]
+        if dcgm:
+            debs += self.dcgm_debs()
         self.publish(self.cuda_repo, debs, origin="NVIDIA", label="NVIDIA CUDA")
+
+    def dcgm_debs(self) -> list[Deb]:
+        """datacenter-gpu-manager-4-core and datacenter-gpu-manager-exporter at the pinned versions.
+        Their fields are not read from NVIDIA's packages (no archive this machine may reach has them):
+        DCGM's host engine unit nvidia-dcgm.service, nv-hostengine and dcgmi (which, as on a card
+        without profiling support, lists no profiling field); the exporter's /usr/bin/dcgm-exporter
+        runs the DCGM exporter stand-in (tests/fake_exporters.py: the pinned exporter's names) with
+        the real exporter's --address, --collectors and --remote-hostengine-info flags."""
+        py, exporters = shlex.quote(sys.executable), shlex.quote(str(Path(__file__).resolve().parent / "fake_exporters.py"))
+        return [
+            Deb("datacenter-gpu-manager-4-core", DCGM_VERSION, files={
+                "/usr/lib/systemd/system/nvidia-dcgm.service": (
+                    "[Unit]\nDescription=NVIDIA DCGM service\n\n[Service]\nUser=root\n"
+                    "ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm\nRestart=on-abort\n\n"
+                    "[Install]\nWantedBy=multi-user.target\n"),
+                "/usr/bin/nv-hostengine": "#!/bin/sh\nexec sleep infinity\n",
+                "/usr/bin/dcgmi": ('#!/bin/sh\n[ "$1" = profile ] && { echo "Error: Profiling is not supported for this '
+                                   'group of GPUs or GPU."; exit 255; }\nexit 0\n')}),
+            Deb("datacenter-gpu-manager-exporter", DCGM_EXPORTER_VERSION,
+                depends=f"datacenter-gpu-manager-4-core (>= {DCGM_VERSION.split('-')[0]})", files={
+                    "/usr/bin/dcgm-exporter": f'#!/bin/sh\nexec {py} {exporters} dcgm --max-lifetime 86400 "$@"\n',
+                    "/etc/dcgm-exporter/default-counters.csv": "DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).\n"}),
+        ]
+
+    def publish_grafana(self) -> None:
+        """Grafana's apt repository (``deb <url> stable main``, under ``grafana_repo``) signed by the
+        ASCII-armoured key it publishes (``grafana_key``), holding ``grafana`` at GRAFANA_VERSION. The package's shape (not read from Grafana's .deb,
+        which no archive this machine may reach has): grafana-server.service in /lib/systemd/system
+        (User=grafana, EnvironmentFile=/etc/default/grafana-server, ExecStart=
+        /usr/share/grafana/bin/grafana server --config=${CONF_FILE} ... cfg:default.paths.*), the
+        /etc/default file naming /etc/grafana/grafana.ini, a packaged grafana.ini (a conffile) and a
+        postinst that makes the grafana user and group. Grafana itself cannot run here: its binary is
+        tests/journey/grafana_standin.py, which loads the provisioned datasource and dashboards as
+        Grafana would and serves /api/health and /api/search."""
+        py = shlex.quote(sys.executable)
+        standin = shlex.quote(str(Path(__file__).resolve().parent / "journey/grafana_standin.py"))
+        default = ("GRAFANA_USER=grafana\nGRAFANA_GROUP=grafana\nGRAFANA_HOME=/usr/share/grafana\n"
+                   "LOG_DIR=/var/log/grafana\nDATA_DIR=/var/lib/grafana\nMAX_OPEN_FILES=10000\n"
+                   "CONF_DIR=/etc/grafana\nCONF_FILE=/etc/grafana/grafana.ini\nRESTART_ON_UPGRADE=true\n"
+                   "PLUGINS_DIR=/var/lib/grafana/plugins\nPROVISIONING_CFG_DIR=/etc/grafana/provisioning\n"
+                   "PID_FILE_DIR=/run/grafana\n")
+        unit = ("[Unit]\nDescription=Grafana instance\nDocumentation=http://docs.grafana.org\n"
+                "Wants=network-online.target\nAfter=network-online.target postgresql.service mariadb.service mysql.service\n\n"
+                "[Service]\nEnvironmentFile=/etc/default/grafana-server\nUser=grafana\nGroup=grafana\nType=simple\n"
+                "Restart=on-failure\nWorkingDirectory=/usr/share/grafana\nRuntimeDirectory=grafana\nRuntimeDirectoryMode=0750\n"
+                "ExecStart=/usr/share/grafana/bin/grafana server --config=${CONF_FILE} "
+                "--pidfile=${PID_FILE_DIR}/grafana-server.pid --packaging=deb cfg:default.paths.logs=${LOG_DIR} "
+                "cfg:default.paths.data=${DATA_DIR} cfg:default.paths.plugins=${PLUGINS_DIR} "
+                "cfg:default.paths.provisioning=${PROVISIONING_CFG_DIR}\n"
+                "LimitNOFILE=10000\nTimeoutStopSec=20\n\n[Install]\nWantedBy=multi-user.target\n")
+        deb = Deb("grafana", GRAFANA_VERSION, files={
+            "/lib/systemd/system/grafana-server.service": unit,
+            "/etc/default/grafana-server": default,
+            "/etc/grafana/grafana.ini": "[paths]\n;data = /var/lib/grafana\n",
+            "/usr/share/grafana/bin/grafana": f'#!/bin/sh\nexec {py} {standin} --root {shlex.quote(str(self.root))} "$@"\n',
+        }, postinst=USER_POSTINST.format(user="grafana", uid=991, gecos="Grafana", home="/usr/share/grafana"))
+        # a suite repository as apt.grafana.com is: dists/stable/main, the package under pool/
+        pool = self.grafana_repo / "pool/main/g/grafana"
+        shutil.rmtree(self.grafana_repo, ignore_errors=True)
+        self.build_deb(deb, pool)
+        packages = subprocess.run(["dpkg-scanpackages", "-m", "pool"], cwd=self.grafana_repo, capture_output=True,
+                                  text=True, check=True).stdout
+        index = self.grafana_repo / "dists/stable/main/binary-amd64/Packages"
+        index.parent.mkdir(parents=True)
+        index.write_text(packages)
+        dist = self.grafana_repo / "dists/stable"
+        (dist / "Release").write_text(
+            "Origin: Grafana\nLabel: Grafana\nSuite: stable\nCodename: stable\nArchitectures: amd64 arm64 armhf\n"
+            f"Components: main\nSHA256:\n {hashlib.sha256(packages.encode()).hexdigest()} {len(packages.encode())} "
+            "main/binary-amd64/Packages\n")
+        self._gpg("--clearsign", "-o", str(dist / "InRelease"), str(dist / "Release"))
+        armored = subprocess.run(["gpg", "--homedir", str(self.gnupg), "--armor", "--export"], check=True,
+                                 capture_output=True).stdout
+        self.grafana_key.write_bytes(armored)
+
+    @property
+    def grafana_repo(self) -> Path:
+        return self.work / "grafana"
+
+    @property
+    def grafana_key(self) -> Path:
+        return self.work / "grafana-gpg.key"
+
+    def publish_distribution_monitoring(self) -> None:
+        """The distribution's archive with the monitoring role's packages added (:func:`distribution_monitoring_debs`):
+        a second signed flat repository of the box's distribution, beside the one publish_ubuntu writes."""
+        repo = self.work / "distribution-monitoring"
+        self.publish(repo, distribution_monitoring_debs(), origin="Debian")
+        key = self.root / "usr/share/keyrings/distribution-monitoring-keyring.gpg"
+        key.write_bytes(self.key.read_bytes())
+        (self.root / "etc/apt/sources.list.d/distribution-monitoring.sources").write_text(
+            f"Types: deb\nURIs: file://{repo}/\nSuites: /\nSigned-By: {key}\n")
 
     def install_now(self, debs: list[Deb], check: bool = True) -> None:
         """What the box already has: packages installed with dpkg before any provision (``check``

@@ -74,7 +74,10 @@ class ServingMetrics:
             self.kv_transfer.observe(kv_transfer_ms or 3.0)
 
     def configure(self, body: dict) -> None:
-        """``/_test/config``: ``{"transfer_failed": N, "bootstrap_failed": N}`` more failures."""
+        """``/_test/config``: ``{"transfer_failed": N, "bootstrap_failed": N}`` more failures;
+        ``{"serving_metrics": true}`` publishes these series from now (observed all along)."""
+        if "serving_metrics" in body:
+            self.publish = bool(body["serving_metrics"])
         self.transfer_failed += int(body.get("transfer_failed", 0))
         self.bootstrap_failed += int(body.get("bootstrap_failed", 0))
 

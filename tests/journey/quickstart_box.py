@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 import sysconfig
 from pathlib import Path
 
 from tests.bench_support import make_tokenizer
-from tests.fake_gpu_box import Deb, FakeGPUBox
+from tests.fake_gpu_box import MONITORING_PACKAGES, Deb, FakeGPUBox
 from tests.journey import systemctl_standin
 from tests.sglang_wheel import CLIENT_STANDINS, sglang_site
 from tests.sshd import LoopbackSSHD
@@ -56,8 +57,13 @@ class QuickstartBox:
         # apt/dpkg in the prefix with NVIDIA's and the distribution's archives (tests/fake_gpu_box.py)
         self.gpu = FakeGPUBox(root / "gpu", self.prefix)
         self.gpu.secure_boot(False)
-        self.gpu.publish_cuda(newer=False)
+        self.gpu.publish_cuda(newer=False, dcgm=True)  # with DCGM and its exporter (the monitoring role)
         self.gpu.publish_ubuntu()
+        # the monitoring role's archives: the distribution's Prometheus packages (this machine's own
+        # binaries) and Grafana's repository (tests/fake_gpu_box.py)
+        if all(shutil.which(name) for name in MONITORING_PACKAGES):
+            self.gpu.publish_distribution_monitoring()
+        self.gpu.publish_grafana()
         self.gpu.run("apt-get", "update")  # the box's lists of its distribution's archive, as on any box
         # The box's own Python (dsv4_python_version), installed: sglang_venv asks dpkg for it.
         for name in ("python3.11", "python3.11-venv", "python3.11-dev"):
@@ -65,7 +71,7 @@ class QuickstartBox:
             self.gpu.run("dpkg", f"--root={self.prefix}", f"--admindir={self.prefix}/var/lib/dpkg",
                          "--force-script-chrootless", "-i", str(deb))
         path = f"{self.tools}:{self.gpu.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        login = {**systemctl_standin.install(self.tools, root / "systemd", self.units), "PATH": path,
+        login = {**systemctl_standin.install(self.tools, root / "systemd", self.units, self.prefix), "PATH": path,
                  "DSV4KIT_STANDIN_PATH": path, "DSV4_JOURNEY_DRIVER_FILE": str(self.gpu.proc_version)}
         self.task_env = {**self.gpu.environment(), **login}
         self.role_vars = {
@@ -74,6 +80,10 @@ class QuickstartBox:
             "nvidia_driver_reboot_required_pkgs": str(self.gpu.state / "reboot-required.pkgs"),
             "provision_task_environment": self.task_env,
             "sglang_venv_python": str(self.tools / "python3.11"),
+            "monitoring_grafana_repo_url": f"file://{self.gpu.grafana_repo}",
+            "monitoring_grafana_key_url": f"file://{self.gpu.grafana_key}",
+            # the package made its grafana group in the box's root, which this machine's groups lack
+            "monitoring_grafana_group": "root",
         }
         self._write_tools()
         # One SetEnv line: sshd keeps the first SetEnv it reads.

@@ -17,7 +17,9 @@ as the real one does. Then, instead of the Rust router, a stand-in that answers 
 * ``/flush_cache`` goes to every worker; ``/v1/models`` to the first prefill worker (as the real
   router's ``get_models``) and ``/model_info`` to a worker;
   ``/server_info`` is ``{"prefill": [...], "decode": [...]}``, one entry per worker;
-* the router's key is required on everything but ``/health`` and sent on to the workers.
+* the router's key is required on everything but ``/health`` and sent on to the workers;
+* ``--prometheus-host``/``--prometheus-port``: the router's ``/metrics`` (tests/fake_exporters.py's
+  sglang-router 0.3.2 request counters), which the monitoring role's Prometheus scrapes.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import itertools
 import json
 import runpy
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import urlparse
 
 _HEALTH_TTL_S = 2.0  # the real router health-checks workers in the background, not per request
@@ -174,6 +178,14 @@ def serve(args) -> None:
         request_queue_size = 2048  # as tests/fake_sglang_server.py: C connections open at once
         daemon_threads = True
 
+    if getattr(args, "prometheus_port", None):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        import fake_exporters
+
+        metrics = ThreadingHTTPServer((args.prometheus_host or "127.0.0.1", args.prometheus_port),
+                                      fake_exporters.make_handler(fake_exporters.Router()))
+        metrics.daemon_threads = True
+        threading.Thread(target=metrics.serve_forever, daemon=True).start()
     Server((args.host, args.port), Handler).serve_forever()
 
 

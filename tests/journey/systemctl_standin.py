@@ -2,7 +2,12 @@
 
 Installed as two executables (:func:`install`) that run this file. State lives in
 ``$DSV4KIT_STANDIN_STATE`` (one JSON file per unit plus its journal), units are read from
-``$DSV4KIT_STANDIN_UNITS``. What systemd does that the journey depends on:
+``$DSV4KIT_STANDIN_UNITS``, then from the packages' unit directories (lib/systemd/system,
+usr/lib/systemd/system) under ``$DSV4KIT_STANDIN_ROOT`` (the box's dpkg root), with the drop-ins of
+``$DSV4KIT_STANDIN_UNITS/<unit>.d/*.conf`` (an empty ``Key=`` resets the list, as in systemd). A path
+a unit names (its program, ``EnvironmentFile=``, ``WorkingDirectory=``) that exists under that root
+is read there: a packaged unit's /usr/bin/prometheus is the package's file in the box's root. What
+systemd does that the journey depends on:
 
 - ``start``: refuses a unit whose required ``EnvironmentFile=`` is missing; reads the files and
   ``Environment=`` (later wins), runs each ``ExecStartPre=`` to completion (a failure fails the
@@ -13,7 +18,9 @@ Installed as two executables (:func:`install`) that run this file. State lives i
 - ``show UNIT -p A,B``: ActiveState, SubState, Result, ExecMainStatus, ExecMainCode, NRestarts,
   MainPID, LoadState; a ``Restart=on-failure`` unit that exited non-zero is ``activating``/
   ``auto-restart`` (systemd would start it again after ``RestartSec``), others ``failed``.
-- ``stop``, ``restart``, ``is-active``, ``reset-failed``, ``enable``, ``is-enabled``, ``daemon-reload``.
+- ``$VAR`` (a word alone: split on whitespace) and ``${VAR}`` in ``ExecStart=``, from the unit's environment.
+- ``stop``, ``restart``, ``reload`` (SIGHUP to the main process, as the packaged units' ``ExecReload=``),
+  ``is-active``, ``reset-failed``, ``enable``, ``is-enabled``, ``daemon-reload``.
 - ``journalctl -u UNIT [-n N]``: the unit's journal.
 """
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -31,15 +39,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def install(bin_dir: Path, state: Path, units: Path) -> dict:
-    """Write ``systemctl`` and ``journalctl`` into ``bin_dir``; returns the environment they need."""
+def install(bin_dir: Path, state: Path, units: Path, root: Path | None = None) -> dict:
+    """Write ``systemctl`` and ``journalctl`` into ``bin_dir``; returns the environment they need
+    (``root``: the box's dpkg root, whose packaged units are found too)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     state.mkdir(parents=True, exist_ok=True)
     for name in ("systemctl", "journalctl"):
         tool = bin_dir / name
         tool.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(HERE))} {name} \"$@\"\n")
         tool.chmod(0o755)
-    return {"DSV4KIT_STANDIN_STATE": str(state), "DSV4KIT_STANDIN_UNITS": str(units)}
+    env = {"DSV4KIT_STANDIN_STATE": str(state), "DSV4KIT_STANDIN_UNITS": str(units)}
+    return {**env, "DSV4KIT_STANDIN_ROOT": str(root)} if root else env
 
 
 def _state_dir() -> Path:
@@ -47,7 +57,32 @@ def _state_dir() -> Path:
 
 
 def _unit_path(name: str) -> Path:
-    return Path(os.environ["DSV4KIT_STANDIN_UNITS"]) / name
+    own = Path(os.environ["DSV4KIT_STANDIN_UNITS"]) / name
+    root = os.environ.get("DSV4KIT_STANDIN_ROOT")
+    if own.exists() or not root:
+        return own
+    packaged = [Path(root) / d / name for d in ("lib/systemd/system", "usr/lib/systemd/system")]
+    return next((path for path in packaged if path.exists()), own)
+
+
+def _on_root(path: str) -> str:
+    """``path`` in the box's root where it is there (a packaged file), else as written."""
+    root = os.environ.get("DSV4KIT_STANDIN_ROOT")
+    if root and path.startswith("/") and os.path.lexists(root + path):
+        return root + path
+    return path
+
+
+def _expand(argv: list[str], env: dict) -> list[str]:
+    """systemd's variable expansion in a command line: ``$VAR`` alone splits, ``${VAR}`` does not."""
+    out: list[str] = []
+    for word in argv:
+        alone = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", word)
+        if alone:
+            out += env.get(alone.group(1), "").split()
+        else:
+            out.append(re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""), word))
+    return out
 
 
 def _load(name: str) -> dict:
@@ -68,12 +103,17 @@ def _journal(name: str) -> Path:
 
 def parse_unit(name: str) -> dict:
     keys: dict = {}
-    for raw in _unit_path(name).read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";", "[")) or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        keys.setdefault(key.strip(), []).append(value.strip())
+    dropins = sorted((Path(os.environ["DSV4KIT_STANDIN_UNITS"]) / f"{name}.d").glob("*.conf"))
+    for path in [_unit_path(name), *dropins]:
+        for raw in path.read_text().splitlines():
+            line = raw.strip()
+            if not line or line.startswith(("#", ";", "[")) or "=" not in line:
+                continue
+            key, value = (part.strip() for part in line.split("=", 1))
+            if value:
+                keys.setdefault(key, []).append(value)
+            else:  # an empty assignment resets the list
+                keys[key] = []
     return keys
 
 
@@ -81,7 +121,7 @@ def _environment(keys: dict) -> tuple[dict, str]:
     env = {"PATH": os.environ.get("DSV4KIT_STANDIN_PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
            "LANG": "C.UTF-8"}
     for value in keys.get("EnvironmentFile", []):
-        path = value.lstrip("-")
+        path = _on_root(value.lstrip("-"))
         try:
             lines = Path(path).read_text().splitlines()
         except OSError:
@@ -144,7 +184,7 @@ def start(name: str) -> int:
     env, problem = _environment(keys)
     if problem:
         return _fail(name, state, "resources", 0, f"{name}: {problem}")
-    workdir = (keys.get("WorkingDirectory") or ["/"])[-1]
+    workdir = _on_root((keys.get("WorkingDirectory") or ["/"])[-1].lstrip("-"))
     with open(_journal(name), "a") as log:
         for pre in keys.get("ExecStartPre", []):
             done = subprocess.run(shlex.split(pre.lstrip("-+!@")), env=env, cwd=workdir, stdout=log,
@@ -152,7 +192,8 @@ def start(name: str) -> int:
             if done.returncode != 0 and not pre.startswith("-"):
                 return _fail(name, state, "exit-code", done.returncode,
                              f"{name}: Control process exited, code=exited, status={done.returncode}/FAILURE")
-        argv = shlex.split((keys.get("ExecStart") or [""])[-1].lstrip("-+!@"))
+        argv = _expand(shlex.split((keys.get("ExecStart") or [""])[-1].lstrip("-+!@")), env)
+        argv[:1] = [_on_root(argv[0])] if argv else []
         if (keys.get("Type") or ["simple"])[-1] == "oneshot":
             done = subprocess.run(argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, timeout=300)
             if done.returncode != 0:
@@ -244,6 +285,16 @@ def stop(name: str) -> int:
     return 0
 
 
+def reload(name: str) -> int:
+    state = _current(name)
+    pid = _main_pid(state)
+    if state.get("active") != "active" or not pid:
+        print(f"Job for {name} failed: unit is not active.", file=sys.stderr)
+        return 1
+    os.kill(pid, signal.SIGHUP)
+    return 0
+
+
 def systemctl(argv: list[str]) -> int:
     words = [a for a in argv if not a.startswith("--") and a not in ("-q",)]
     props: list[str] = []
@@ -288,6 +339,8 @@ def systemctl(argv: list[str]) -> int:
         return max(stop(name) for name in names)
     if verb == "restart":
         return max((stop(name), start(name))[1] for name in names)
+    if verb == "reload":
+        return max(reload(name) for name in names)
     print(f"systemctl stand-in: {verb} is not simulated", file=sys.stderr)
     return 1
 

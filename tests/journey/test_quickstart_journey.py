@@ -50,6 +50,8 @@ import yaml
 
 from tests.docs.test_quickstart import QUICKSTART
 from tests.journey.quickstart_box import QuickstartBox, p2p_log
+from tests.journey.quickstart_monitoring import (check_monitoring, monitoring_pins, monitoring_role_vars,
+                                                 section_12_line)
 from tests.provision_inventory import TINY_PACKAGES, TEST_SUPPORTED_OS
 from tests.quality_support import make_tasks, task_floor
 from tests.verdict_standins import GPU
@@ -84,16 +86,14 @@ def user_inventory(box: QuickstartBox) -> Path:
         "dsv4_python_version": "3.11", "dsv4_venv_packages": list(TINY_PACKAGES), "dsv4_service_user": "root",
         "dsv4_known_hosts": str(box.sshd.known_hosts),
         "dsv4_eval_task_floors": task_floor(n=TASK_ITEMS),
-        # Not yet part of this journey (its packages are not in the box's stand-in archive):
-        # tests/monitoring/test_monitoring_journey.py runs the monitoring stage's output.
-        "dsv4_monitoring": False,
+        **monitoring_pins(),
     })
     (inventory / "group_vars/all.yml").write_text(yaml.safe_dump(pins, sort_keys=False))
     # Role settings where a user keeps them: a group_vars file of the box group.
     (inventory / "group_vars/dsv4_boxes.yml").write_text(yaml.safe_dump({
         "preflight_supported_os": TEST_SUPPORTED_OS, "model_weights_enabled": False,
         "preflight_check_gpu_count": False, "preflight_min_ram_gb": 1, "preflight_min_disk_gb": 1,
-        "sglang_service_manage": True, **box.role_vars,
+        "sglang_service_manage": True, **box.role_vars, **monitoring_role_vars(),
     }, sort_keys=False))
     hosts = {HOST: {
         "ansible_host": "127.0.0.1", "ansible_port": box.sshd.port, "ansible_user": box.sshd.user,
@@ -169,6 +169,8 @@ def test_the_quickstart_runs_as_written_on_one_box(box):
     check_quality(box, outputs, again)
     check_section_7(box, outputs, run_ids)
     check_openai_example(inventory)
+    # section 12: the monitoring stage every provision ran, watching the box (tests/journey/quickstart_monitoring.py)
+    check_monitoring(box, inventory, section_12_line(QUICKSTART.read_text()), lambda line: run_line(box, line, env))
 
 
 def check_openai_example(inventory: Path) -> None:

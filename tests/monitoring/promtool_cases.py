@@ -116,8 +116,8 @@ CASES = dict([
         ([series("DCGM_FI_DEV_XID_ERRORS", _NO_XID, "0x20")], "10m", []),
         ([series("DCGM_FI_DEV_XID_ERRORS", _XID79, "79x40")], "30m", []),  # an old Xid, already reported
         ([series("DCGM_EXP_XID_ERRORS_COUNT", {**gpu(3), "xid": "48", "window_size_in_ms": "300000"}, "0x3 1x5")],
-         "6m", [alert({**gpu(3), "xid": "48", "window_size_in_ms": "300000"}, "GPU 3 on box1 reported Xid 1",
-                      "critical")]),
+         "6m", [alert({**gpu(3), "xid": "48", "window_size_in_ms": "300000"},
+                      "GPU 3 on box1 logged Xid 48 1 time(s) in the exporter's window", "critical")]),
     ]),
     _gpu_pair("DSV4GPURowRemapFailed", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "0x3 1x10", "0x13", "10m",
               "GPU 3 on box1: row remapping failed (replace the card)", "critical"),
