@@ -55,7 +55,8 @@ import triton.language as tl
 from dsv4kit.kernels import indexer as _fp8_entry
 from dsv4kit.kernels import indexer_tiles as _tiles
 from dsv4kit.kernels.errors import KernelArgumentError
-from dsv4kit.kernels.indexer_rows import fill_tail, page_id, row_scalars
+from dsv4kit.kernels.indexer_rows import (fill_tail, page_id, row_scalars, tile_scalars,
+                                          tile_shares_pages)
 from dsv4kit.kernels.indexer import (
     _INTERPRET,
     FILL_BLOCK,
@@ -127,12 +128,7 @@ def _fp4_logits_kernel(
         offs_i = tl.arange(0, PACKED)
         offs_h = tl.arange(0, H)
         offs_s = tl.arange(0, 4)
-        q_u8 = q_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
-        qs_u8 = qs_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
-        # q as the dot's right operand: [64 packed bytes (K), H], its exponents [H, 4].
-        q = tl.load(q_u8 + (b * H + offs_h[None, :]) * PACKED + offs_i[:, None])
-        q_scale = tl.load(qs_u8 + (b * H + offs_h[:, None]) * 4 + offs_s[None, :])
-        w = tl.load(w_ptr + b * H + offs_h)
+        q, q_scale, w = _row_operands(q_ptr, qs_ptr, w_ptr, b, H, PACKED)
         ok = (page_first >= 0) & (page_first < num_pages)
         page = tl.where(ok, page_first, 0)  # never dereference an id outside the pool
         if DIRECT and n_pages - j <= progs_per_row:
@@ -144,6 +140,21 @@ def _fp4_logits_kernel(
                             offs_t, offs_i, offs_s, PAGE, PACKED, PAGE_BYTES, SCALE_OFFSET)
                 # The next page's id, read one step ahead.
                 page, ok = page_id(pt_row, p + progs_per_row, n_pages, num_pages)
+
+
+@triton.jit
+def _row_operands(q_ptr, qs_ptr, w_ptr, row, H: tl.constexpr, PACKED: tl.constexpr):
+    """One row's q as the dot's right operand ``[64 packed bytes (K), H]``, its exponents
+    ``[H, 4]`` and its weights ``[H]``."""
+    offs_h = tl.arange(0, H)
+    offs_i = tl.arange(0, PACKED)
+    offs_s = tl.arange(0, 4)
+    q_u8 = q_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
+    qs_u8 = qs_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
+    q = tl.load(q_u8 + (row * H + offs_h[None, :]) * PACKED + offs_i[:, None])
+    q_scale = tl.load(qs_u8 + (row * H + offs_h[:, None]) * 4 + offs_s[None, :])
+    w = tl.load(w_ptr + row * H + offs_h)
+    return q, q_scale, w
 
 
 @triton.jit
@@ -193,25 +204,16 @@ def _fp4_shared_rows_kernel(
     (the rows' q and their ue8m0 exponents stacked); otherwise each row on its own."""
     tile = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
-    offs_r = tl.arange(0, ROWS)
     offs_t = tl.arange(0, PAGE)
     offs_i = tl.arange(0, PACKED)
     offs_s = tl.arange(0, 4)
-    rows = tile * ROWS + offs_r
-    seq_len, n_pages, pt_rows, out_rows, store_end = row_scalars(
-        seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, rows, batch,
-        max_seq_len, PAGE)
-    if EXACT_TAIL:
-        for r in tl.static_range(ROWS):
-            _, _, _, o_r, e_r = row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr,
-                                                    pt_stride, out_ptr, tile * ROWS + r, batch,
-                                                    max_seq_len, PAGE)
-            if tile * ROWS + r < batch:
-                fill_tail(o_r, e_r, max_seq_len, j, progs, FILL, PAGE)
+    seq_len, n_pages, pt_rows, out_rows, store_end = tile_scalars(
+        seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, tile, batch,
+        max_seq_len, j, progs, ROWS, PAGE, FILL, EXACT_TAIL)
     q_u8 = q_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
     qs_u8 = qs_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
     n_max = tl.max(n_pages, axis=0)
-    if _tiles._tile_shares_pages(pt_rows, n_pages, n_max, 0, 1, CHECK):
+    if tile_shares_pages(pt_rows, n_pages, n_max, 0, 1, CHECK):
         offs_m = tl.arange(0, ROWS * H)
         m_live = (tile * ROWS + offs_m // H) < batch
         m = tile * (ROWS * H) + offs_m
@@ -234,16 +236,13 @@ def _fp4_shared_rows_kernel(
             logit = tl.where(t[None, :] < scored_until[:, None], logit, float("-inf"))
             tl.store(out_rows[:, None] + t[None, :], logit, mask=t[None, :] < store_end[:, None])
     else:
-        offs_h = tl.arange(0, H)
         for r in tl.static_range(ROWS):
             row = tile * ROWS + r
             L_r, n_r, pt_r, o_r, e_r = row_scalars(seq_lens_ptr, seq_lens_stride,
                                                            page_table_ptr, pt_stride, out_ptr, row,
                                                            batch, max_seq_len, PAGE)
-            row_c = tl.where(row < batch, row, 0)
-            q_r = tl.load(q_u8 + (row_c * H + offs_h[None, :]) * PACKED + offs_i[:, None])
-            qs_r = tl.load(qs_u8 + (row_c * H + offs_h[:, None]) * 4 + offs_s[None, :])
-            w_r = tl.load(w_ptr + row_c * H + offs_h)
+            q_r, qs_r, w_r = _row_operands(q_ptr, qs_ptr, w_ptr, tl.where(row < batch, row, 0),
+                                           H, PACKED)
             for p in range(j, n_r, progs):
                 page, ok = page_id(pt_r, p, n_r, num_pages)
                 _score_page(kv_ptr, page, ok, q_r, qs_r, w_r, L_r, p, o_r, e_r,

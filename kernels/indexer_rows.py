@@ -1,7 +1,9 @@
 """``@triton.jit`` helpers the indexer kernels share (FP8 and FP4, per row and row tiles).
 
-A row's setup from its length, a program's share of a row's ``-inf`` tail, and a page-table read
-that never lets an id outside the pool be dereferenced. Layouts: ``dsv4kit.kernels.indexer``.
+A row's setup from its length, a program's share of a row's ``-inf`` tail, a page-table read
+that never lets an id outside the pool be dereferenced, and the row-tile kernels' setup and
+shared-or-per-row decision (``dsv4kit.kernels.indexer_tiles``). Layouts:
+``dsv4kit.kernels.indexer``.
 """
 
 from __future__ import annotations
@@ -48,3 +50,36 @@ def page_id(pt_row, p, n_pages, num_pages):
     page = tl.load(pt_row + p, mask=p < n_pages, other=0).to(tl.int64)
     ok = (page >= 0) & (page < num_pages)
     return tl.where(ok, page, 0), ok
+
+
+@triton.jit
+def tile_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, tile, batch,
+                 max_seq_len, j, progs, ROWS: tl.constexpr, PAGE: tl.constexpr,
+                 FILL: tl.constexpr, EXACT_TAIL: tl.constexpr):
+    """``row_scalars`` of the tile's rows ``[tile*ROWS, tile*ROWS + ROWS)`` (as vectors), after
+    program ``j`` of ``progs`` wrote its share of each live row's ``-inf`` tail (exact policy)."""
+    if EXACT_TAIL:
+        for r in tl.static_range(ROWS):
+            _, _, _, o_r, e_r = row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr,
+                                             pt_stride, out_ptr, tile * ROWS + r, batch,
+                                             max_seq_len, PAGE)
+            # a row past the batch has nothing to fill (its store end is 0 but it has no row)
+            if tile * ROWS + r < batch:
+                fill_tail(o_r, e_r, max_seq_len, j, progs, FILL, PAGE)
+    return row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr,
+                       tile * ROWS + tl.arange(0, ROWS), batch, max_seq_len, PAGE)
+
+
+@triton.jit
+def tile_shares_pages(pt_rows, n, n_max, j, progs, CHECK: tl.constexpr):
+    """Whether, at every page ``p = j, j+R, ... < n_max``, the tile's rows that have page ``p``
+    carry the same id there (rows are the leading axis of ``pt_rows`` and ``n``)."""
+    offs_c = tl.arange(0, CHECK)
+    differ = 0
+    for p0 in range(j, n_max, progs * CHECK):
+        ps = p0 + offs_c * progs
+        has = ps[None, :] < n[:, None]
+        ids = tl.load(pt_rows[:, None] + ps[None, :], mask=has, other=-1)
+        lead = tl.max(ids, axis=0)
+        differ += tl.sum(tl.sum((has & (ids != lead[None, :])).to(tl.int32), axis=1), axis=0)
+    return differ == 0

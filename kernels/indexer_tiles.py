@@ -39,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dsv4kit.kernels.indexer_rows import fill_tail, page_id, row_scalars
+from dsv4kit.kernels.indexer_rows import page_id, row_scalars, tile_scalars, tile_shares_pages
 
 # The index-K page layout of dsv4kit.kernels.indexer (docs/sglang-contract.md §2.3), repeated here
 # because that module imports this one; a test holds the two equal.
@@ -55,7 +55,7 @@ CHECK = 64  # page-table columns a program compares per step when it decides sha
 
 
 @triton.jit
-def _load_page(kv_fp8, kv_f32, page, ok, PAGE: tl.constexpr, D: tl.constexpr,
+def load_key_page(kv_fp8, kv_f32, page, ok, PAGE: tl.constexpr, D: tl.constexpr,
                PAGE_BYTES: tl.constexpr, SCALE_OFFSET: tl.constexpr):
     """A page's fp8 keys [PAGE, D] and fp32 scales [PAGE]; an id outside the pool reads page 0."""
     offs_t = tl.arange(0, PAGE)
@@ -64,21 +64,6 @@ def _load_page(kv_fp8, kv_f32, page, ok, PAGE: tl.constexpr, D: tl.constexpr,
     k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
     s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
     return k, s_k
-
-
-@triton.jit
-def _tile_shares_pages(pt_rows, n, n_max, j, progs, CHECK: tl.constexpr):
-    """Whether, at every page ``p = j, j+R, ... < n_max``, the tile's rows that have page ``p``
-    carry the same id there (rows are the leading axis of ``pt_rows`` and ``n``)."""
-    offs_c = tl.arange(0, CHECK)
-    differ = 0
-    for p0 in range(j, n_max, progs * CHECK):
-        ps = p0 + offs_c * progs
-        has = ps[None, :] < n[:, None]
-        ids = tl.load(pt_rows[:, None] + ps[None, :], mask=has, other=-1)
-        lead = tl.max(ids, axis=0)
-        differ += tl.sum(tl.sum((has & (ids != lead[None, :])).to(tl.int32), axis=1), axis=0)
-    return differ == 0
 
 
 @triton.jit
@@ -107,28 +92,18 @@ def _shared_rows_kernel(
 ):
     tile = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
-    offs_r = tl.arange(0, ROWS)
     offs_t = tl.arange(0, PAGE)
     offs_d = tl.arange(0, D)
-    rows = tile * ROWS + offs_r
-    seq_len, n_pages, pt_rows, out_rows, store_end = row_scalars(
-        seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, rows, batch,
-        max_seq_len, PAGE)
-    if EXACT_TAIL:
-        for r in tl.static_range(ROWS):
-            _, _, _, o_r, e_r = row_scalars(seq_lens_ptr, seq_lens_stride, page_table_ptr,
-                                             pt_stride, out_ptr, tile * ROWS + r, batch,
-                                             max_seq_len, PAGE)
-            # a row past the batch has nothing to fill (its store end is 0 but it has no row)
-            if tile * ROWS + r < batch:
-                fill_tail(o_r, e_r, max_seq_len, j, progs, FILL, PAGE)
+    seq_len, n_pages, pt_rows, out_rows, store_end = tile_scalars(
+        seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, tile, batch,
+        max_seq_len, j, progs, ROWS, PAGE, FILL, EXACT_TAIL)
 
     kv_fp8 = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     kv_f32 = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
     n_max = tl.max(n_pages, axis=0)
     # Decided over the whole tile (every program of it the same way), so that the two paths'
     # page splits never mix within a tile.
-    if _tile_shares_pages(pt_rows, n_pages, n_max, 0, 1, CHECK):
+    if tile_shares_pages(pt_rows, n_pages, n_max, 0, 1, CHECK):
         # One key page for the whole tile: [PAGE, D] @ [D, ROWS*H], the rows' q stacked.
         offs_m = tl.arange(0, ROWS * H)
         m_live = (tile * ROWS + offs_m // H) < batch
@@ -141,7 +116,7 @@ def _shared_rows_kernel(
             lead = tl.max(ids_next, axis=0)
             ids_next = tl.load(pt_rows + (p + progs), mask=(p + progs) < n_pages, other=-1)
             ok = (lead >= 0) & (lead < num_pages)
-            k, s_k = _load_page(kv_fp8, kv_f32, lead, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
+            k, s_k = load_key_page(kv_fp8, kv_f32, lead, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
             scores = tl.dot(k, tl.trans(q))  # [PAGE, ROWS*H], fp32 accumulation
             scores = tl.maximum(scores, 0.0) * w[None, :]
             logit = tl.trans(tl.sum(tl.reshape(scores, (PAGE, ROWS, H)), axis=2))  # [ROWS, PAGE]
@@ -182,7 +157,7 @@ def _score_row(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_s
     for p in range(first, n_pages, step):
         page, ok = id_next, ok_next
         id_next, ok_next = page_id(pt_row, p + step, n_pages, num_pages)
-        k, s_k = _load_page(kv_fp8, kv_f32, page, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
+        k, s_k = load_key_page(kv_fp8, kv_f32, page, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
         scores = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)  # [PAGE, H]
         logit = tl.sum(scores * w[None, :], axis=1) * s_k
         t = p * PAGE + offs_t

@@ -20,6 +20,9 @@ and ``fp4_table`` blocks. It uses ``bench_indexer``'s bandwidth, environment and
 * Floors: ``B * L * 72`` bytes (68 FP4 cache bytes read, a 4-byte logit written) and
   ``B * L * 136`` (FP8), over the copy bandwidth measured in the same run.
 * Targets where the FP4 reads exceed 64 MB: ours FP4 <= 1.2 x its floor and <= 0.6 x ours FP8.
+
+Prefill and verify shapes (rows that share keys, the FP4 row-tile path) are in
+``python -m dsv4kit.validation.bench_indexer_prefill --fp4``.
 """
 
 from __future__ import annotations

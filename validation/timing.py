@@ -8,6 +8,8 @@ One definition of each number, so a "floor" means the same thing in every benchm
   size (``copies_for_cold_l2`` says how many copies that takes).
 * ``copy_bandwidth``: bytes per second of a device-to-device ``copy_`` of 1 GiB, counting bytes
   read plus bytes written, median of ``samples`` graph replays.
+* ``launch_floor_us``: ``graph_time_us`` of an empty Triton kernel (one program that does
+  nothing), replayed in a graph of eight: what no kernel launched the same way can beat.
 * ``bf16_rate``, ``fp8_rate`` (both: ``matmul_rates``): FLOP/s of an ``n x n x n`` product on
   random data, median of graph replays: bf16 ``torch.mm`` and FP8 e4m3 ``torch._scaled_mm``
   (per-tensor scales, bf16 out), the tensor-core rates a floor of ``FLOPs / rate`` refers to.
@@ -17,6 +19,7 @@ One definition of each number, so a "floor" means the same thing in every benchm
 
 from __future__ import annotations
 
+import functools
 import statistics
 from typing import Callable, Sequence
 
@@ -58,6 +61,25 @@ def graph_time_us(torch, calls: Sequence[Callable[[], object]], rounds: int = 1,
     del graph
     torch.cuda.synchronize()
     return statistics.median(times)
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_kernel():
+    import triton
+
+    @triton.jit
+    def empty(x_ptr):
+        pass
+
+    return empty
+
+
+def launch_floor_us(torch, samples: int = SAMPLES) -> float:
+    """Microseconds per call of an empty one-program Triton kernel, timed as ``graph_time_us``
+    times a call (eight launches a graph)."""
+    kernel = _empty_kernel()
+    x = torch.empty(1, device="cuda")
+    return graph_time_us(torch, [lambda: kernel[(1,)](x)] * 8, samples=samples)
 
 
 def copy_bandwidth(torch, nbytes: int = 1 << 30, samples: int = SAMPLES) -> float:

@@ -1,0 +1,78 @@
+"""The prefill benchmarks' committed results, the tables docs/indexer.md shows from them, and the
+summary rules (CPU only: the GPU runs are committed JSON)."""
+
+import json
+import re
+from pathlib import Path
+
+from dsv4kit.validation import bench_indexer_breakdown as breakdown
+from dsv4kit.validation import bench_indexer_prefill as prefill
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+DOC = ROOT / "docs" / "indexer.md"
+COMMITTED = {  # generated block -> (result file, renderer, kind)
+    "prefill": ("bench_indexer_prefill_h100.json", prefill.render, prefill.KIND),
+    "fp4_prefill": ("bench_indexer_fp4_prefill_h100.json", prefill.render, prefill.KIND_FP4),
+    "prefill_breakdown": ("bench_indexer_breakdown_h100.json", breakdown.render, breakdown.KIND),
+}
+
+
+def _block(name: str) -> str:
+    match = re.search(rf"<!-- generated:{name} -->\n(.*?)<!-- /generated -->", DOC.read_text(), re.S)
+    assert match, name
+    return match.group(1).strip()
+
+
+def test_each_doc_table_is_the_render_of_its_committed_gpu_result():
+    for block, (name, render, kind) in COMMITTED.items():
+        payload = json.loads((RESULTS / name).read_text())
+        assert payload["kind"] == kind, name
+        assert payload["command"].startswith("python -m dsv4kit.validation."), name
+        assert "H100" in payload["environment"]["gpu"], name
+        assert _block(block) == render(payload).strip(), f"re-render {name} into docs/indexer.md"
+
+
+def test_the_committed_runs_checked_every_implementation_and_time_the_launch_floor():
+    for name in ("bench_indexer_prefill_h100.json", "bench_indexer_fp4_prefill_h100.json"):
+        payload = json.loads((RESULTS / name).read_text())
+        assert payload["launch_floor_us"] > 0
+        for p in payload["points"]:
+            assert p["checks"] and all(c["pattern_ok"] for c in p["checks"].values()), p["name"]
+            assert len(p["times_us_passes"]) == prefill.PASSES
+    fp4 = json.loads((RESULTS / "bench_indexer_fp4_prefill_h100.json").read_text())
+    assert {p["kind"] for p in fp4["points"]} == {"prefill", "verify"}
+    assert set(fp4["points"][0]["times_us"]) == {prefill.OURS_FP4, prefill.PER_ROW_FP4}
+
+
+def test_fp4_shapes_are_the_prefill_and_verify_shapes_without_decode():
+    fp8 = prefill.shapes()
+    fp4 = prefill.shapes(fp4=True)
+    assert fp4 == [s for s in fp8 if s["kind"] != "decode"]
+    assert any(s["kind"] == "decode" for s in fp8)
+
+
+def _point(prefix, ours, per_row):
+    return {"kind": "prefill", "prefix": prefix, "vs_per_row": ours / per_row}
+
+
+def test_the_fp4_summary_says_no_when_row_tiles_lose_at_a_long_prefix():
+    good = prefill.summarise_fp4([_point(0, 10, 10), _point(32768, 6, 10), _point(126976, 7, 10)])
+    assert good["tiles_faster_long"] and good["worst_vs_per_row_long"] == 0.7
+    bad = prefill.summarise_fp4([_point(32768, 6, 10), _point(126976, 11, 10)])
+    assert not bad["tiles_faster_long"]
+
+
+def test_the_launch_floor_row_and_the_below_launch_line_follow_the_payload():
+    payload = json.loads((RESULTS / "bench_indexer_prefill_h100.json").read_text())
+    table = prefill.render(payload)
+    assert "| empty kernel (launch floor) |" in table
+    tiny = dict(payload, launch_floor_us=1e6)
+    assert "Below the launch floor: at R=1024 prefix=0K" in prefill.render(tiny)
+
+
+def test_the_ncu_excerpt_is_copied_from_the_committed_report():
+    section = DOC.read_text().split("### Where the time above the floor goes", 1)[1]
+    excerpt = re.search(r"```\n(.*?)```", section, re.S).group(1).strip().splitlines()
+    report = [line.strip() for line in (RESULTS / "ncu_indexer_tiles_h100.txt").read_text().splitlines()]
+    assert excerpt and all(line.strip() in report for line in excerpt)
