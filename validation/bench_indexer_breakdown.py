@@ -141,8 +141,8 @@ def bench_shape(torch, shape: dict, rates: dict) -> dict:
                         for name, fn in runs[:2]}
     result["times_us"] = {}
     for name, fn in runs:
-        result["times_us"][name] = timing.graph_time_us(torch, [lambda c=c, fn=fn: fn(c)
-                                                                for c in copies])
+        result["times_us"][name] = timing.graph_time_us(
+            torch, [lambda c=c, fn=fn: fn(c) for c in copies], warmup_s=prefill.WARMUP_S)
     result["vs_floor"] = {n: t / result["floor_us"] for n, t in result["times_us"].items()}
     del copies, first
     torch.cuda.empty_cache()
