@@ -17,7 +17,7 @@ per extend token, every row of a request with the same page-table row and a caus
   measured in the same run (``dsv4kit.validation.timing``). Times are medians of CUDA-graph
   replays over input copies that rotate past the L2; each implementation is timed in
   ``PASSES`` passes over all of them (every other pass in reverse order) and keeps its median
-  pass (all passes are kept as ``times_us_passes``).
+  pass (all passes are kept as ``times_us_passes``), after ``WARMUP_S`` of untimed replays.
 * The launch floor: an empty one-program Triton kernel timed the same way
   (``timing.launch_floor_us``), a row of its own: no kernel launched like this beats it.
 * ``--fp4``: the same prefill and verify shapes over the FP4 cache
@@ -64,6 +64,7 @@ FALLBACK_BUDGET = 40 << 30
 # H100, and a 3 us decode call moves by as much between passes; the median of three, in
 # alternating order, takes both out.
 PASSES = 3
+WARMUP_S = 0.05  # untimed replays before each timing (timing.graph_time_us)
 
 
 def shapes(quick: bool = False, fp4: bool = False) -> list[dict]:
@@ -138,7 +139,7 @@ def _per_row(q, kv, w, lens, table, meta, msl, clean=False):
     """The per-row kernel as the entry called it for every batch before the row-tile kernel."""
     from dsv4kit.kernels import indexer
 
-    batch, _, _, pages, lens1, kv2, msl = indexer.check_args(q, kv, w, lens, table, msl, clean,
+    batch, _, pages, _, lens1, kv2, msl = indexer.check_args(q, kv, w, lens, table, msl, clean,
                                                              indexer.TAIL_SKIP)
     out = torch_empty(batch, msl, q.device)
     indexer.launch(q, kv2, w, lens1, table, out, kv2.shape[0], msl,
@@ -214,7 +215,7 @@ def bench_shape(torch, shape: dict, runs, rates: dict, log, fp4: bool = False) -
                     result["checks"][name] = _check(torch, out, first, tail)
                     del out
                 calls = [lambda c=c, fn=fn: fn(*c.args()) for c in copies]
-                timed[name] = timing.graph_time_us(torch, calls)
+                timed[name] = timing.graph_time_us(torch, calls, warmup_s=WARMUP_S)
             except Exception as exc:  # noqa: BLE001 - one implementation failing is recorded
                 result["skipped"][name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
                 log(f"{name} at {shape['name']}: {result['skipped'][name]}")

@@ -5,7 +5,9 @@ One definition of each number, so a "floor" means the same thing in every benchm
 * ``graph_time_us``: microseconds per call, the **median** over ``samples`` replays of one CUDA
   graph holding ``len(calls) * rounds`` calls. ``calls`` are the same operation on different
   input copies, cycled, so each call finds its inputs cold in L2 once their total passes the L2
-  size (``copies_for_cold_l2`` says how many copies that takes).
+  size (``copies_for_cold_l2`` says how many copies that takes). One untimed replay comes first;
+  with ``warmup_s``, untimed replays go on until that many seconds have passed (a small call
+  timed right after other work read up to ~10% slow on the H100 without it).
 * ``copy_bandwidth``: bytes per second of a device-to-device ``copy_`` of 1 GiB, counting bytes
   read plus bytes written, median of ``samples`` graph replays.
 * ``launch_floor_us``: ``graph_time_us`` of an empty Triton kernel (one program that does
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import time
 from typing import Callable, Sequence
 
 SAMPLES = 7
@@ -37,7 +40,7 @@ def copies_for_cold_l2(torch, bytes_per_copy: int, cap: int = 16) -> int:
 
 
 def graph_time_us(torch, calls: Sequence[Callable[[], object]], rounds: int = 1,
-                  samples: int = SAMPLES) -> float:
+                  samples: int = SAMPLES, warmup_s: float = 0.0) -> float:
     """Median microseconds per call over ``samples`` replays of one graph of every call in
     ``calls``, ``rounds`` times over (see the module docstring)."""
     from dsv4kit.validation.graphs import capture
@@ -48,8 +51,12 @@ def graph_time_us(torch, calls: Sequence[Callable[[], object]], rounds: int = 1,
                 fn()
 
     graph = capture(torch, all_calls, 1)
+    started = time.perf_counter()
     graph.replay()
     torch.cuda.synchronize()
+    while time.perf_counter() - started < warmup_s:
+        graph.replay()
+        torch.cuda.synchronize()
     times = []
     for _ in range(samples):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -76,3 +76,20 @@ def test_the_ncu_excerpt_is_copied_from_the_committed_report():
     excerpt = re.search(r"```\n(.*?)```", section, re.S).group(1).strip().splitlines()
     report = [line.strip() for line in (RESULTS / "ncu_indexer_tiles_h100.txt").read_text().splitlines()]
     assert excerpt and all(line.strip() in report for line in excerpt)
+
+
+def test_the_breakdowns_fp16_head_sum_computes_the_logits():
+    """The `fp16 head sum` row (a second, fp16 product) is timed as a real alternative, so it must
+    compute the real result: through Triton's interpreter (right for an fp16 tl.dot, not a bf16
+    one) against float64, at a chunk whose second tile is partial and whose rows end mid-page."""
+    import torch
+
+    from dsv4kit.kernels import indexer_reference as ref
+
+    inputs = ref.make_prefill_inputs([(300, 7)], 64, seed=2)
+    exact = ref.exact_logits_f64(*inputs.args()[:5], inputs.max_seq_len)
+    for name in ("full", "fp16 head sum"):
+        out = breakdown.launch_variant(torch, inputs, breakdown.VARIANTS[name])
+        stats = ref.compare(out, exact, inputs.seq_lens, tail="page")
+        assert stats["pattern_ok"] and stats["compared"] > 0, name
+        assert stats["rel"] < (1e-6 if name == "full" else 2e-3), (name, stats["rel"])
