@@ -107,7 +107,7 @@ def chat_model_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_bench_api_chat_runs_the_real_chat_client_valid_when_honest_invalid_when_usage_overcounts(
-        tmp_path, loopback_ssh, bench_venv, chat_model_dir, chat_server_factory, monkeypatch):
+        tmp_path, loopback_ssh, bench_venv, chat_model_dir, chat_server_factory, box_dcgm, monkeypatch):
     """``--api chat`` through ``sglang.benchmark.serving --backend sglang-oai-chat`` against the chat
     stand-in: rep 1 honest, valid under every gate; rep 2 the chat route's usage says one token more
     per request than it streamed, so the client's count and the server's counters disagree."""
@@ -119,7 +119,8 @@ def test_bench_api_chat_runs_the_real_chat_client_valid_when_honest_invalid_when
     server = FakeServer(tmp_path / "server", chat_model_dir, served_model_name=SERVED_MODEL).start()
     try:
         inventory = bench_inventory(tmp_path / "inv", loopback_ssh, venv=bench_venv, model_path=chat_model_dir,
-                                    port=server.port, context_length=4096, dsv4_served_model_name=SERVED_MODEL)
+                                    port=server.port, context_length=4096, dsv4_served_model_name=SERVED_MODEL,
+                                    monitoring_dcgm_exporter_port=box_dcgm.port)
 
         def reshape(line):
             if "prompts of" in line and "rep 2/2:" in line:
