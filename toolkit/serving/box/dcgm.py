@@ -16,7 +16,9 @@ DCGM_COUNTERS = ("DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION",
 #: The exporter's own counts over its sliding window (``window_size_in_ms``, 5 min by default): how
 #: many of DCGM's samples in the window had the label's clock event or Xid. They fall as the window
 #: slides, so what counts is every rise between two scrapes. With nothing in the window the
-#: exporter writes one series per GPU without the label, value 0.
+#: exporter writes one series per GPU without the label, value 0. A throttle that already filled the
+#: whole window holds its count level (no rise): the violation counters and nvidia-smi's active
+#: reasons still see it, which is one reason the gate reads both sources.
 DCGM_WINDOWED = {"DCGM_EXP_CLOCK_EVENTS_COUNT": "clock_event", "DCGM_EXP_XID_ERRORS_COUNT": "xid"}
 
 
