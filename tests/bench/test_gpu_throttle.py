@@ -1,6 +1,8 @@
 """GPU telemetry over a bench point's window and the ``gpu_throttle`` gate: from the DCGM exporter
 stand-in (tests/fake_exporters.py) and the ``nvidia-smi`` stand-in (tests/fake_nvidia_smi.py), each
-with its fault "throttle during the point"; and once through the real bench client."""
+alone and both together, each with its fault "throttle during the point", a GPU missing from one,
+and neither (invalid); the exporter's clock-event labels against the pinned source's; and once
+through the real bench client."""
 
 from __future__ import annotations
 
