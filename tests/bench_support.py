@@ -7,6 +7,8 @@
 - ``make_tokenizer(python, dir)``: a ``PreTrainedTokenizerFast`` around a ``tokenizers`` WordLevel
   model over the words ``w0 .. w{V-1}`` that the stand-in server generates, saved to ``dir``.
 - ``FakeServer``: ``tests/fake_sglang_server.py`` as a subprocess on 127.0.0.1.
+- ``DcgmStandin``: the DCGM exporter stand-in (``tests/fake_exporters.py``), the GPU telemetry source
+  of every bench and eval box (``box_dcgm`` in conftest.py: a point no source observed is invalid).
 """
 
 from __future__ import annotations
@@ -135,6 +137,41 @@ class FakeServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.proc = None
+
+
+class DcgmStandin:
+    """tests/fake_exporters.py ``dcgm`` on 127.0.0.1 (a subprocess): the box's DCGM exporter with
+    ``gpus`` GPUs. ``plant(faults)`` posts a fault (``{"throttle": {"0": "thermal"}}``, see there)."""
+
+    def __init__(self, workdir: Path, gpus: int = 8, lifetime_s: float = 600.0):
+        self.workdir, self.gpus, self.lifetime_s = workdir, gpus, lifetime_s
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> "DcgmStandin":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        port_file = self.workdir / "dcgm.port"
+        port_file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "fake_exporters.py"), "dcgm", "--port-file",
+                                      str(port_file), "--gpus", str(self.gpus), "--max-lifetime", str(self.lifetime_s)])
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the DCGM exporter stand-in did not start")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+        return self
+
+    def plant(self, faults: dict) -> None:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/_test/config", data=json.dumps(faults).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=5).read()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
         self.proc = None
 
 

@@ -97,13 +97,51 @@ def tokenizer_dir(bench_venv, tmp_path_factory):
     return make_tokenizer(bench_venv / "bin" / "python", tmp_path_factory.mktemp("model") / "DeepSeek-V4-Flash-test")
 
 
+@pytest.fixture(scope="session")
+def box_dcgm(tmp_path_factory):
+    """The GPU telemetry of every bench and eval box: one DCGM exporter stand-in (8 GPUs, no fault)
+    per worker. ``bench_box``'s inventories point at it; a test that builds its own bench inventory
+    passes ``monitoring_dcgm_exporter_port=box_dcgm.port``. Never plant a fault here (use ``dcgm``)."""
+    from tests.bench_support import DcgmStandin
+
+    standin = DcgmStandin(tmp_path_factory.mktemp("box-dcgm"), lifetime_s=4 * 3600).start()
+    yield standin
+    standin.stop()
+
+
 @pytest.fixture
-def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
+def dcgm(tmp_path):
+    """A DCGM exporter stand-in of this test's own, with 2 GPUs, for planting faults."""
+    from tests.bench_support import DcgmStandin
+
+    standin = DcgmStandin(tmp_path / "dcgm", gpus=2, lifetime_s=300).start()
+    yield standin
+    standin.stop()
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    """tests/fake_nvidia_smi.py first on this process's PATH as ``nvidia-smi`` (2 GPUs; its
+    ``FAKE_NVSMI_*`` variables plant faults). The loopback box's login PATH does not see it."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} {os.path.join(os.path.dirname(__file__), 'fake_nvidia_smi.py')} \"$@\"\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return bin_dir
+
+
+@pytest.fixture
+def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, box_dcgm, monkeypatch):
     """``make(**server_kw) -> (server, inventory)``: a stand-in server and a one-host inventory whose
     box is this machine over the loopback sshd. ``separate_prefill``: a second server on its own
     port (a PD layout); ``units``: the serving units the playbook writes, under a scratch prefix;
     ``inventory_context_length`` / ``inventory_extra``: inventory values; ``model``: another model
-    directory (default: ``tokenizer_dir``). Finished points spill to ``tmp_path/spill``
+    directory (default: ``tokenizer_dir``). The box's GPU telemetry is ``box_dcgm`` unless
+    ``inventory_extra`` names another exporter. Finished points spill to ``tmp_path/spill``
     (``$DSV4KIT_SPILL_DIR``)."""
     from tests.bench_support import FakeServer, bench_inventory, write_units
 
@@ -112,7 +150,7 @@ def bench_box(tmp_path, loopback_ssh, bench_venv, tokenizer_dir, monkeypatch):
 
     def make(separate_prefill: bool = False, units: bool = False, **server_kw):
         context_length = server_kw.pop("inventory_context_length", None)
-        inventory_extra = server_kw.pop("inventory_extra", {})
+        inventory_extra = {"monitoring_dcgm_exporter_port": box_dcgm.port, **server_kw.pop("inventory_extra", {})}
         model = server_kw.pop("model", None) or tokenizer_dir
         server = FakeServer(tmp_path / f"server{len(servers)}", model, **server_kw).start()
         servers.append(server)

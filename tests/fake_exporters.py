@@ -3,17 +3,20 @@
 * ``dcgm``: NVIDIA's DCGM exporter 4.5.3-4.8.2 for N GPUs. The fields it writes are the ones the
   monitoring role's counters file enables (playbooks/roles/monitoring/templates/dcgm-counters.csv.j2:
   a field that file leaves out is missing here too), with the exporter's labels (gpu, UUID,
-  pci_bus_id, device, modelName, Hostname, the driver version as a label field). The exporter-owned
-  DCGM_EXP_* fields and the profiling fields are not written (absent until an event, or unprobed).
+  pci_bus_id, device, modelName, Hostname, the driver version as a label field). The profiling
+  fields are not written (unprobed).
 * ``router``: sglang-router 0.3.2's request counters (smg_http_requests_total,
   smg_router_request_errors_total).
 
 ``POST /_test/config`` plants faults: ``{"xid": {"3": 79}}`` (the last Xid of GPU 3),
-``{"gpus": 7}`` (a GPU fell off the bus), ``{"throttle": {"3": "thermal"}}`` (or ``"power"``).
-``"after_scrapes": N`` beside them delays those faults until N more ``/metrics`` reads have been
-served: "during the point" for a reader whose first scrape opens its window. A throttled GPU's
-violation counter accumulates its throttled time, and the exporter's own clock-event and Xid
-counters (``DCGM_EXP_*``) appear at their first event, as the exporter writes them.
+``{"gpus": 7}`` (a GPU fell off the bus), ``{"throttle": {"3": "thermal"}}`` (or ``"power"``, a
+power cap, or ``"brake"``, an external power brake; ``"off"`` ends it). ``"after_scrapes": N`` beside
+them delays those faults until N more ``/metrics`` reads have been served: "during the point" for a
+reader whose first scrape opens its window. A thermal or power throttle's violation counter
+accumulates its throttled time. The exporter's own counts (``DCGM_EXP_CLOCK_EVENTS_COUNT``,
+``DCGM_EXP_XID_ERRORS_COUNT``) are what 4.8.2 writes: per GPU and label value the DCGM samples with
+that event in the last ``window_size_in_ms`` (here a throttle's start and each later ``/metrics``
+read while it lasts are one sample each), falling as the window slides; a GPU with none has one series without the label, value 0.
 Run: ``python tests/fake_exporters.py dcgm|router --port-file F [--gpus 8]`` (or ``--address :PORT``, the
 real exporter's flag); 127.0.0.1 only.
 """
@@ -31,8 +34,12 @@ from pathlib import Path
 
 #: DCGM exporter 4.8.2's text for the Xids the tests plant (its xid_errors.go).
 XID_TEXT = {0: "No Error", 48: "DBE (Double Bit Error) ECC Error", 79: "GPU has fallen off the bus"}
-#: The clock event a planted throttle counts under DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event}.
-CLOCK_EVENT = {"thermal": "sw_thermal_slowdown", "power": "sw_power_cap"}
+#: The clock event a planted throttle counts under DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event}: the
+#: exporter 4.8.2's label values (dsv4kit.serving.box.telemetry.CLOCK_EVENT_BITS, docs/monitoring.md).
+CLOCK_EVENT = {"thermal": "sw_thermal", "power": "power_cap", "brake": "hw_power_brake"}
+#: The exporter's default window for its DCGM_EXP_* counts (--clock-events-count-window-size,
+#: --xid-count-window-size): 5 minutes.
+WINDOW_MS = 300000
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin_http import send, serve  # noqa: E402  (run as a script from tests/, or imported as tests.fake_exporters)
 
@@ -54,10 +61,11 @@ class Dcgm:
         self.lock = threading.Lock()
         self.gpus = gpus
         self.xid: dict[int, int] = {}
-        self.xid_count: dict[tuple[int, int], int] = {}
         self.throttle: dict[int, tuple[str, float]] = {}  # gpu -> (kind, since)
         self.throttled_ns: dict[tuple[int, str], float] = {}  # time of throttles already ended
-        self.events: dict[tuple[int, str], int] = {}
+        # DCGM samples that had the event, as times: the exporter counts those in its window
+        self.xid_count: dict[tuple[int, int], list[float]] = {}
+        self.events: dict[tuple[int, str], list[float]] = {}
         self.pending: list[tuple[int, dict]] = []  # (scrapes left, faults)
         self.started = time.time()
         self.fields = counter_fields()
@@ -103,12 +111,9 @@ class Dcgm:
         for field, kind in self.fields:
             if kind == "label":
                 continue
-            if field == "DCGM_EXP_CLOCK_EVENTS_COUNT":
-                rows = [(gpu, f'clock_event="{event}"', n) for (gpu, event), n in sorted(self.events.items())
-                        if gpu < self.gpus]
-            elif field == "DCGM_EXP_XID_ERRORS_COUNT":
-                rows = [(gpu, f'window_size_in_ms="300000",xid="{code}"', n)
-                        for (gpu, code), n in sorted(self.xid_count.items()) if gpu < self.gpus]
+            if field in ("DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_EXP_XID_ERRORS_COUNT"):
+                rows = self.windowed(self.events if field == "DCGM_EXP_CLOCK_EVENTS_COUNT" else self.xid_count,
+                                     "clock_event" if field == "DCGM_EXP_CLOCK_EVENTS_COUNT" else "xid", now)
             else:
                 rows = []
                 for gpu in range(self.gpus):
@@ -117,22 +122,38 @@ class Dcgm:
                         code = self.xid.get(gpu, 0)
                         more = f'err_code="{code}",err_msg="{XID_TEXT.get(code, "Unknown Error")}"'
                     rows.append((gpu, more, self.value(field, gpu, elapsed, now)))
-            if not rows:  # an exporter-owned counter before its first event
-                continue
             lines += [f"# HELP {field} {field}.", f"# TYPE {field} {kind}"]
             for gpu, more, value in rows:
                 labels = self.labels(gpu, extra)
                 lines.append(f"{field}{{{labels}{',' + more if more else ''}}} {float(value)}")
         return "\n".join(lines) + "\n"
 
+    def windowed(self, counts: dict, label: str, now: float) -> list:
+        """The exporter's count per GPU and label value of the samples in its window; a GPU with
+        none gets one series without the label, value 0 (its expcollector.go)."""
+        rows = []
+        for gpu in range(self.gpus):
+            mine = {key[1]: sum(1 for t in times if now - t <= WINDOW_MS / 1000)
+                    for key, times in sorted(counts.items()) if key[0] == gpu}
+            mine = {value: n for value, n in mine.items() if n}
+            window = f'window_size_in_ms="{WINDOW_MS}"'
+            rows += [(gpu, f'{window},{label}="{value}"', n) for value, n in mine.items()] or [(gpu, window, 0)]
+        return rows
+
     def _tick(self) -> None:
-        """One /metrics read: faults whose delay ran out take effect."""
+        """One /metrics read: faults whose delay ran out take effect, and each active throttle is
+        one more DCGM sample with its clock event."""
+        before = dict(self.throttle)
         due, waiting = [], []
         for left, faults in self.pending:
             (due if left <= 0 else waiting).append((left - 1, faults))
         self.pending = waiting
         for _, faults in due:
             self._apply(faults)
+        now = time.time()
+        for gpu, (kind, since) in self.throttle.items():
+            if before.get(gpu) == (kind, since):  # a throttle that starts counts its first sample in _apply
+                self.events.setdefault((gpu, CLOCK_EVENT[kind]), []).append(now)
 
     def _apply(self, body: dict) -> None:
         now = time.time()
@@ -141,7 +162,7 @@ class Dcgm:
         for gpu, code in ((int(k), int(v)) for k, v in (body.get("xid") or {}).items()):
             self.xid[gpu] = code
             if code:
-                self.xid_count[(gpu, code)] = self.xid_count.get((gpu, code), 0) + 1
+                self.xid_count.setdefault((gpu, code), []).append(now)
         for gpu, kind in ((int(k), str(v)) for k, v in (body.get("throttle") or {}).items()):
             old = self.throttle.pop(gpu, None)
             if old:
@@ -149,8 +170,7 @@ class Dcgm:
                 self.throttled_ns[key] = self.throttled_ns.get(key, 0.0) + (now - old[1]) * 1e9
             if kind in CLOCK_EVENT:
                 self.throttle[gpu] = (kind, now)
-                event = (gpu, CLOCK_EVENT[kind])
-                self.events[event] = self.events.get(event, 0) + 1
+                self.events.setdefault((gpu, CLOCK_EVENT[kind]), []).append(now)
 
     def configure(self, body: dict) -> None:
         faults = {k: v for k, v in body.items() if k != "after_scrapes"}

@@ -398,20 +398,6 @@ def test_percentiles_need_enough_requests_and_carry_bootstrap_intervals():
 
 
 # ------------------------------------------------------------------------------------ telemetry
-@pytest.fixture
-def fake_nvidia_smi(tmp_path, monkeypatch):
-    import sys as _sys
-    from pathlib import Path as _Path
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "nvidia-smi"
-    script.write_text(f"#!/bin/sh\nexec {_sys.executable} {_Path(__file__).resolve().parents[1] / 'fake_nvidia_smi.py'} \"$@\"\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
-    return bin_dir
-
-
 @pytest.mark.parametrize("old_driver", [False, True])
 def test_gpu_telemetry_is_sampled_with_lms_and_summarised(fake_nvidia_smi, tmp_path, monkeypatch, old_driver):
     import time as _time

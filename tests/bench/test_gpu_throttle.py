@@ -1,6 +1,8 @@
 """GPU telemetry over a bench point's window and the ``gpu_throttle`` gate: from the DCGM exporter
 stand-in (tests/fake_exporters.py) and the ``nvidia-smi`` stand-in (tests/fake_nvidia_smi.py), each
-with its fault "throttle during the point"; and once through the real bench client."""
+alone and both together, each with its fault "throttle during the point", a GPU missing from one,
+and neither (invalid); the exporter's clock-event labels against the pinned source's; and once
+through the real bench client."""
 
 from __future__ import annotations
 
@@ -8,38 +10,14 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from dsv4kit.serving.box.telemetry import Telemetry, window_telemetry
 from dsv4kit.bench.gpu_throttle import dcgm_port, throttle_gate
-from tests.bench.test_bench_units import fake_nvidia_smi  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def dcgm(tmp_path):
-    """``(port, plant)``: the DCGM exporter stand-in with 2 GPUs; ``plant(body)`` posts a fault."""
-    port_file = tmp_path / "dcgm.port"
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests/fake_exporters.py"), "dcgm", "--port-file",
-                             str(port_file), "--gpus", "2", "--max-lifetime", "300"])
-    deadline = time.monotonic() + 20
-    while not port_file.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the DCGM stand-in did not start"
-        time.sleep(0.05)
-    port = int(port_file.read_text())
-
-    def plant(body: dict) -> None:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/_test/config", data=json.dumps(body).encode(),
-                                         method="POST", headers={"Content-Type": "application/json"})
-        urllib.request.urlopen(request, timeout=5).read()
-
-    yield port, plant
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def sampled(port: int, tmp_path, seconds: float = 0.8) -> dict:
@@ -49,19 +27,20 @@ def sampled(port: int, tmp_path, seconds: float = 0.8) -> dict:
 
 
 def test_dcgm_window_names_the_gpu_and_counter_that_rose_during_the_point(dcgm, tmp_path):
-    port, plant = dcgm
+    port, plant = dcgm.port, dcgm.plant
     plant({"xid": {"1": 48}})  # before the window: the exporter's last Xid, old news
     quiet = sampled(port, tmp_path)
     assert quiet["source"].startswith("dcgm-exporter") and set(quiet["per_gpu"]) == {"0", "1"}
     assert quiet["per_gpu"]["0"]["power_w"]["median"] == 412.5 and quiet["per_gpu"]["0"]["sm_clock_mhz"]["min"] == 2100
+    assert "nvidia-smi" in quiet["unanswered"] and "gpu_sets" not in quiet  # one source answered
     gate = throttle_gate(quiet)
-    assert gate["passed"] and gate["observed"], gate
+    assert gate["passed"] and gate["observed"] and gate["sources"] == ["dcgm-exporter"], gate
     plant({"throttle": {"0": "thermal"}, "xid": {"1": 79}, "after_scrapes": 1})
     hot = sampled(port, tmp_path)
     gate = throttle_gate(hot)
     assert not gate["passed"]
     counters = {(f["gpu"], f["counter"]) for f in gate["findings"]}
-    assert counters == {("0", "DCGM_FI_DEV_THERMAL_VIOLATION"), ("0", "clock_event:sw_thermal_slowdown"),
+    assert counters == {("0", "DCGM_FI_DEV_THERMAL_VIOLATION"), ("0", "clock_event:sw_thermal"),
                         ("1", "xid")}, gate
     assert "GPU 1: Xid 79 (GPU has fallen off the bus)" in gate["detail"]
     assert hot["per_gpu"]["0"]["sm_clock_mhz"]["min"] == 1200 and hot["per_gpu"]["0"]["temperature_c"]["max"] == 92
@@ -69,21 +48,92 @@ def test_dcgm_window_names_the_gpu_and_counter_that_rose_during_the_point(dcgm, 
     plant({"throttle": {"0": "off", "1": "power"}})
     capped = sampled(port, tmp_path)
     assert capped["per_gpu"]["1"]["counters_rose"]["DCGM_FI_DEV_POWER_VIOLATION"] > 0
+    assert capped["per_gpu"]["1"]["event_reasons"] == ["power_cap"]
     assert throttle_gate(capped)["passed"]
+    # an external power brake has no violation counter: its clock event alone fails the point
+    plant({"throttle": {"1": "brake"}})
+    braked = throttle_gate(sampled(port, tmp_path))
+    assert [(f["gpu"], f["counter"]) for f in braked["findings"]] == [("1", "clock_event:hw_power_brake")], braked
 
 
-def test_nvidia_smi_fallback_and_its_throttle_during_the_point(fake_nvidia_smi, tmp_path, monkeypatch):  # noqa: F811
-    result = sampled(1, tmp_path)  # nothing listens on port 1: nvidia-smi, and the record says why
-    assert result["source"] == "nvidia-smi" and "127.0.0.1:1" in result["dcgm_unused"]
+def test_nvidia_smi_alone_and_its_throttle_during_the_point(fake_nvidia_smi, tmp_path, monkeypatch):
+    result = sampled(1, tmp_path)  # nothing listens on port 1: nvidia-smi alone, and the record says why
+    assert result["source"] == "nvidia-smi" and "127.0.0.1:1" in result["unanswered"]["dcgm-exporter"]
     assert result["per_gpu"]["1"]["event_reasons"] == ["sw_power_cap"]
-    assert throttle_gate(result)["passed"] and "not observed" in result["xid"]
+    assert throttle_gate(result)["passed"] and "not observed" in result["sources"]["nvidia-smi"]["xid"]
     monkeypatch.setenv("FAKE_NVSMI_THROTTLE", "0:hw_thermal_slowdown")
     with Telemetry(100, str(tmp_path / "t2.csv")) as telemetry:
         time.sleep(0.6)
     gate = throttle_gate(telemetry.result())
     assert not gate["passed"] and gate["findings"][0]["gpu"] == "0"
     assert gate["findings"][0]["counter"] == "hw_thermal_slowdown"
-    assert "no GPU telemetry" in throttle_gate({"available": False, "reason": "nvidia-smi not found"})["detail"]
+
+
+def test_both_sources_are_recorded_and_either_ones_throttle_fails_the_point(dcgm, fake_nvidia_smi, tmp_path,
+                                                                             monkeypatch):
+    both = sampled(dcgm.port, tmp_path)
+    assert set(both["sources"]) == {"dcgm-exporter", "nvidia-smi"} and both["unanswered"] == {}
+    assert both["source"] == f"dcgm-exporter (127.0.0.1:{dcgm.port}/metrics) and nvidia-smi"
+    assert both["gpu_sets"]["agree"] and {s["source"] for s in both["samples"]} == {"dcgm-exporter", "nvidia-smi"}
+    gate = throttle_gate(both)
+    assert gate["passed"] and gate["sources"] == ["dcgm-exporter", "nvidia-smi"], gate
+    # only nvidia-smi sees GPU 1 slow down for heat: the DCGM exporter's quiet does not clear it
+    monkeypatch.setenv("FAKE_NVSMI_THROTTLE", "1:sw_thermal_slowdown")
+    gate = throttle_gate(sampled(dcgm.port, tmp_path))
+    assert not gate["passed"] and [(f["gpu"], f["counter"], f["source"]) for f in gate["findings"]] == [
+        ("1", "sw_thermal_slowdown", "nvidia-smi")], gate
+    assert "GPU 1: clock event sw_thermal_slowdown active [nvidia-smi]" in gate["detail"]
+    # only the exporter sees it, and nvidia-smi sees a GPU the exporter lacks: both said
+    monkeypatch.delenv("FAKE_NVSMI_THROTTLE")
+    monkeypatch.setenv("FAKE_NVSMI_GPUS", "3")
+    dcgm.plant({"throttle": {"0": "thermal"}, "after_scrapes": 1})
+    seen = sampled(dcgm.port, tmp_path)
+    gate = throttle_gate(seen)
+    assert not gate["passed"] and {f["source"] for f in gate["findings"]} == {seen["sources"]["dcgm-exporter"]["source"]}
+    assert not seen["gpu_sets"]["agree"] and seen["gpu_sets"]["by_source"]["nvidia-smi"] == ["0", "1", "2"]
+    assert "the sources disagree on the GPU set: GPU 2 missing from dcgm-exporter" in gate["detail"], gate["detail"]
+
+
+def test_a_point_no_source_observed_is_invalid_and_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    none = sampled(1, tmp_path)
+    gate = throttle_gate(none)
+    assert none["available"] is False and not gate["passed"] and gate["observed"] is False
+    detail = gate["detail"]
+    assert "dcgm-exporter: 127.0.0.1:1:" in detail and "nvidia-smi: nvidia-smi not found on PATH" in detail, detail
+    assert "dsv4kit provision --tags monitoring" in detail and "nvidia-utils" in detail, detail
+    off = throttle_gate(sampled(0, tmp_path))  # the inventory turned the monitoring role off
+    assert not off["passed"] and "--dcgm-port 0" in off["detail"], off
+    assert not throttle_gate({"available": False, "reason": "nvidia-smi not found"})["passed"]  # an older record
+
+
+def test_the_clock_event_labels_are_the_pinned_exporters_and_the_docs_list_them():
+    """The labels the gate and the stand-in use are DCGM exporter 4.8.2's (its clock_events_collector.go),
+    each on DCGM's reason bit, and docs/monitoring.md lists exactly them."""
+    import re
+
+    from dsv4kit.serving.box.telemetry import CLOCK_EVENT_BITS, DCGM_CLOCK_EVENTS, INVALIDATING_BITS
+    from tests.fake_exporters import CLOCK_EVENT
+
+    assert DCGM_CLOCK_EVENTS == {"gpu_idle": 0x1, "clocks_setting": 0x2, "power_cap": 0x4, "hw_slowdown": 0x8,
+                                 "sync_boost": 0x10, "sw_thermal": 0x20, "hw_thermal": 0x40,
+                                 "hw_power_brake": 0x80, "display_clocks": 0x100}
+    assert {label for label, bit in DCGM_CLOCK_EVENTS.items() if bit & INVALIDATING_BITS} == {
+        "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+    assert set(CLOCK_EVENT.values()) <= set(DCGM_CLOCK_EVENTS)
+    pins = (REPO / "inventory/group_vars/all.yml").read_text()
+    assert 'dsv4_dcgm_exporter_version: "4.5.3-4.8.2"' in pins  # re-read the labels when this moves
+    page = (REPO / "docs/monitoring.md").read_text()
+    table = dict(re.findall(r"^\| `(\w+)` \| `(0x[0-9a-f]+)` \|", page, re.M))
+    assert table == {label: f"0x{bit:x}" for label, bit in DCGM_CLOCK_EVENTS.items()}, table
+    for bit, (label, smi, kind) in CLOCK_EVENT_BITS.items():
+        assert re.search(rf"^\| `{label}` \| `0x{bit:x}` \| `{smi}` \| {kind} \|", page, re.M), label
+    # every clock_event matcher of the alert rules and the dashboard names only those values
+    role = REPO / "playbooks/roles/monitoring/files"
+    matched = [value for path in (role / "dsv4kit-alerts.yml", role / "dsv4-pd-dashboard.json")
+               for values in re.findall(r'clock_event\\?"?\s*=~?\s*\\?"([^"\\]+)', path.read_text())
+               for value in values.split("|")]
+    assert matched and set(matched) <= set(DCGM_CLOCK_EVENTS), matched
 
 
 def test_dcgm_port_follows_the_inventory():
@@ -96,7 +146,7 @@ def test_a_point_measured_while_a_gpu_throttled_is_invalid_through_the_real_clie
     from tests.bench.test_bench_hostile import sweep
     from tests.bench.test_bench_sweep import dsv4kit
 
-    port, plant = dcgm
+    port, plant = dcgm.port, dcgm.plant
     plant({"throttle": {"1": "thermal"}, "after_scrapes": 1})
     server_inventory = bench_box(context_length=4096, inventory_extra={"monitoring_dcgm_exporter_port": port})
     proc, record = sweep(server_inventory, tmp_path)
@@ -115,7 +165,7 @@ def test_an_eval_arm_runs_under_watch_and_its_report_names_the_throttle(dcgm, tm
     from dsv4kit.bench.gpu_throttle import arm_telemetry
     from dsv4kit.records.eval_record import format_record
 
-    port, plant = dcgm
+    port, plant = dcgm.port, dcgm.plant
     plant({"throttle": {"0": "thermal"}, "after_scrapes": 1})
     out = tmp_path / "arm.gpu"
     code = subprocess.call([sys.executable, "-m", "dsv4kit.serving.box", "watch", "--out", str(out), "--telemetry-ms",

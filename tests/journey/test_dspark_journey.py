@@ -104,7 +104,8 @@ def test_dspark_units_start_healthy_and_report_their_acceptance(box, loopback_ss
     assert acceptance.exit_code(exitcodes.OK, verdict, lambda _line: None) == exitcodes.OK
 
 
-def test_a_bench_point_records_the_acceptance_beside_the_forward_passes(box, loopback_ssh, tmp_path, monkeypatch):
+def test_a_bench_point_records_the_acceptance_beside_the_forward_passes(box, loopback_ssh, box_dcgm, tmp_path,
+                                                                        monkeypatch):
     """One `dsv4kit bench` point at C=1 with the box's venv and units: valid, its acceptance length the
     decode server's, and its forward passes per second the decode rate over that acceptance length."""
     monkeypatch.setenv("DSV4KIT_SPILL_DIR", str(tmp_path / "spill"))
@@ -114,7 +115,8 @@ def test_a_bench_point_records_the_acceptance_beside_the_forward_passes(box, loo
                               # the name the role's units serve it under (group_vars' default)
                               dsv4_served_model_name=PINS["dsv4_models"][CHOICE["dsv4_model"]]["repo"],
                               dsv4_context_length=PINS["dsv4_context_length"],
-                              dsv4_prefill_gpus=PINS["dsv4_prefill_gpus"], dsv4_decode_gpus=PINS["dsv4_decode_gpus"])
+                              dsv4_prefill_gpus=PINS["dsv4_prefill_gpus"], dsv4_decode_gpus=PINS["dsv4_decode_gpus"],
+                              monitoring_dcgm_exporter_port=box_dcgm.port)
     done = dsv4kit("bench", "--ctx", str(PINS["dsv4_context_length"]), "--concurrency", "1", "--repeat", "1",
                    "--input-len", "64", "--output-len", "512", "--num-prompts", "2", "--warmup-requests", "1",
                    "--metrics-interval", "0.02", "--no-restart", "-i", str(inventory),

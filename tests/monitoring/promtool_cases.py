@@ -44,6 +44,11 @@ def _gpu_pair(name, field, fire_values, quiet_values, eval_time, summary, severi
                   ([series(field, gpu(3), quiet_values)], eval_time, [])]
 
 
+def _events(clock_event) -> dict:
+    """DCGM_EXP_CLOCK_EVENTS_COUNT's labels: the exporter's label value, or none (no event in its window)."""
+    return {**gpu(3), "window_size_in_ms": "300000", **({"clock_event": clock_event} if clock_event else {})}
+
+
 def _ttft(fire: bool) -> list:
     # Buckets le=1 s, 4 s, +Inf: every request over 4 s (p99 interpolates to 4 s) or all under 1 s.
     fast = "0+0x40" if fire else "0+10x40"
@@ -125,6 +130,14 @@ CASES = dict([
               "GPU 3 on box1 thermally throttled for 10 minutes", "warning"),
     _gpu_pair("DSV4GPUPowerThrottling", "DCGM_FI_DEV_POWER_VIOLATION", "0+60e9x40", "0+6e9x40", "20m",
               "GPU 3 on box1 power throttled for 10 minutes", "warning"),
+    ("DSV4GPUHardwareSlowdown", [
+        ([series("DCGM_EXP_CLOCK_EVENTS_COUNT", _events("hw_power_brake"), "0x3 4x30")], "20m",
+         [alert({"box": "box1", "gpu": "3", "clock_event": "hw_power_brake"},
+                "GPU 3 on box1: hardware clock slowdown (hw_power_brake) for 10 minutes", "warning")]),
+        ([series("DCGM_EXP_CLOCK_EVENTS_COUNT", _events("hw_slowdown"), "0x12 4x3 0x20")], "20m", []),  # brief
+        ([series("DCGM_EXP_CLOCK_EVENTS_COUNT", _events("power_cap"), "30x40")], "20m", []),  # a loaded GPU
+        ([series("DCGM_EXP_CLOCK_EVENTS_COUNT", _events(None), "0x40")], "20m", []),  # no event in the window
+    ]),
     ("DSV4GPUMissing", [
         (_gpus(7), "5m", [alert({"box": "box1"}, "box1: fewer GPUs in the DCGM exporter than the 8 expected",
                                 "critical")]),

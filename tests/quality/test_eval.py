@@ -98,10 +98,11 @@ def test_a_clean_ab_passes_is_recorded_and_shown(eval_box):
     shown = dsv4kit("records", "show", record["run_id"], "--results-repo", str(repo))
     assert shown.returncode == 0, shown.stderr
     assert "needles" in shown.stdout and "outcome: PASS" in shown.stdout and "A/B: SGLANG_SM120_TRITON_INDEXER" in shown.stdout
-    # each arm's GPUs over its checks, and what said so (no nvidia-smi and no exporter on this box)
+    # each arm's GPUs over its checks, and what said so (the box's DCGM exporter; no nvidia-smi here)
     telemetry = record["arms"]["B"]["gpu_telemetry"]
-    assert telemetry["gpu_throttle"]["observed"] is False and "nvidia-smi" in telemetry["reason"], telemetry
-    assert "GPU telemetry: none (nvidia-smi not found on PATH)" in shown.stdout, shown.stdout
+    assert telemetry["gpu_throttle"]["passed"] and telemetry["gpu_throttle"]["sources"] == ["dcgm-exporter"], telemetry
+    assert "nvidia-smi not found on PATH" in telemetry["unanswered"]["nvidia-smi"], telemetry
+    assert "GPU telemetry (dcgm-exporter (127.0.0.1:" in shown.stdout and "8 GPUs" in shown.stdout, shown.stdout
     # A later run whose arm B lost its long-context sight, compared with this one, arm by arm.
     later, _ = _eval(server, inventory, repo, tasks, fault={"blind_after_tokens": 3000})
     compared = dsv4kit("records", "compare", f"{record['run_id']}@B", f"{later.record['run_id']}@B",

@@ -8,6 +8,7 @@ import time
 import urllib.error
 
 from .http import http_get
+from .sampler import BackgroundSampler
 
 #: Scraped metrics: name -> how 0.5.23's series combine into one number (docs/benchmarking.md).
 #: ``scheduler-sum``/``scheduler-max``: a scheduler gauge. Its total is the series without a
@@ -206,21 +207,20 @@ def read_metrics(port: int) -> tuple:
     return values, problems, kept
 
 
-class Scraper:
+class Scraper(BackgroundSampler):
     """Poll ``/metrics`` of some ports in a thread until stopped. Each sample has ``t`` (the box's
     monotonic clock, which placing the window uses), ``wall`` (its wall clock, for people), the
     port, the selected values and, when a metric could not be selected, ``problems``."""
 
-    def __init__(self, ports, interval: float):
-        import threading
+    sample_at_start = True
+    sample_at_exit = True  # one scrape after the client is done: the run's closing edge
 
+    def __init__(self, ports, interval: float):
+        super().__init__(interval)
         self.ports = ports
-        self.interval = interval
         self.samples: list = []
         self.errors: dict = {}
         self.exposition: dict = {}  # port -> the raw text of our metrics in its first scrape
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def scrape(self, port) -> None:
         try:
@@ -243,25 +243,13 @@ class Scraper:
             sample["problems"] = problems
         self.samples.append(sample)
 
-    def _loop(self) -> None:
-        while not self.stop_event.is_set():
-            for port in self.ports:
-                self.scrape(port)
-            self.stop_event.wait(self.interval)
+    def sample(self) -> None:
+        for port in self.ports:
+            self.scrape(port)
 
     def _error(self, port, message: str) -> None:
         entry = self.errors.setdefault(str(port), {"count": 0, "first": message})
         entry["count"] += 1
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop_event.set()
-        self.thread.join(timeout=10)
-        for port in self.ports:  # one scrape after the client is done: the run's closing edge
-            self.scrape(port)
 
 
 def wait_idle(ports, timeout: float, interval: float = 0.5, still: bool = False) -> dict:

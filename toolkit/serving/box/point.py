@@ -13,6 +13,7 @@ import time
 from .http import http_get, local, open_request, post
 from .key import start_client
 from .metrics import Scraper, read_metrics, wait_idle
+from .sampler import BackgroundSampler
 from .telemetry import window_telemetry
 
 #: The client prints this just before the cache flush and the 1 s pause that precede the measured run.
@@ -98,7 +99,7 @@ PROGRESS_PREFIX = "dsv4kit-progress "
 _TQDM = re.compile(r"(\d+)/(\d+) \[")
 
 
-class ProgressReporter:
+class ProgressReporter(BackgroundSampler):
     """Every ``every`` s during the measured run, one ``PROGRESS_PREFIX`` line: the requests the
     client has finished (from its own progress bar) of its total, the seconds since the run began,
     and the decode server's running, queued and generated-token rate from the latest scrapes."""
@@ -106,12 +107,12 @@ class ProgressReporter:
     def __init__(self, scraper, port, every: float):
         import threading
 
+        super().__init__(every)
+        self.enabled = every > 0
         self.scraper, self.port, self.every = scraper, port, every
         self.marker = None
         self.done = self.total = None
         self.lock = threading.Lock()
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def count(self, line: str) -> bool:
         match = _TQDM.search(line)
@@ -139,20 +140,9 @@ class ProgressReporter:
                 "running": last.get("num_running_reqs"), "queued": last.get("num_queue_reqs"),
                 "decode_tok_s": None if rate is None else round(rate, 2)}
 
-    def _loop(self) -> None:
-        while not self.stop_event.wait(self.every):
-            if self.marker is not None:
-                self.write(PROGRESS_PREFIX + json.dumps(self.state()))
-
-    def __enter__(self):
-        if self.every > 0:
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop_event.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout=10)
+    def sample(self) -> None:
+        if self.marker is not None:
+            self.write(PROGRESS_PREFIX + json.dumps(self.state()))
 
 
 #: run-point's exit status when the servers were not idle before the point (the client never ran).

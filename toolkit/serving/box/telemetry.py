@@ -1,5 +1,6 @@
-"""GPU telemetry during a point (the box's DCGM exporter, else ``nvidia-smi``), what in it makes a
-point invalid, and GPU settings once per sweep (``nvidia-smi``)."""
+"""GPU telemetry during a window (a bench point, an eval arm) from both sources a box has, the
+DCGM exporter (``dsv4kit.serving.box.dcgm``) and ``nvidia-smi``; what in it makes a point invalid;
+and GPU settings once per sweep (``nvidia-smi``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import io
 import shutil
 import subprocess
 import time
-import urllib.request
-from typing import Optional
+
+from .dcgm import DcgmTelemetry
+from .sampler import spread
 
 
 def _run(argv, timeout=30.0):
@@ -33,10 +35,29 @@ TELEMETRY_FIELDS = ("timestamp", "index", "clocks.sm", "clocks.mem", "power.draw
 SETTINGS_FIELDS = ("index", "persistence_mode", "ecc.mode.current", "clocks.applications.graphics",
                    "clocks.applications.memory", "clocks.max.sm", "clocks.max.mem", "power.limit",
                    "power.default_limit")
-#: Bits of clocks_event_reasons.active (NVML's nvmlClocksEventReason*).
-EVENT_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-                 0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
-                 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
+#: Clock-event (throttle) reason bits: DCGM's ``DCGM_CLOCKS_EVENT_REASON_*`` (the DCGM exporter
+#: 4.8.2 still spells them ``DCGM_CLOCKS_THROTTLE_REASON_*``), the same bits as NVML's
+#: ``nvmlClocksEventReason*``. Per bit: the DCGM exporter 4.8.2's ``clock_event`` label value (its
+#: ``clock_events_collector.go``), nvidia-smi's name for it, and the class the gate sorts it into.
+CLOCK_EVENT_BITS = {
+    0x1: ("gpu_idle", "gpu_idle", "other"),
+    0x2: ("clocks_setting", "applications_clocks_setting", "other"),
+    0x4: ("power_cap", "sw_power_cap", "power"),
+    0x8: ("hw_slowdown", "hw_slowdown", "hardware slowdown"),
+    0x10: ("sync_boost", "sync_boost", "other"),
+    0x20: ("sw_thermal", "sw_thermal_slowdown", "thermal"),
+    0x40: ("hw_thermal", "hw_thermal_slowdown", "thermal"),
+    0x80: ("hw_power_brake", "hw_power_brake_slowdown", "power"),
+    0x100: ("display_clocks", "display_clock_setting", "other"),
+}
+#: nvidia-smi's names of the bits of ``clocks_event_reasons.active``.
+EVENT_REASONS = {bit: smi for bit, (_, smi, _) in CLOCK_EVENT_BITS.items()}
+#: The DCGM exporter's ``clock_event`` label values, to their bit.
+DCGM_CLOCK_EVENTS = {label: bit for bit, (label, _, _) in CLOCK_EVENT_BITS.items()}
+#: The bits that make a bench point invalid: the GPU slowed for heat (sw and hw thermal), for the
+#: board's slowdown signal or for an external power brake. The board at its own power limit
+#: (``power_cap`` / ``sw_power_cap``) is recorded but is the steady state of a loaded GPU.
+INVALIDATING_BITS = 0x8 | 0x20 | 0x40 | 0x80
 
 
 def _value(text: str):
@@ -77,7 +98,6 @@ class Telemetry:
         self.proc = None
         self.fields = TELEMETRY_FIELDS
         self.reason = None
-        self.dcgm_unused = None  # why the DCGM exporter was not the source (window_telemetry)
 
     def _start(self, fields) -> None:
         self.out = open(self.path, "w")
@@ -118,24 +138,16 @@ class Telemetry:
                 handle.close()
 
     def result(self) -> dict:
-        unused = {"dcgm_unused": self.dcgm_unused} if self.dcgm_unused else {}
         if self.reason:
-            return {"available": False, "reason": self.reason, "samples": [], "per_gpu": {}, **unused}
+            return {"available": False, "reason": self.reason, "samples": [], "per_gpu": {}}
         with open(self.path) as fh:
             samples = parse_query_csv(fh.read(), self.fields)
+        if not samples:
+            return {"available": False, "reason": "nvidia-smi wrote no sample in the window", "samples": [],
+                    "per_gpu": {}}
         return {"available": True, "source": "nvidia-smi", "interval_ms": self.interval_ms,
                 "fields": list(self.fields), "samples": samples, "per_gpu": summarize_telemetry(samples),
-                "xid": "not observed: nvidia-smi --query-gpu reports no Xid (the DCGM exporter does)", **unused}
-
-
-def _spread(values: list) -> Optional[dict]:
-    """min / median / max (and the mean, which older records carry) of a window's samples."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return {"min": ordered[0], "median": median, "max": ordered[-1], "mean": sum(values) / len(values)}
+                "xid": "not observed: nvidia-smi --query-gpu reports no Xid (the DCGM exporter does)"}
 
 
 def summarize_telemetry(samples: list) -> dict:
@@ -157,39 +169,49 @@ def summarize_telemetry(samples: list) -> dict:
                 bits |= value
         out[index] = {
             "samples": len(rows),
-            "sm_clock_mhz": _spread(nums("clocks.sm")),
+            "sm_clock_mhz": spread(nums("clocks.sm")),
             "mem_clock_mhz_min": min(mem) if mem else None,
-            "power_w": _spread(nums("power.draw")),
-            "temperature_c": _spread(temp),
+            "power_w": spread(nums("power.draw")),
+            "temperature_c": spread(temp),
             "temperature_c_max": max(temp) if temp else None,
             "event_reasons": sorted(name for bit, name in EVENT_REASONS.items() if bits & bit and bit != 0x1),
         }
     return out
 
 
-#: Clock-event reasons that make a bench point invalid: the GPU slowed for heat, for the board's
-#: slowdown signal or for an external power brake. ``sw_power_cap`` (the board at its own power
-#: limit) is recorded but is the steady state of a loaded GPU, so it does not invalidate a point.
-INVALIDATING_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown")
+#: Both tools' names of the invalidating reasons.
+INVALIDATING_REASONS = tuple(name for bit, names in sorted(CLOCK_EVENT_BITS.items()) if bit & INVALIDATING_BITS
+                             for name in names[:2])
+#: DCGM counters whose rise makes a point invalid (``DCGM_FI_DEV_POWER_VIOLATION`` counts the power
+#: cap's time too, so it is only recorded).
+INVALIDATING_COUNTERS = ("DCGM_FI_DEV_THERMAL_VIOLATION",)
 
 
-def throttle_findings(telemetry: dict) -> list:
-    """What in a point's telemetry makes it invalid: ``[{"gpu", "counter", "detail"}]``, one per GPU
-    and invalidating clock-event reason or counter that rose, and one per Xid in the window."""
+def _invalidating(counter: str) -> bool:
+    if counter.startswith("clock_event:"):
+        return bool(DCGM_CLOCK_EVENTS.get(counter.split(":", 1)[1], 0) & INVALIDATING_BITS)
+    return counter in INVALIDATING_COUNTERS
+
+
+def throttle_findings(telemetry: dict, source: str = "") -> list:
+    """What in one source's telemetry makes a point invalid: ``[{"gpu", "counter", "detail",
+    "source"}]``, one per GPU and invalidating clock-event reason or counter that rose, and one per
+    Xid in the window."""
     found = []
+    source = source or telemetry.get("source") or "nvidia-smi"
     for gpu, entry in sorted((telemetry.get("per_gpu") or {}).items()):
         rose = entry.get("counters_rose") or {}
         for reason in entry.get("event_reasons") or ():
             if reason in INVALIDATING_REASONS and f"clock_event:{reason}" not in rose:  # DCGM: counted below
                 found.append({"gpu": gpu, "counter": reason, "detail": f"GPU {gpu}: clock event {reason} active"})
         for counter, rise in sorted(rose.items()):
-            if any(word in counter for word in ("THERMAL", "thermal", "hw_slowdown", "power_brake")):
+            if _invalidating(counter):
                 amount = f"{rise / 1e9:.2f} s throttled" if counter.endswith("_VIOLATION") else f"+{rise:g}"
                 found.append({"gpu": gpu, "counter": counter, "detail": f"GPU {gpu}: {counter} rose ({amount})"})
         for xid in entry.get("xids") or ():
             found.append({"gpu": gpu, "counter": "xid",
                           "detail": f"GPU {gpu}: Xid {xid.get('code')} ({xid.get('message') or 'no text'})"})
-    return found
+    return [{**f, "source": source} for f in found]
 
 
 def gpu_settings() -> dict:
@@ -202,130 +224,94 @@ def gpu_settings() -> dict:
     return {"available": True, "devices": parse_query_csv(out, SETTINGS_FIELDS)}
 
 
+#: What a box installs for each source, named when it did not answer.
+INSTALL_HINTS = {
+    "dcgm-exporter": "the monitoring role's DCGM exporter (dsv4_monitoring: true, `dsv4kit provision --tags "
+                     "monitoring`)",
+    "nvidia-smi": "nvidia-smi, from the NVIDIA driver's utilities package (nvidia-utils-<branch>, "
+                  "`dsv4kit provision --tags nvidia_driver`)",
+}
 
-#: The DCGM exporter 4.5.3-4.8.2 series a point's window reads (docs/monitoring.md lists them).
-DCGM_GAUGES = {"DCGM_FI_DEV_POWER_USAGE": "power_w", "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
-               "DCGM_FI_DEV_GPU_TEMP": "temperature_c"}
-DCGM_COUNTERS = ("DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")
 
+class WindowTelemetry:
+    """Both sources over one window. The DCGM exporter took part when it answered before the window
+    (``dcgm``, else None and ``unanswered["dcgm-exporter"]`` says why); ``nvidia-smi`` always
+    samples, and its own result says whether it answered."""
 
-class DcgmTelemetry:
-    """The box's DCGM exporter (``GET 127.0.0.1:PORT/metrics``, the monitoring role's unit) scraped
-    every ``interval_ms`` during a point, once more at its end. Per GPU: the gauges' spread, the
-    violation and clock-event counters that rose, and any Xid that appeared in the window (a new
-    ``DCGM_FI_DEV_XID_ERRORS`` value or ``err_code``, or a rise of ``DCGM_EXP_XID_ERRORS_COUNT``).
-    The exporter refreshes its fields on its own collect interval (30 s by default), so an event in
-    a point's last seconds can be missed."""
-
-    def __init__(self, port: int, interval_ms: int):
-        import threading
-
-        self.port = port
-        self.interval = max(int(interval_ms), 100) / 1000.0
-        self.scrapes: list = []
-        self.errors: list = []
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    @property
-    def source(self) -> str:
-        return f"dcgm-exporter (127.0.0.1:{self.port}/metrics)"
-
-    def scrape(self) -> bool:
-        from .metrics import parse_exposition
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as response:
-                text = response.read().decode("utf-8", "replace")
-            series = parse_exposition(text)
-        except Exception as exc:  # connection refused, a timeout, a bad exposition
-            self.errors.append(str(getattr(exc, "reason", exc))[:200])
-            return False
-        if not any(name in DCGM_GAUGES for name, _, _ in series):
-            self.errors.append(f"127.0.0.1:{self.port}/metrics has no DCGM_FI_DEV_* gauges")
-            return False
-        self.scrapes.append((time.time(), series))
-        return True
-
-    def _loop(self) -> None:
-        while not self.stop_event.wait(self.interval):
-            self.scrape()
+    def __init__(self, dcgm, smi: Telemetry, unanswered: dict):
+        self.dcgm, self.smi, self.unanswered = dcgm, smi, dict(unanswered)
 
     def __enter__(self):
-        self.thread.start()
+        self.smi.__enter__()
+        if self.dcgm is not None:
+            self.dcgm.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.stop_event.set()
-        self.thread.join(timeout=10)
-        self.scrape()
+        try:
+            if self.dcgm is not None:
+                self.dcgm.__exit__(*exc)
+        finally:
+            self.smi.__exit__(*exc)
 
     def result(self) -> dict:
-        samples, per_gpu = [], {}
-        first: dict = {}
-        last: dict = {}
-        xids_seen: dict = {}
-        for number, (t, series) in enumerate(self.scrapes):
-            row: dict = {}
-            for name, labels, value in series:
-                gpu = labels.get("gpu")
-                if gpu is None:
-                    continue
-                if name in DCGM_GAUGES:
-                    row.setdefault(gpu, {"t": round(t, 3), "index": int(gpu)})[DCGM_GAUGES[name]] = value
-                    continue
-                if name in DCGM_COUNTERS:
-                    key = name
-                elif name == "DCGM_EXP_CLOCK_EVENTS_COUNT":
-                    key = f"clock_event:{labels.get('clock_event', '')}"
-                elif name == "DCGM_EXP_XID_ERRORS_COUNT":
-                    key = f"xid_count:{labels.get('xid', '')}"
-                elif name == "DCGM_FI_DEV_XID_ERRORS":
-                    key = "xid_last"
-                    value = (int(value), labels.get("err_code"), labels.get("err_msg"))
-                else:
-                    continue
-                # a series that appears after the first scrape (an exporter-owned counter at its
-                # first event) rose from nothing in the window
-                first.setdefault(gpu, {}).setdefault(key, value if number == 0 or key == "xid_last" else 0.0)
-                last.setdefault(gpu, {})[key] = value
-                if key == "xid_last" and value[0] and value != first[gpu][key]:
-                    xids_seen.setdefault(gpu, {})[value] = None
-            samples.extend(row.values())
-        for gpu in sorted(set(first) | {str(s["index"]) for s in samples}, key=int):
-            mine = [s for s in samples if str(s["index"]) == gpu]
-            rose = {}
-            for key, end in (last.get(gpu) or {}).items():
-                start = first[gpu].get(key)
-                if key == "xid_last":
-                    continue
-                if isinstance(end, float) and isinstance(start, float) and end > start:
-                    rose[key] = end - start
-            xids = [{"code": code, "message": msg} for code, _, msg in xids_seen.get(gpu, {})]
-            for key in rose:
-                if key.startswith("xid_count:") and not any(str(x["code"]) == key[10:] for x in xids):
-                    xids.append({"code": int(float(key[10:] or 0)), "message": "counted by DCGM_EXP_XID_ERRORS_COUNT"})
-            per_gpu[gpu] = {
-                "samples": len(mine),
-                **{field: _spread([s[field] for s in mine if field in s]) for field in DCGM_GAUGES.values()},
-                "temperature_c_max": max((s["temperature_c"] for s in mine if "temperature_c" in s), default=None),
-                "counters_rose": {k: v for k, v in rose.items() if not k.startswith("xid_count:")},
-                "event_reasons": sorted(k.split(":", 1)[1] for k in rose if k.startswith("clock_event:")),
-                "xids": xids,
-            }
-        return {"available": True, "source": self.source, "interval_ms": int(self.interval * 1000),
-                "scrapes": len(self.scrapes), "scrape_errors": self.errors[-5:], "samples": samples,
-                "per_gpu": per_gpu}
+        return combine(self.dcgm.result() if self.dcgm is not None else None, self.smi.result(), self.unanswered)
 
 
-def window_telemetry(interval_ms: int, path: str, dcgm_port: int = 0):
-    """A point's GPU telemetry: the DCGM exporter when ``dcgm_port`` answers with DCGM's gauges
-    now, else ``nvidia-smi`` sampling, whose result then says why the exporter was not used."""
+def combine(dcgm, smi: dict, unanswered: dict) -> dict:
+    """One window's ``gpu_telemetry`` from what each source gave: ``sources`` (each answering
+    source's result, its samples moved to ``samples`` with a ``source`` field), ``unanswered``
+    (source -> why not), ``gpu_sets`` (where both answered: whether they saw the same GPUs), and at
+    the top the first answering source's ``per_gpu`` (the DCGM exporter's, which sees Xids).
+    None answered: ``available`` false, and ``reason`` names each source, why, and what to install."""
+    unanswered = dict(unanswered)
+    sources = {}
+    if dcgm is not None:
+        sources["dcgm-exporter"] = dcgm
+    if smi.get("available"):
+        sources["nvidia-smi"] = smi
+    else:
+        unanswered["nvidia-smi"] = smi.get("reason") or "no answer"
+    samples = [{**sample, "source": name} for name, result in sources.items() for sample in result.get("samples") or ()]
+    entries = {name: {k: v for k, v in result.items() if k != "samples"} for name, result in sources.items()}
+    out = {"unanswered": unanswered}
+    if not sources:
+        why = "; ".join(f"{name}: {reason}" for name, reason in unanswered.items())
+        install = " or ".join(INSTALL_HINTS[name] for name in unanswered if name in INSTALL_HINTS)
+        return {"available": False, "samples": [], "per_gpu": {}, **out,
+                "reason": f"no GPU telemetry source answered on the box ({why}); install {install}"}
+    primary = next(iter(entries.values()))
+    out.update({"available": True, "source": " and ".join(r["source"] for r in entries.values()),
+                "interval_ms": primary.get("interval_ms"), "per_gpu": primary.get("per_gpu") or {},
+                "samples": samples, "sources": entries})
+    if len(entries) == 2:
+        out["gpu_sets"] = gpu_sets({name: set(r.get("per_gpu") or {}) for name, r in entries.items()})
+    return out
+
+
+def gpu_sets(seen: dict) -> dict:
+    """``{"agree", "detail", "by_source"}`` of the GPUs each source reported in the window."""
+    union = set().union(*seen.values())
+    gaps = [f"GPU {gpu} missing from {', '.join(n for n, gpus in seen.items() if gpu not in gpus)}"
+            for gpu in sorted(union, key=int) if any(gpu not in gpus for gpus in seen.values())]
+    by_source = {name: sorted(gpus, key=int) for name, gpus in seen.items()}
+    if not gaps:
+        return {"agree": True, "detail": f"both sources saw the same {len(union)} GPUs", "by_source": by_source}
+    return {"agree": False, "by_source": by_source,
+            "detail": "the sources disagree on the GPU set: " + "; ".join(gaps)}
+
+
+def window_telemetry(interval_ms: int, path: str, dcgm_port: int = 0) -> WindowTelemetry:
+    """A window's GPU telemetry from both sources: the DCGM exporter on ``dcgm_port`` when it
+    answers with DCGM's gauges now (0: the inventory turned the monitoring role off), and
+    ``nvidia-smi`` sampling to ``path``."""
+    dcgm, unanswered = None, {}
     if dcgm_port:
-        dcgm = DcgmTelemetry(dcgm_port, interval_ms)
-        if dcgm.scrape():
-            return dcgm
-        fallback = Telemetry(interval_ms, path)
-        fallback.dcgm_unused = f"DCGM exporter on 127.0.0.1:{dcgm_port}: {dcgm.errors[-1]}"
-        return fallback
-    return Telemetry(interval_ms, path)
+        probe = DcgmTelemetry(dcgm_port, interval_ms)
+        if probe.scrape():
+            dcgm = probe
+        else:
+            unanswered["dcgm-exporter"] = f"127.0.0.1:{dcgm_port}: {probe.errors[-1]}"
+    else:
+        unanswered["dcgm-exporter"] = "not asked (--dcgm-port 0: the inventory turns the monitoring role off)"
+    return WindowTelemetry(dcgm, Telemetry(interval_ms, path), unanswered)
