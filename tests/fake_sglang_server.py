@@ -308,7 +308,8 @@ class State:
                       "# TYPE sglang:spec_verify_calls_total counter",
                       f'sglang:spec_verify_calls_total{{model_name="{self.model_path}",engine_type="unified"}} '
                       f'{float(self.spec_verify_total)}']
-        if self.spec_accept_length:
+        # 0.5.23 writes the gauge on every stats log, 0 without a drafter (here: with the serving series)
+        if self.spec_accept_length or self.serving.publish:
             lines += ["# HELP sglang:spec_accept_length Mean acceptance length of speculative decoding.",
                       "# TYPE sglang:spec_accept_length gauge",
                       f"sglang:spec_accept_length{{{labels}}} {float(self.spec_accept_length)}"]

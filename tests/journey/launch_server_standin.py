@@ -42,6 +42,7 @@ def main(argv: list[str]) -> int:
     # With a drafter, the fake's own acceptance: its /metrics, /server_info and tokens per forward pass.
     accept = ["--spec-accept-length", str(_accept_length(args))] if args.speculative_algorithm else []
     return fake.main(["--port", str(args.port), "--model-path", args.model_path, *accept,
+                      "--disaggregation-mode", args.disaggregation_mode,  # PD's series on /metrics
                       "--served-model-name", args.served_model_name or args.model_path,
                       "--context-length", str(args.context_length),
                       "--max-running-requests", str(args.max_running_requests or 256),

@@ -5,7 +5,9 @@ kernel flag (the quality gate, arms restarted through the playbook, at the serve
 provision again (the 'auto' kernel flags now resolve from the report validate kept and the quality
 records eval published), rollout status --host box1,
 bench --ctx 131072 (SGLang's own client on the box, through the router, at the doc's defaults),
-records list, records show, and records compare after the later sweep the doc asks for.
+records list, records show, and records compare after the later sweep the doc asks for; then
+section 12 (tests/journey/quickstart_monitoring.py): the monitoring stage every provision ran,
+watching the box, and the section's `dsv4kit monitor --json` reporting planted faults.
 
 The only edits are the ones the doc asks of the user: the inventory copy in ~/dsv4/inventory and
 section 2's ``export DSV4KIT_INVENTORY`` (below), and the run ids section 7 says to take from
@@ -27,7 +29,11 @@ Inventory variables that stand in for what a CPU machine is not (the user writes
   one tiny package, dsv4_python_version 3.11 (this machine's);
 * model_weights_enabled: false (the weights are on the box already: a config.json and a tokenizer);
 * dsv4_eval_task_floors: the generated task set's own accuracy floor (GSM8K's asks 200 items; this
-  set has 35).
+  set has 35);
+* monitoring, on as all.yml has it: the Grafana password (vaulted on a real box), this machine's
+  release in dsv4_prometheus_apt_versions, free loopback ports and a 5 s scrape cadence; Grafana's
+  repository and key (monitoring_grafana_repo_url/key_url) are the box's stand-in archive's, and
+  monitoring_grafana_group is root (the package made its grafana group in the box's root only).
 
 The servers behind the units are stand-ins (tests/journey/launch_server_standin.py after SGLang's own
 parser; the router after sglang-router's): each decode token takes 2 ms, so the doc's 128K sweep

@@ -104,7 +104,8 @@ def test_rollout_status_host_reads_the_flags_from_the_units_the_role_wrote(box, 
 
 def test_a_closed_box_listens_on_loopback_only_and_on_no_port_the_inventory_did_not_open(box):
     found = listeners(*box.pids())
-    opened = {box.vars[name] for name in ("dsv4_router_port", "dsv4_prefill_port", "dsv4_decode_port")}
+    opened = {box.vars[name] for name in ("dsv4_router_port", "dsv4_prefill_port", "dsv4_decode_port",
+                                          "sglang_service_metrics_port")}  # the router's /metrics
     assert {l.port for l in found} == opened, found
     assert all(l.loopback for l in found), [l for l in found if not l.loopback]
 
