@@ -34,6 +34,8 @@ def test_the_box_side_steps_get_the_key_file_path_never_a_key(monkeypatch):
     monkeypatch.setenv("DSV4KIT_API_KEY", "sk-test")  # the old control-side variable is not read
     assert api_env(host()) == {"DSV4KIT_API_KEY_FILE": "/etc/dsv4kit/router-secret.env"}
     assert api_env(host(dsv4_prefix="/srv/b")) == {"DSV4KIT_API_KEY_FILE": "/srv/b/etc/dsv4kit/router-secret.env"}
+    moved = host(dsv4_prefix="/srv/b", sglang_service_router_secret_file="/etc/keys/router.env")
+    assert api_env(moved) == {"DSV4KIT_API_KEY_FILE": "/etc/keys/router.env"}  # where the role wrote it
 
 
 def test_the_box_reads_the_key_file_itself_and_no_file_means_no_key(tmp_path, monkeypatch):

@@ -23,7 +23,11 @@ KEY_FILE = "etc/dsv4kit/router-secret.env"
 
 
 def key_file(host) -> str:
-    """Where the router's API key lies on the box (the file exists only when the inventory sets one)."""
+    """Where the router's API key lies on the box (the file exists only when the inventory sets one):
+    the inventory's ``sglang_service_router_secret_file`` when it names a path, else the role's default."""
+    named = str(host.get("sglang_service_router_secret_file") or "")
+    if named and "{{" not in named:
+        return named
     return f"{str(host.get('dsv4_prefix') or '/').rstrip('/')}/{KEY_FILE}"
 
 
