@@ -74,6 +74,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
+try:
+    from tests.standin_http import send
+except ImportError:  # run as a script from tests/
+    from standin_http import send
+
 # Run as a script (the box's stand-in) or imported as tests.fake_sglang_server (unit tests).
 if __package__:
     from . import chat_standin
@@ -378,12 +383,7 @@ def make_handler(state: State):
             pass
 
         def _json(self, code: int, body) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send(self, code, json.dumps(body).encode(), "application/json")
 
         def _body(self) -> dict:
             length = int(self.headers.get("Content-Length") or 0)

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from standin_http import send  # noqa: E402  (run as a script on the simulated box)
+
 VERSION = "11.6.0"
 
 
@@ -89,12 +92,7 @@ def main(argv=None) -> int:
             pass
 
         def _json(self, code: int, body) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send(self, code, json.dumps(body).encode(), "application/json")
 
         def do_GET(self):
             path = self.path.split("?")[0]
