@@ -94,7 +94,9 @@ def check_monitoring(box, inventory: Path, monitor_line: str, run) -> None:
     assert fired["DSV4SchedulerStalled"]["labels"]["role"] == "decode", fired
     assert fired["DSV4KVCacheExhausted"]["labels"]["role"] == "prefill", fired
     manager = f"http://127.0.0.1:{role['monitoring_alertmanager_port']}/api/v2/alerts"
-    wait_for("Alertmanager", lambda: PLANTED <= {a["labels"]["alertname"] for a in get_json(manager)}, 60)
+    # Prometheus re-sends a firing alert at most once a minute (--rules.alert.resend-delay): a first
+    # send that Alertmanager missed arrives a minute later.
+    wait_for("Alertmanager", lambda: PLANTED <= {a["labels"]["alertname"] for a in get_json(manager)}, 150)
     xids = [a["annotations"]["summary"] for a in get_json(manager) if a["labels"]["alertname"] == "DSV4GPUXid"]
     assert any("Xid 79 1 time(s)" in x for x in xids) and any(x.endswith("reported Xid 79") for x in xids), xids
 
