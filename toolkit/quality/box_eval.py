@@ -432,10 +432,19 @@ def long_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Ledg
     return {"samples": samples, "threshold_tokens": spec["threshold_tokens"]}
 
 
+#: Mixed phases run at most, until one has a short request in flight beside a long prefill.
+MIXED_ATTEMPTS = 3
+
+
 def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Ledger) -> dict:
     """The box's batch mix: short greedy requests one at a time, then the same requests at the
     serving concurrency while uncached long prompts prefill (chunked prefill mixes them). The
-    client-side start and end of every request are kept, so the judge can see the overlap."""
+    client-side start and end of every request are kept, so the judge can see the overlap.
+
+    Every request of the mixed phase waits at one barrier, so a slow client cannot hold the short
+    ones back until the long prefills are over; the longs go first, the shorts ``stagger_s`` later.
+    A mixed phase in which no short request was in flight beside a long one is run again, with
+    fresh long prompts, up to ``MIXED_ATTEMPTS`` times (``attempts`` says how many ran)."""
     top_k, seed = spec["top_k"], spec["seed"]
     shorts = [(tokens.bos + tokens.encode(prompts.filler_text(seed + 7919, i, 60)))[:spec["prompt_tokens"]]
               for i in range(spec["samples"])]
@@ -444,10 +453,16 @@ def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Led
         room = spec["prefix"]["context"] - spec["prompt_tokens"] - spec["max_new_tokens"] - 8
         for i in range(min(spec["long_rows"], len(shorts))):
             shorts[i] = hay[:room - i] + shorts[i][len(tokens.bos):]
-    longs = []
-    for k in range(spec["long_prefills"]):  # haystack variants no other check asks: not in the cache
-        where = {"context": spec["long_context"], "variant": 1000 + k, "depths": [0.5]}
-        longs.append(_prefix_haystack(tokens, where, seed)[:spec["long_context"] - 16])
+
+    def long_prompts(attempt: int) -> list:  # haystack variants no other check asks: not in the cache
+        out = []
+        for k in range(spec["long_prefills"]):
+            where = {"context": spec["long_context"], "variant": 1000 + attempt * spec["long_prefills"] + k,
+                     "depths": [0.5]}
+            out.append(_prefix_haystack(tokens, where, seed)[:spec["long_context"] - 16])
+        return out
+
+    longs = long_prompts(0)
     progress = Progress("batch", 2 * len(shorts) + len(longs))
 
     def short(ids):
@@ -470,15 +485,30 @@ def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Led
         return ask(url, ledger, "batch", {"input_ids": ids, "sampling_params": {
             "temperature": 0.0, "max_new_tokens": 2 * spec["max_new_tokens"], "ignore_eos": True}}, top_k)
 
+    def mixed_phase(longs: list) -> tuple[list, list]:
+        stagger = spec.get("stagger_s", 0.05)  # the long prefills are scheduled first
+        jobs = [(long, ids, 0.0) for ids in longs] + [(short, ids, stagger) for ids in shorts] + [
+            (background, ids, stagger) for ids in load]
+        gate = threading.Barrier(len(jobs))
+
+        def run(job):
+            fn, ids, wait = job
+            gate.wait(timeout=120)
+            time.sleep(wait)
+            return fn(ids)
+
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            answers = list(pool.map(run, jobs))
+        return answers[len(longs):len(longs) + len(shorts)], answers[:len(longs)]
+
     alone = [short(ids) for ids in shorts]
-    with ThreadPoolExecutor(max_workers=len(shorts) + len(longs) + len(load)) as pool:
-        long_futures = [pool.submit(long, ids) for ids in longs]
-        load_futures = [pool.submit(background, ids) for ids in load]
-        time.sleep(spec.get("stagger_s", 0.05))  # the long prefills are scheduled first
-        mixed = list(pool.map(short, shorts))
-        long_answers = [f.result() for f in long_futures]
-        for f in load_futures:
-            f.result()
+    for attempt in range(MIXED_ATTEMPTS):
+        if attempt:
+            longs = long_prompts(attempt)
+        mixed, long_answers = mixed_phase(longs)
+        long_spans = [a["_span"] for a in long_answers]
+        if any(m["_span"][0] < s[1] and s[0] < m["_span"][1] for m in mixed for s in long_spans):
+            break
     zero = min([a["_span"][0] for a in alone + mixed + long_answers] or [0.0])
 
     def side(answer):
@@ -486,10 +516,10 @@ def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Led
         return {"output_ids": list(answer.get("output_ids") or []), "output_top": _top(meta.get("output_top_logprobs")),
                 "span": [round(t - zero, 4) for t in answer["_span"]]}
 
-    return {"concurrency": len(shorts) + len(longs) + len(load), "background": len(load), "requests": [
-        {"index": i, "prompt_tokens": len(ids), "alone": side(a), "mixed": side(m)}
-        for i, (ids, a, m) in enumerate(zip(shorts, alone, mixed))],
-        "long": [{"prompt_tokens": len(ids), "span": side(a)["span"]} for ids, a in zip(longs, long_answers)]}
+    return {"concurrency": len(shorts) + len(longs) + len(load), "background": len(load), "attempts": attempt + 1,
+            "requests": [{"index": i, "prompt_tokens": len(ids), "alone": side(a), "mixed": side(m)}
+                         for i, (ids, a, m) in enumerate(zip(shorts, alone, mixed))],
+            "long": [{"prompt_tokens": len(ids), "span": side(a)["span"]} for ids, a in zip(longs, long_answers)]}
 
 
 def fetch(url: str, sha256: str, out: str, timeout: float = 120.0) -> dict:
