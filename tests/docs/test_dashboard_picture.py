@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.journey.quickstart_monitoring import PICTURE_NOTE, PICTURE_SERIES, series_shape
+from tests.journey.quickstart_monitoring import NO_FINITE, PICTURE_NOTE, PICTURE_SERIES, series_shape
 
 pytest.importorskip("matplotlib")
 
@@ -26,6 +26,7 @@ def test_the_committed_picture_is_drawn_from_the_journeys_series_of_every_panel(
     shape = series_shape(committed["series"])
     assert list(shape) == [panel.title for panel in all_panels()]
     assert all(shape.values()), [title for title, kinds in shape.items() if not kinds]
+    assert not [title for title, kinds in shape.items() if NO_FINITE in kinds]  # no panel drawn empty
     tables = {panel.title for panel in all_panels() if panel.kind == "table"}
     assert {title for title, kinds in shape.items() if kinds == ["table"]} == tables
     out = render.render(committed["series"], tmp_path / "dashboard.png", committed["note"], committed["start"],

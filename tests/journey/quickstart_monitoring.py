@@ -14,6 +14,7 @@ tests/monitoring/test_monitoring_journey.py does; nothing else of the role's out
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shlex
@@ -27,7 +28,7 @@ import yaml
 
 from tests.fake_gpu_box import MONITORING_PACKAGES, upstream
 from tests.monitoring.support import (GRAFANA_PASSWORD, PLANTED, cut_holds, firing, free_port, get_json,
-                                      panels_without_data, post_config, swallow, targets_up, traffic,
+                                      panels_without_data, post_config, query, swallow, targets_up, traffic,
                                       wait_for)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,6 +115,12 @@ def check_monitoring(box, inventory: Path, monitor_line: str, run) -> None:
         # the stand-ins' latency histograms, published from now (the bench's 0.1 s scrapes went without)
         post_config(port, {"serving_metrics": True})
         traffic(port)
+    # A histogram is born at its first observation, so its first scrape is its first sample and the
+    # rate of a single burst is zero (a NaN quantile): a second burst once Prometheus has them.
+    wait_for("the latency histograms scraped",
+             lambda: len(query(prom, "sglang:time_to_first_token_seconds_count")) >= len(servers), 30)
+    for port in servers.values():
+        traffic(port)
     # PD failures (counters that appear at their first event) and a short power-cap clock event
     post_config(servers["decode"], {"transfer_failed": 1, "bootstrap_failed": 1})
     post_config(dcgm, {"throttle": {"2": "power"}})
@@ -143,9 +150,19 @@ def _check_grafana(port: int) -> None:
     assert [b["title"] for b in boards] == ["DeepSeek-V4 PD box"], boards
 
 
+#: A panel whose line series have no finite point: Grafana draws it empty.
+NO_FINITE = "lines without a finite point"
+
+
 def series_shape(series: dict) -> dict:
-    """What the picture's generator reads of the series: each panel's title and its kind of rows."""
-    return {title: sorted({"table" if isinstance(row, str) else "lines" for row in rows}) for title, rows in series.items()}
+    """What the picture's generator reads of the series: each panel's title and its kind of rows
+    (``lines`` where at least one point is finite, else :data:`NO_FINITE`)."""
+    def kinds(rows: list) -> list:
+        lines = [values for row in rows if not isinstance(row, str) for _, values in [row]]
+        drawn = any(v is not None and math.isfinite(v) for values in lines for _, v in values)
+        return sorted({"table" for row in rows if isinstance(row, str)} | ({"lines" if drawn else NO_FINITE} if lines else set()))
+
+    return {title: kinds(rows) for title, rows in series.items()}
 
 
 def _draw(prom: str) -> None:

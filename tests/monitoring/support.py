@@ -7,6 +7,7 @@ ROLE = REPO / "playbooks" / "roles" / "monitoring"
 ALERT_RULES = ROLE / "files" / "dsv4kit-alerts.yml"
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -130,14 +131,21 @@ def swallow(port: int) -> None:
         pass
 
 
+def finite(result: list) -> bool:
+    """Whether a query's result has a series with a finite value now (a quantile of a histogram
+    with no observations in its rate window is NaN: a line Grafana cannot draw)."""
+    return any(math.isfinite(float(series["value"][1])) for series in result)
+
+
 def panels_without_data(prom: str, timeout: float = 30.0) -> list:
-    """The (panel, query) pairs of the generated dashboard that still return no series after ``timeout``."""
+    """The (panel, query) pairs of the generated dashboard that still return no series with a
+    finite value after ``timeout``."""
     from dsv4kit.monitor.panels import all_panels
 
     panels = all_panels()
     deadline = time.monotonic() + timeout
     while True:
-        missing = [(p.title, expr) for p in panels for expr, _ in p.queries if not query(prom, expr)]
+        missing = [(p.title, expr) for p in panels for expr, _ in p.queries if not finite(query(prom, expr))]
         if not missing or time.monotonic() > deadline:
             return missing
         time.sleep(1)
