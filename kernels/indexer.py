@@ -186,10 +186,11 @@ def _indexer_logits_kernel(
             s_k = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
             k = tl.load(kv_fp8 + page_next * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
             q = tl.load(q_ptrs)
-            _score_tile(k, q, w, ok_next, s_k, seq_len, j, out_row, store_end, offs_t, PAGE)
+            _score_tile(k, tl.trans(q), w, ok_next, s_k, seq_len, j, out_row, store_end, offs_t, PAGE)
         else:
             w = tl.load(w_ptr + b * H + offs_h)
-            q = tl.load(q_ptrs)
+            # Transposed outside the loop, so the MMA's shared-memory copy of q is made once.
+            q_t = tl.trans(tl.load(q_ptrs))
             # Software prefetch: the next page's id and scales one iteration ahead (the
             # pipeliner only prefetches the dot operand).
             s_next = tl.load(kv_f32 + page_next * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
@@ -208,16 +209,16 @@ def _indexer_logits_kernel(
                     page = tl.where(page_ok, page, 0)
                     s_k = tl.load(kv_f32 + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + offs_t)
                 k = tl.load(kv_fp8 + page * PAGE_BYTES + offs_t[:, None] * D + offs_d[None, :])
-                _score_tile(k, q, w, page_ok, s_k, seq_len, p, out_row, store_end, offs_t, PAGE)
+                _score_tile(k, q_t, w, page_ok, s_k, seq_len, p, out_row, store_end, offs_t, PAGE)
 
 
 @triton.jit
-def _score_tile(k, q, w, page_ok, s_k, seq_len, p, out_row, store_end, offs_t,
+def _score_tile(k, q_t, w, page_ok, s_k, seq_len, p, out_row, store_end, offs_t,
                 PAGE: tl.constexpr):
     """Score page ``p`` of a row from its loaded K tile and scales; store its logits below
-    ``store_end`` (``min(ceil(L/64)*64, max_seq_len)``)."""
+    ``store_end`` (``min(ceil(L/64)*64, max_seq_len)``); ``q_t`` is the row's q as ``[D, H]``."""
     scored_until = tl.where(page_ok, seq_len, 0)  # a bad id's positions score -inf
-    scores = tl.dot(k, tl.trans(q))  # [PAGE, H] fp32 accumulation
+    scores = tl.dot(k, q_t)  # [PAGE, H] fp32 accumulation
     scores = tl.maximum(scores, 0.0)
     logit = tl.sum(scores * w[None, :], axis=1) * s_k
     t = p * PAGE + offs_t

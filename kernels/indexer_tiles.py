@@ -110,6 +110,7 @@ def _shared_rows_kernel(
         q = tl.load(q_ptr + (tile * (ROWS * H) + offs_m)[:, None] * D + offs_d[None, :],
                     mask=m_live[:, None], other=0.0)
         w = tl.load(w_ptr + tile * (ROWS * H) + offs_m, mask=m_live, other=0.0)
+        q_t = tl.trans(q)  # outside the loop, so its shared-memory copy for the MMA is made once
         # The page ids are read a step ahead, so a page's key load waits on nothing but its id.
         ids_next = tl.load(pt_rows + j, mask=j < n_pages, other=-1)
         for p in range(j, n_max, progs):
@@ -117,7 +118,7 @@ def _shared_rows_kernel(
             ids_next = tl.load(pt_rows + (p + progs), mask=(p + progs) < n_pages, other=-1)
             ok = (lead >= 0) & (lead < num_pages)
             k, s_k = load_key_page(kv_fp8, kv_f32, lead, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-            scores = tl.dot(k, tl.trans(q))  # [PAGE, ROWS*H], fp32 accumulation
+            scores = tl.dot(k, q_t)  # [PAGE, ROWS*H], fp32 accumulation
             scores = tl.maximum(scores, 0.0) * w[None, :]
             logit = tl.trans(tl.sum(tl.reshape(scores, (PAGE, ROWS, H)), axis=2))  # [ROWS, PAGE]
             logit = logit * s_k[None, :]
@@ -151,14 +152,14 @@ def _score_row(q_ptr, w_ptr, seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_s
         seq_lens_ptr, seq_lens_stride, page_table_ptr, pt_stride, out_ptr, row, batch,
         max_seq_len, PAGE)
     row_c = tl.where(row < batch, row, 0)
-    q = tl.load(q_ptr + row_c * (H * D) + offs_h[:, None] * D + offs_d[None, :])
+    q_t = tl.trans(tl.load(q_ptr + row_c * (H * D) + offs_h[:, None] * D + offs_d[None, :]))
     w = tl.load(w_ptr + row_c * H + offs_h)
     id_next, ok_next = page_id(pt_row, first, n_pages, num_pages)
     for p in range(first, n_pages, step):
         page, ok = id_next, ok_next
         id_next, ok_next = page_id(pt_row, p + step, n_pages, num_pages)
         k, s_k = load_key_page(kv_fp8, kv_f32, page, ok, PAGE, D, PAGE_BYTES, SCALE_OFFSET)
-        scores = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)  # [PAGE, H]
+        scores = tl.maximum(tl.dot(k, q_t), 0.0)  # [PAGE, H]
         logit = tl.sum(scores * w[None, :], axis=1) * s_k
         t = p * PAGE + offs_t
         logit = tl.where(t < tl.where(ok, seq_len, 0), logit, float("-inf"))

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4kit.serving.session import KEY_FILE, key_file
+from dsv4kit.core.box_paths import ROUTER_KEY_FILE
+from dsv4kit.serving.session import key_file
 
 KEY = "sk-box-only-5d0c-never-in-ps"
 
@@ -34,7 +35,7 @@ def test_the_key_file_is_where_the_role_writes_it():
     defaults = yaml.safe_load((ROLE / "defaults/main.yml").read_text())
     site_vars = yaml.safe_load((ROLE.parents[2] / "playbooks/site.yml").read_text())[0]["vars"]
     assert defaults["sglang_service_router_secret_file"] == "{{ dsv4_etc_dir }}/router-secret.env"
-    assert site_vars["dsv4_etc_dir"] == "{{ dsv4_root }}/etc/dsv4kit" and KEY_FILE == "etc/dsv4kit/router-secret.env"
+    assert site_vars["dsv4_etc_dir"] == "{{ dsv4_root }}/etc/dsv4kit" and ROUTER_KEY_FILE == "/etc/dsv4kit/router-secret.env"
     assert key_file({"dsv4_prefix": "/srv/box/"}) == "/srv/box/etc/dsv4kit/router-secret.env"
     assert key_file({}) == "/etc/dsv4kit/router-secret.env"
 
@@ -53,7 +54,7 @@ def test_a_bench_as_a_sudo_login_reads_the_key_on_the_box_and_never_shows_it(tmp
     server = None
     try:
         prefix.chmod(0o755)
-        secret = prefix / KEY_FILE
+        secret = prefix / ROUTER_KEY_FILE.lstrip("/")
         secret.parent.mkdir(parents=True, mode=0o755)
         secret.write_text(f"DSV4_ROUTER_API_KEY={KEY}\n")
         secret.chmod(0o600)

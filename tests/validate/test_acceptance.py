@@ -46,11 +46,11 @@ def test_the_probe_runs_in_the_serving_session_with_the_key_the_box_holds(tmp_pa
     file); without that file the server refuses, and the check says so, inconclusive."""
     from dsv4kit.core.inventory import load_inventory
     from dsv4kit.core.ssh import open_session
-    from dsv4kit.serving.session import KEY_FILE
+    from dsv4kit.core.box_paths import ROUTER_KEY_FILE
     from tests.bench_support import FakeServer
     from tests.remote_inventory import write_inventory
 
-    secret = tmp_path / "prefix" / KEY_FILE
+    secret = tmp_path / "prefix" / ROUTER_KEY_FILE.lstrip("/")
     secret.parent.mkdir(parents=True)
     secret.write_text("DSV4_ROUTER_API_KEY=sk-acceptance-1\n")
     secret.chmod(0o600)

@@ -17,6 +17,7 @@ import shlex
 from typing import Callable, Optional
 
 from dsv4kit.core import exitcodes
+from dsv4kit.core.box_paths import decision_file, unit_dir
 from dsv4kit.core.exitcodes import Abort
 
 # Runs on the box with the venv python; standard library plus the installed dsv4kit only.
@@ -68,16 +69,6 @@ def server_unit_names() -> list[str]:
     except (OSError, ImportError, ValueError, AttributeError):
         names = None
     return [str(n) for n in names] if isinstance(names, list) and names else list(FALLBACK_SERVER_UNITS)
-
-
-def unit_dir(host) -> str:
-    prefix = str(host.get("dsv4_prefix") or "/").rstrip("/")
-    return f"{prefix}/etc/systemd/system"
-
-
-def decision_file(host) -> str:
-    prefix = str(host.get("dsv4_prefix") or "/").rstrip("/")
-    return f"{prefix}/etc/dsv4kit/kernel-decision.json"
 
 
 def remote_report(host, *, timeout: float, trust_new_host_key: bool = False,

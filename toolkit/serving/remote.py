@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
-from dsv4kit.core import exitcodes
+from dsv4kit.core import box_paths, exitcodes
 from dsv4kit.serving.abort import ServingAbort
 
 #: Timeouts of the short box-side steps, and of the probe (it reads the model files).
@@ -109,11 +109,10 @@ class Remote:
                                f"{timeout:g}s: {answer.get('last_error')}")
 
     def probe(self) -> dict:
-        prefix = str(self.host.get("dsv4_prefix") or "/").rstrip("/")
         return self.helper("probe", "--model-path", str(self.host.get("dsv4_model_path") or ""),
                            "--state-dir", str(self.host.get("dsv4_state_dir") or ""),
-                           "--unit-dir", f"{prefix}/etc/systemd/system",
-                           "--decision-file", f"{prefix}/etc/dsv4kit/kernel-decision.json", timeout=PROBE_TIMEOUT_S)
+                           "--unit-dir", box_paths.unit_dir(self.host),
+                           "--decision-file", box_paths.decision_file(self.host), timeout=PROBE_TIMEOUT_S)
 
     def fetch_json(self, remote_file: str, label: str) -> dict:
         with tempfile.TemporaryDirectory(prefix="dsv4kit-point-") as tmp:

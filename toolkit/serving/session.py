@@ -13,14 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from dsv4kit.core import exitcodes
+from dsv4kit.core import box_paths, exitcodes
 from dsv4kit.serving.abort import ServingAbort
 from dsv4kit.serving.remote import Remote
-
-#: The router's key file as the provision role writes it, under ``dsv4_prefix`` (root-only, mode 0600;
-#: ``sglang_service_router_secret_file``).
-KEY_FILE = "etc/dsv4kit/router-secret.env"
-
 
 def key_file(host) -> str:
     """Where the router's API key lies on the box (the file exists only when the inventory sets one):
@@ -28,7 +23,7 @@ def key_file(host) -> str:
     named = str(host.get("sglang_service_router_secret_file") or "")
     if named and "{{" not in named:
         return named
-    return f"{str(host.get('dsv4_prefix') or '/').rstrip('/')}/{KEY_FILE}"
+    return box_paths.on_box(host, box_paths.ROUTER_KEY_FILE)
 
 
 def api_env(host) -> dict:
