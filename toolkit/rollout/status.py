@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Optional
 
-from dsv4kit.core import box_paths, exitcodes
+from dsv4kit.core import exitcodes
 from dsv4kit.rollout.targets import (
     FLAGS,
     INDEXER_FLAG,
@@ -224,7 +224,7 @@ def indexer_route(environ) -> str:
 _ROUTE_OF_TARGET = {"indexer": "torch", "indexer_tilelang": "tilelang"}
 
 
-DEFAULT_DECISION_FILE = box_paths.DECISION_FILE
+DEFAULT_DECISION_FILE = "/etc/dsv4kit/kernel-decision.json"  # box-side: core.box_paths.DECISION_FILE, held equal by a test
 _ON = ("1", "true", "yes", "y")  # SGLang's true spellings, as rollout_targets reads them
 
 
