@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.kernels.aot_support import copies_in_loops
+
 SM120_SHARED_LIMIT = 101376  # bytes per block on sm_120
 
 BUILD = r"""
@@ -19,19 +21,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from dsv4kit.kernels import indexer as ix
 
-
-def copies_in_loops(ttgir: str) -> int:
-    # operand copies into shared memory (ttg.local_alloc of a value) inside a loop
-    depth, loops, found = 0, [], 0
-    for line in ttgir.splitlines():
-        if "ttg.local_alloc %" in line and loops:
-            found += 1
-        if "scf.for" in line and line.rstrip().endswith("{"):
-            loops.append(depth)
-        depth += line.count("{") - line.count("}")
-        while loops and depth <= loops[-1]:
-            loops.pop()
-    return found
 
 arch, warp = int(sys.argv[1]), int(sys.argv[2])
 signature = {"q_ptr": "*fp8e4nv", "kv_ptr": "*u8", "w_ptr": "*fp32", "seq_lens_ptr": "*i32",
@@ -55,7 +44,7 @@ print(json.dumps({
     "mma": sorted(set(re.findall(r"\b(?:wgmma\.mma_async|mma\.sync)[\w.]*", ptx))),
     "vector_stores": len(re.findall(r"st\.global(?:\.\w+)*\.v4\.(?:b32|f32)", ptx)),
     "target": re.search(r"\.target\s+(\S+)", ptx).group(1),
-    "copies_in_loops": copies_in_loops(compiled.asm["ttgir"]),
+    "ttgir": compiled.asm["ttgir"],
 }))
 """
 
@@ -112,4 +101,4 @@ def test_sm120_skip_tail_build_uses_mma_sync_within_the_limit(sm120_skip):
 def test_sm90_copies_q_into_shared_memory_once_not_every_page(sm90):
     # wgmma reads q from shared memory: a transpose written inside the page loop put that copy
     # (and a fence) in every iteration and left q live in registers besides.
-    assert sm90["copies_in_loops"] == 0, sm90
+    assert copies_in_loops(sm90["ttgir"]) == 0

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernels.aot_support import copies_in_loops
+
 WORKER = Path(__file__).resolve().parents[1] / "indexer_tiles_interp_worker.py"
 REL_BAR = 5e-4
 SM120_SHARED_LIMIT = 101376
@@ -72,19 +74,6 @@ from triton.compiler import ASTSource
 from dsv4kit.kernels import indexer as ix, indexer_tiles as it
 
 
-def copies_in_loops(ttgir: str) -> int:
-    # operand copies into shared memory (ttg.local_alloc of a value) inside a loop
-    depth, loops, found = 0, [], 0
-    for line in ttgir.splitlines():
-        if "ttg.local_alloc %" in line and loops:
-            found += 1
-        if "scf.for" in line and line.rstrip().endswith("{"):
-            loops.append(depth)
-        depth += line.count("{") - line.count("}")
-        while loops and depth <= loops[-1]:
-            loops.pop()
-    return found
-
 sig = {"q_ptr": "*fp8e4nv", "kv_ptr": "*u8", "w_ptr": "*fp32", "seq_lens_ptr": "*i32",
        "page_table_ptr": "*i32", "out_ptr": "*fp32", "seq_lens_stride": "i32", "pt_stride": "i32",
        "num_pages": "i32", "max_seq_len": "i32", "batch": "i32", "progs": "i32",
@@ -103,7 +92,7 @@ for tail, arch, warp in (("exact", 120, 32), ("skip", 120, 32), ("exact", 90, 12
     ptx = c.asm["ptx"]
     out[f"{tail} sm_{arch}"] = {"shared": c.metadata.shared, "target": re.search(r"\.target\s+(\S+)", ptx).group(1),
                  "mma": sorted(set(re.findall(r"\bmma\.sync[\w.]*", ptx))),
-                 "copies_in_loops": copies_in_loops(c.asm["ttgir"])}
+                 "ttgir": c.asm["ttgir"]}
 print(json.dumps(out))
 """
 
@@ -131,4 +120,4 @@ def test_sm90_build_copies_the_tiles_q_into_shared_memory_once(builds):
     # wgmma reads the stacked q [ROWS*H, 128] from shared memory; transposed inside the page loop
     # it was copied there (32 KB and a fence) every page, and q stayed live in registers besides.
     b = builds["exact sm_90"]
-    assert b["target"].startswith("sm_90") and b["copies_in_loops"] == 0, b
+    assert b["target"].startswith("sm_90") and copies_in_loops(b["ttgir"]) == 0
