@@ -116,8 +116,9 @@ def test_sm120_build_uses_fp8_mma_sync_within_the_shared_memory_limit(builds):
         assert 0 < b["shared"] <= SM120_SHARED_LIMIT, (name, b["shared"])
 
 
-def test_sm90_build_copies_the_tiles_q_into_shared_memory_once(builds):
-    # wgmma reads the stacked q [ROWS*H, 128] from shared memory; transposed inside the page loop
-    # it was copied there (32 KB and a fence) every page, and q stayed live in registers besides.
-    b = builds["exact sm_90"]
-    assert b["target"].startswith("sm_90") and copies_in_loops(b["ttgir"]) == 0
+def test_the_tiles_q_is_copied_into_shared_memory_once_not_every_page(builds):
+    # The MMA reads the stacked q [ROWS*H, 128] from shared memory; transposed inside the page loop
+    # it was copied there (32 KB and a fence) every page on sm_90, and q stayed live in registers.
+    assert "exact sm_90" in builds
+    for name, b in builds.items():
+        assert copies_in_loops(b["ttgir"]) == 0, name
