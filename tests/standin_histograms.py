@@ -71,7 +71,11 @@ class ServingMetrics:
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached
         if self.mode == "prefill":
-            self.kv_transfer.observe(kv_transfer_ms or 3.0)
+            self.transferred(kv_transfer_ms or 3.0)
+
+    def transferred(self, kv_transfer_ms: float) -> None:
+        """A PD prefill server handed one request's KV cache to decode."""
+        self.kv_transfer.observe(kv_transfer_ms)
 
     def configure(self, body: dict) -> None:
         """``/_test/config``: ``{"transfer_failed": N, "bootstrap_failed": N}`` more failures;

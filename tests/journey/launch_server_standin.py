@@ -64,6 +64,8 @@ MAX_TOTAL_NUM_TOKENS = 64 * 131072 + 65536
 #: 64 of these before its last request decodes, so each wave's exact-occupancy stretch on the
 #: decode server is its decode minus this ramp.
 PREFILL_MS = 5
+#: The KV transfer the prefill worker reports for each request it hands to decode.
+KV_TRANSFER_MS = 3.0
 
 
 #: The acceptance length the stand-in reports with a drafter: a healthy DSpark drafter's (about 3
@@ -98,7 +100,10 @@ def _prefill_only(fake) -> None:
             params = dict(body.get("sampling_params") or {}, max_new_tokens=1)
             with busy:
                 time.sleep(PREFILL_MS / 1000.0)
-            return generate(self, {**body, "sampling_params": params, "stream": False})
+            answer = generate(self, {**body, "sampling_params": params, "stream": False})
+            with state.lock:  # then its KV goes to the decode worker: one transfer observed
+                state.serving.transferred(KV_TRANSFER_MS)
+            return answer
 
         handler._generate = prefill
         return handler

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 CTX = 8192
 BEFORE = ("logprob_kl", "arm_agreement", "needles", "tasks")
 BOX_EVAL = Path(__file__).resolve().parents[2] / "toolkit" / "quality" / "box_eval.py"
+CHECK_SETS = ("logprob", "needles", "long", "tasks", "tasks_long", "tasks_sampled", "batch", "api")
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +35,11 @@ def stand_in(tokenizer_dir, tmp_path_factory):
     server = FakeServer(work / "server", tokenizer_dir, context_length=CTX).start()
     tasks = make_tasks(work / "tasks.jsonl", n=30)
 
-    def ask(fault: dict, ctx: int = CTX) -> dict:
+    def ask(fault: dict, ctx: int = CTX, batch: dict | None = None) -> dict:
         server.post("/_test/config", {"model": fault, "restart": True})
         spec = spec_for(ctx, True, 42, str(tasks), 20)
+        if batch is not None:  # the batch mix alone, with these settings
+            spec = {k: v for k, v in spec.items() if k not in CHECK_SETS} | {"batch": {**spec["batch"], **batch}}
         spec.update(url=f"http://127.0.0.1:{server.port}", model_path=str(tokenizer_dir), parallel=16)
         (work / "spec.json").write_text(json.dumps(spec))
         done = subprocess.run([sys.executable, str(BOX_EVAL), "run", "--spec", str(work / "spec.json"),
@@ -46,10 +49,10 @@ def stand_in(tokenizer_dir, tmp_path_factory):
 
     cache: dict = {}
 
-    def cached(fault: dict, ctx: int = CTX) -> dict:  # arm A's clean answers serve every fault's A/B
-        key = json.dumps([fault, ctx], sort_keys=True)
+    def cached(fault: dict, ctx: int = CTX, batch: dict | None = None) -> dict:  # arm A's clean answers serve every fault's A/B
+        key = json.dumps([fault, ctx, batch], sort_keys=True)
         if key not in cache:
-            cache[key] = ask(fault, ctx)
+            cache[key] = ask(fault, ctx, batch)
         return cache[key]
 
     yield cached
@@ -76,6 +79,19 @@ def test_the_clean_stand_in_passes_every_check_and_the_budget_says_what_each_dro
     assert all(e["requests"] and e["logprob_values"] and not e["bad_logprobs"] for e in budget.values())
     judged = _judge({"A": clean})
     assert judged["batch_mix"]["per_arm"]["A"]["beside_long"] > 0
+    assert clean["checks"]["batch"]["attempts"] == 1
+
+
+def test_a_mixed_phase_with_no_overlap_runs_again_and_then_says_so(stand_in):
+    # The shorts sent 3 s after the longs, which the stand-in prefills in at most 1 s: no short
+    # request is ever in flight beside a long one, so every phase is run and none is judged.
+    from dsv4kit.quality.checks import Thresholds
+    from dsv4kit.quality.checks_batch import batch_check
+
+    late = stand_in({}, batch={"stagger_s": 3.0})
+    assert late["checks"]["batch"]["attempts"] == 3
+    verdict = batch_check({"A": late}, Thresholds())
+    assert verdict["outcome"] == "inconclusive" and "no request was in flight" in verdict["why"], verdict
 
 
 @pytest.mark.parametrize("fault, check", [

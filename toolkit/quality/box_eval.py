@@ -505,6 +505,8 @@ def batch_check(url: str, tokens: Tokens, spec: dict, parallel: int, ledger: Led
     for attempt in range(MIXED_ATTEMPTS):
         if attempt:
             longs = long_prompts(attempt)
+            with progress.lock:  # the ETA counts the phase run again
+                progress.total += len(shorts) + len(longs)
         mixed, long_answers = mixed_phase(longs)
         long_spans = [a["_span"] for a in long_answers]
         if any(m["_span"][0] < s[1] and s[0] < m["_span"][1] for m in mixed for s in long_spans):
