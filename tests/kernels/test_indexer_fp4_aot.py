@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.kernels.aot_support import copies_in_loops
+
 SM120_SHARED_LIMIT = 101376  # bytes per block on sm_120
 
 BUILD = r"""
@@ -48,6 +50,7 @@ print(json.dumps({
     "shared": compiled.metadata.shared,
     "mma": sorted(set(re.findall(r"\b(?:wgmma\.mma_async|mma\.sync)[\w.:]*", ptx))),
     "target": re.search(r"\.target\s+(\S+)", ptx).group(1),
+    "ttgir": compiled.asm["ttgir"],
 }))
 """
 
@@ -68,6 +71,7 @@ def test_sm120_uses_the_native_block_scaled_e2m1_mma_within_the_limit(kernel, ta
     assert any(m.startswith("mma.sync") and "block_scale" in m and "e2m1.e2m1" in m
                and "ue8m0" in m for m in built["mma"]), built["mma"]
     assert 0 < built["shared"] <= SM120_SHARED_LIMIT
+    assert copies_in_loops(built["ttgir"]) == 0  # q reaches shared memory once, not every page
 
 
 def test_sm90_builds_with_a_tensor_core_mma():
