@@ -11,6 +11,8 @@ import os
 import shlex
 from typing import Callable, Optional
 
+from dsv4kit.core import box_paths
+
 #: Where the monitoring role points the collector, under ``dsv4_prefix`` (all.yml's ``dsv4_monitoring_textfile_dir``).
 DEFAULT_DIR = "/var/lib/prometheus/node-exporter"
 ROLLOUT_FILE = "dsv4kit-rollout.prom"
@@ -67,7 +69,7 @@ def textfile_dir(host) -> Optional[str]:
         return None
     if host.get("monitoring_textfile_dir"):
         return str(host.get("monitoring_textfile_dir"))
-    return f"{str(host.get('dsv4_prefix') or '').rstrip('/')}{host.get('dsv4_monitoring_textfile_dir') or DEFAULT_DIR}"
+    return box_paths.on_box(host, str(host.get('dsv4_monitoring_textfile_dir') or DEFAULT_DIR))
 
 
 #: The monitoring role leaves this file in the directory it points the collector at: the commands

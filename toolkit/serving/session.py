@@ -17,6 +17,7 @@ from dsv4kit.core import box_paths, exitcodes
 from dsv4kit.serving.abort import ServingAbort
 from dsv4kit.serving.remote import Remote
 
+
 def key_file(host) -> str:
     """Where the router's API key lies on the box (the file exists only when the inventory sets one):
     the inventory's ``sglang_service_router_secret_file`` when it names a path, else the role's default."""
