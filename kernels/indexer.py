@@ -234,6 +234,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def uses_row_tiles(batch: int, max_seq_len: int) -> bool:
+    """Whether the entries send a call of ``batch`` rows and ``max_seq_len`` to the row-tile kernel
+    (prefill-sized); otherwise they launch the per-row kernel."""
+    return batch >= SHARED_ROWS_MIN_BATCH and max_seq_len >= SHARED_ROWS_MIN_LEN
+
+
 def programs_per_row(batch: int, num_table_pages: int, device: torch.device,
                      programs_per_sm: int = PROGRAMS_PER_SM, tail: str = TAIL_EXACT) -> int:
     """R for the grid ``(B, R)``: a function of B, P, the tail policy and the device only
@@ -384,7 +390,7 @@ def fp8_paged_mqa_logits(
     out = torch.empty((batch, max_seq_len), dtype=torch.float32, device=q_fp8.device)
     if batch == 0:
         return out
-    if batch >= SHARED_ROWS_MIN_BATCH and max_seq_len >= SHARED_ROWS_MIN_LEN:
+    if uses_row_tiles(batch, max_seq_len):
         from dsv4kit.kernels import indexer_tiles
 
         tiles = -(-batch // indexer_tiles.ROWS)

@@ -367,7 +367,7 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, sc
     out = torch.empty((batch, msl), dtype=torch.float32, device=q_fp4.device)
     if batch == 0:
         return out
-    if batch >= _fp8_entry.SHARED_ROWS_MIN_BATCH and msl >= _fp8_entry.SHARED_ROWS_MIN_LEN:
+    if _fp8_entry.uses_row_tiles(batch, msl):
         tiles = -(-batch // _tiles.ROWS)
         launch_tiles(q_fp4, q_sf, kv, weights, lens, block_table, out, num_pages, msl,
                      _tiles.programs_per_tile(programs_per_row(

@@ -63,6 +63,36 @@ def test_the_fp4_summary_says_no_when_row_tiles_lose_at_a_long_prefix():
     assert not bad["tiles_faster_long"]
 
 
+def _decode(kernel, spread):
+    return {"kind": "decode", "entry_kernel": kernel, "decode_met": kernel == "per row",
+            "pass_spread": spread}
+
+
+def test_the_decode_verdict_is_which_kernel_the_entry_launches_not_a_timing_margin():
+    # Identical launches differ between passes by more than any fixed margin on a 3 us call; the
+    # verdict is the dispatch state, and a row-tile launch at a decode shape fails it whatever the
+    # times say.
+    same = prefill.summarise([_decode("per row", 0.06), _decode("per row", 0.01)])
+    assert same["decode_is_per_row_kernel"] and same["decode_pass_spread"] == 0.06
+    assert not prefill.summarise([_decode("per row", 0.0), _decode("row tiles", 0.0)])[
+        "decode_is_per_row_kernel"]
+    assert not prefill.summarise([])["decode_is_per_row_kernel"]
+
+
+def test_every_decode_and_verify_shape_of_the_bench_is_below_the_row_tile_thresholds():
+    from dsv4kit.kernels import indexer
+
+    for s in prefill.shapes():
+        if s["kind"] == "decode":
+            assert not indexer.uses_row_tiles(s["batch"], 131072 // 4), s["name"]
+        if s["kind"] == "verify":
+            rows = sum(r for _, r in s["requests"])
+            assert not indexer.uses_row_tiles(rows, 131072 // 4), s["name"]
+        if s["kind"] == "prefill" and s["prefix"]:
+            rows = sum(r for _, r in s["requests"])
+            assert indexer.uses_row_tiles(rows, (s["prefix"] + rows) // 4), s["name"]
+
+
 def test_the_launch_floor_row_and_the_below_launch_line_follow_the_payload():
     payload = json.loads((RESULTS / "bench_indexer_prefill_h100.json").read_text())
     table = prefill.render(payload)
