@@ -28,10 +28,13 @@ def test_the_earlier_entry_runs_the_earlier_row_tile_kernel(tmp_path):
     assert before.fp8_paged_mqa_logits_for_sglang is not None
     tiles = sys.modules[ba.BEFORE_TILES]
     assert tiles.__file__ == str(tmp_path / "k" / "indexer_tiles.py")
-    # The swap happened in the code the entry runs, not only in the file name.
+    # The swap happened in the code the entry runs: the function that launches the row tiles
+    # imports the earlier module, and nothing in it imports today's.
     from dsv4kit.kernels import indexer_tiles as current
 
     assert tiles._shared_rows_kernel is not current._shared_rows_kernel
+    names = before.fp8_paged_mqa_logits.__code__.co_names
+    assert ba.BEFORE_TILES in names and "dsv4kit.kernels" not in names
 
 
 @pytest.mark.parametrize("case, why", [
