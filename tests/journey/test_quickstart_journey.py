@@ -128,6 +128,14 @@ def run_line(box: QuickstartBox, line: str, env: dict, timeout: float = 900) -> 
     return done
 
 
+def why_failed(done: subprocess.CompletedProcess) -> str:
+    """The lines of a step's output that say what failed (invalid points and their gates, errors):
+    the captured output is cut to its tail, and CI's report to a part of that."""
+    lines = (done.stdout + "\n" + done.stderr).splitlines()
+    said = [ln for ln in lines if re.search(r"INVALID|invalid|error|Error|failed|FAILED|gate", ln)]
+    return "\n".join(said[-40:])
+
+
 def test_the_quickstart_runs_as_written_on_one_box(box):
     steps = doc_steps(QUICKSTART.read_text())
     kinds = [" ".join(shlex.split(s)[1:3]) for s in steps]
@@ -145,7 +153,7 @@ def test_the_quickstart_runs_as_written_on_one_box(box):
 
     def step(line: str, expect=(0,)) -> str:
         done = run_line(box, line, env, timeout=2400 if line.startswith(("dsv4kit bench", "dsv4kit eval")) else 900)
-        assert done.returncode in expect, f"{line}: exit {done.returncode}"
+        assert done.returncode in expect, f"{line}: exit {done.returncode}\n{why_failed(done)}"
         outputs.setdefault(line, []).append(done.stdout + done.stderr)
         if line.startswith("dsv4kit records list"):
             run_ids[:] = RUN_ID.findall(done.stdout)
