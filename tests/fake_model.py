@@ -33,8 +33,10 @@ Faults (``POST /_test/config {"model": {...}}``), each what a broken kernel path
 * ``no_logprobs: true``: logprob requests are answered without the logprob fields.
 
 Prefill time: a prompt longer than 1,024 tokens whose first 1,024 ids were not seen since the last
-fault change (a unit restart) sleeps ``prefill_us_per_token`` (default 50, at most 1 s), the
-radix cache's effect on a real server; while it sleeps it counts as a long prefill in flight.
+fault change (a unit restart) or ``/flush_cache`` (``forget_cache``) sleeps ``prefill_us_per_token``
+(default 50, at most 1 s), the radix cache's effect on a real server; while it sleeps it counts as
+a long prefill in flight. A flushed cache is cold: the bench's points, each after a flush, all pay
+their prompts' prefill, as they do on a real server (and as its ``cached_tokens`` of 0 says).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class StandInModel:
         self._tok = None
         self.seen: set = set()  # the first CACHED_PREFIX ids of prompts prefilled since the last restart
         self.prefilling = 0  # uncached long prompts in flight
+        self.cold_prefills = 0  # uncached long prompts prefilled, ever (GET /_test/stats)
 
     @property
     def faults(self) -> dict:
@@ -78,6 +81,11 @@ class StandInModel:
     def faults(self, value: dict) -> None:  # a fault change is a unit restart: the cache is empty
         with self.lock:
             self._faults = value
+            self.seen = set()
+
+    def forget_cache(self) -> None:
+        """``/flush_cache``: the prefix cache is empty, so every long prompt prefills again."""
+        with self.lock:
             self.seen = set()
 
     # ---------------------------------------------------------------- the tokenizer
@@ -164,6 +172,7 @@ class StandInModel:
             self.seen.add(key)
             if uncached:
                 self.prefilling += 1
+                self.cold_prefills += 1
         if uncached:
             try:
                 rate = float(faults.get("prefill_us_per_token", PREFILL_US_PER_TOKEN))

@@ -5,7 +5,7 @@ It answers what ``sglang.benchmark.serving --backend sglang`` and ``dsv4kit benc
 - ``GET /health``, ``GET /v1/models``, ``GET /model_info``, ``GET /server_info``
   (resolved server args, ``context_length``, ``launch_command``, ``startup_time``,
   ``internal_states``, and a fake ``api_key``/``admin_api_key`` so tests can prove scrubbing);
-- ``POST /flush_cache`` (200, counted);
+- ``POST /flush_cache`` (200, counted; the stand-in model's prefix cache is emptied: tests/fake_model.py);
 - ``POST /generate`` with ``stream: true``: ``data: {json}\\n\\n`` chunks carrying the
   *cumulative* ``text`` and ``output_ids`` and ``meta_info{id, finish_reason, prompt_tokens,
   completion_tokens, cached_tokens, ...}``, then ``data: [DONE]`` (SGLang's
@@ -456,6 +456,8 @@ def make_handler(state: State):
                     state.flush_count += 1
                     state.flush_times.append(time.time())
                     status = state.flush_status
+                if status == 200:
+                    state.model.forget_cache()
                 data = b"Cache flushed.\n" if status == 200 else b"Cannot flush: the server is not idle.\n"
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
@@ -494,7 +496,8 @@ def make_handler(state: State):
                 self._body()
                 with state.lock:
                     self._json(200, {"generate_count": state.generate_count, "flush_count": state.flush_count,
-                                     "flush_times": state.flush_times, "token_times": state.token_times})
+                                     "flush_times": state.flush_times, "token_times": state.token_times,
+                                     "cold_prefills": state.model.cold_prefills})
             elif path == "/generate":
                 self._generate(self._body())
             elif path == "/v1/chat/completions":  # SGLang's own DeepSeek-V4 chat path (tests/chat_standin.py)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import urllib.error
+import urllib.request
 
 from tests.bench_support import FakeServer
 
@@ -63,3 +65,40 @@ def test_the_standin_refreshes_its_gauges_on_sglangs_cadence_and_counts_every_re
     assert read()["num_running_reqs"] == 5
     state.enter("running", 0, -5)
     assert read()["num_running_reqs"] == 0  # the idle check publishes at once
+
+
+def test_a_flush_empties_the_stand_in_models_prefix_cache(tmp_path, tokenizer_dir):
+    # The bench flushes before every point and gates on a cold cache (cached_tokens 0): the
+    # stand-in must then prefill a long prompt again, as a real server does, and not answer the
+    # next repetition's identical prompts at a warm cache's speed.
+    server = FakeServer(tmp_path / "server", tokenizer_dir, context_length=8192).start()
+    try:
+        server.post("/_test/config", {"model": {"prefill_us_per_token": 1}})
+        long_prompt = {"input_ids": list(range(5, 2005)), "sampling_params": {"max_new_tokens": 1}}
+
+        def flush() -> int:
+            request = urllib.request.Request(f"http://127.0.0.1:{server.port}/flush_cache", data=b"{}", method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return response.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        def cold_after(*paths: str) -> int:
+            for path in paths:
+                if path == "/generate":
+                    server.post(path, long_prompt)
+                else:
+                    assert flush() == expected_flush
+            return server.stats()["cold_prefills"]
+
+        expected_flush = 200
+
+        assert cold_after("/generate") == 1
+        assert cold_after("/generate") == 1  # cached: same first 1,024 ids, no flush
+        assert cold_after("/flush_cache", "/generate") == 2
+        server.post("/_test/config", {"flush_status": 400})  # a refused flush keeps the cache
+        expected_flush = 400
+        assert cold_after("/flush_cache", "/generate") == 2
+    finally:
+        server.stop()

@@ -36,8 +36,9 @@ Inventory variables that stand in for what a CPU machine is not (the user writes
   monitoring_grafana_group is root (the package made its grafana group in the box's root only).
 
 The servers behind the units are stand-ins (tests/journey/launch_server_standin.py after SGLang's own
-parser; the router after sglang-router's): each decode token takes 2 ms, so the doc's 128K sweep
-(3 repetitions of C = 1, 16, 64; about 770 prompts of 130,048 tokens) runs in minutes.
+parser; the router after sglang-router's): a decode step takes 8 to 44 ms (1 to 64 running) and a
+128K prompt's prefill 1 s after each flush (every point is cold, as on a real server), so the doc's
+128K sweep (3 repetitions of C = 1, 16, 64; about 770 prompts of 130,048 tokens) runs in minutes.
 """
 
 from __future__ import annotations
