@@ -301,6 +301,18 @@ def test_the_admissible_window_rule():
     # a prefill or a finish between two scrapes that both show 8 running breaks exactness
     window = exact_occupancy(scrapes([exact] * 15 + [(8, 0, 200, 0)] * 15 + [(8, 0, 200, 1)] * 15), 8, 0.98, 20)
     assert not window["admissible"] and window["window_scrapes"] == 14, window  # the first has no scrape before it
+    # After a finish the running gauge may still say 8 while 7 run, until SGLang rewrites it (every 40
+    # decode passes): the scrapes before the pass counter has moved 40 past the finish are not exact,
+    # even where no other request finished and the next one joined (10 passes a scrape here).
+    after_finish = scrapes([exact] * 10 + [(8, 0, 100, 1)] * 50)  # a finish at scrape 10 (pass 100)
+    window = exact_occupancy(after_finish, 8, 0.98, 20)
+    assert window["admissible"] and window["window_s"][0] == pytest.approx(1.5) and window["window_scrapes"] == 45
+    slow = exact_occupancy(after_finish, 8, 0.98, 20, refresh_passes=400)  # a decode_log_interval of 400
+    assert not slow["admissible"] and slow["window_scrapes"] == 9 and "within 400 decode passes" in slow["detail"]
+    # a gauge that changed after the finish (7, then 8 again as the next request joined) was rewritten:
+    # current again at once
+    rejoined = exact_occupancy(scrapes([exact] * 10 + [(7, 0, 100, 1)] + [(8, 0, 100, 1)] * 40), 8, 0.98, 20)
+    assert rejoined["admissible"] and rejoined["window_s"][0] == pytest.approx(1.2), rejoined
     # 19 exact scrapes are too few; 21 of one short are not C; a foreign request is named
     assert not exact_occupancy(scrapes([exact] * 19), 8, 0.98, 20)["admissible"]
     short = exact_occupancy(scrapes([(7, 1, 100, 0)] * 21), 8, 0.98, 20)

@@ -23,7 +23,12 @@ the client's "Starting main benchmark run" line plus the 1 s pause to the client
 scrape of the decode server is at **exact occupancy** when it runs exactly C requests
 (``num_running_reqs``), queues none (``num_queue_reqs``), computed no prompt tokens since the
 previous scrape (``realtime_tokens_total{mode="prefill_compute"}``) and finished no request since
-then (``num_requests_total``). An **admissible window** is a stretch of consecutive scrapes, from
+then (``num_requests_total``), and its running gauge is known to be current: since the last scrape
+that saw a request finish, either the gauge has changed in a later scrape, or the forward-pass
+counter had moved at least ``GAUGE_REFRESH_PASSES`` passes by the scrape before. SGLang rewrites
+its running gauge only every that many decode passes (and on a prefill batch), so after a finish
+the gauge can go on saying C while C - 1 run until the next rewrite, and a pair of scrapes in that
+time would look exact. An **admissible window** is a stretch of consecutive scrapes, from
 one exact scrape to another, of which at least ``min_exact_share`` are exact, and at least
 ``min_window_scrapes`` long. The longest one is the point's window; ``decode_tok_s`` is the decode
 server's generated tokens (``realtime_tokens_total{mode="decode"}``) over the time between
@@ -50,6 +55,9 @@ CLIENT_PAUSE_S = 1.0
 MIN_SAMPLES = 2
 #: The least share of the point's decode phase spent at exact occupancy (GateConfig.min_window_share).
 MIN_WINDOW_SHARE = 0.5
+#: SGLang 0.5.23 rewrites its running/queued gauges every ``decode_log_interval`` decode passes
+#: (default 40; a server_info that gives another value is followed).
+GAUGE_REFRESH_PASSES = 40
 
 
 def token_timeline(ttfts: Sequence[float], itls: Sequence[Sequence[float]], concurrency: int,
@@ -211,13 +219,13 @@ def decode_phase(samples: list) -> Optional[tuple]:
 
 
 def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrapes: int,
-                    min_window_share: float = MIN_WINDOW_SHARE) -> dict:
+                    min_window_share: float = MIN_WINDOW_SHARE, refresh_passes: float = GAUGE_REFRESH_PASSES) -> dict:
     """The ``occupancy`` block: the decode server's scrapes of the measured run (time order) judged
     by the module doc's rule. ``admissible`` says whether a window qualified; ``decode_tok_s``,
     ``forward_passes_per_s`` and ``acceptance_length`` come from it; ``detail`` says in words what
     the server did."""
     out: dict = {"rule": {"concurrency": concurrency, "min_exact_share": min_share, "min_window_scrapes": min_scrapes,
-                          "min_window_share": min_window_share},
+                          "min_window_share": min_window_share, "gauge_refresh_passes": refresh_passes},
                  "scrapes": len(samples), "admissible": False, "window_scrapes": 0, "exact_share": None,
                  "decode_tok_s": None, "forward_passes_per_s": None, "acceptance_length": None,
                  "tokens_per_pass_per_request": None, "foreign_scrapes": 0, "foreign_max": 0}
@@ -226,8 +234,24 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
         return out
     t0 = samples[0]["t"]
     flags, missing = [False], set()
+    # The pass counter at the last scrape that saw a request finish, and whether the running gauge
+    # has changed in a later scrape (a rewrite after the finish: it is current again).
+    finished_at, rewritten = None, False
     for prev, cur in zip(samples, samples[1:]):
         ok, why = _exact(prev, cur, concurrency)
+        if None not in (prev.get("num_requests_total"), cur.get("num_requests_total")) \
+                and cur["num_requests_total"] != prev["num_requests_total"]:
+            finished_at = cur.get("decode_passes_total")
+            finished_at, rewritten = (math.nan if finished_at is None else finished_at), False
+            flags.append(ok)
+            continue
+        if ok and finished_at is not None and not rewritten:
+            passes = prev.get("decode_passes_total")
+            if passes is None or math.isnan(finished_at):
+                ok, why = False, "no decode_passes_total counter"
+            elif passes - finished_at < refresh_passes:
+                ok = False  # the running gauge may not have been rewritten since that finish
+        rewritten = rewritten or cur.get("num_running_reqs") != prev.get("num_running_reqs")
         flags.append(ok)
         if why and why.startswith("no "):
             missing.add(why)
@@ -272,7 +296,7 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
 
 def _occupancy_detail(out: dict, samples: list, concurrency: int, missing: set) -> str:
     rule = (f"exactly {concurrency} running, none queued, no prompt tokens computed and no request finished "
-            f"between scrapes, in at least {100 * out['rule']['min_exact_share']:g}% of at least "
+            f"between scrapes nor within {out['rule']['gauge_refresh_passes']:g} decode passes before, in at least {100 * out['rule']['min_exact_share']:g}% of at least "
             f"{out['rule']['min_window_scrapes']} consecutive scrapes")
     rule += (f", with exact occupancy over at least {100 * out['rule']['min_window_share']:g}% of the decode phase")
     if out["admissible"]:
@@ -375,8 +399,10 @@ def analyze(line: dict, concurrency: int, evidence: Optional[dict], decode_port:
                            f"(need {MIN_SAMPLES})" + (f"; scrape errors: {errors['count']}x {errors['first']}"
                                                       if errors else ""))
         return out
+    refresh = decode_info(line.get("server_info") or {}).get("decode_log_interval")
     occupancy = exact_occupancy(samples, concurrency, min_share, min_scrapes,
-                                getattr(gates, "min_window_share", MIN_WINDOW_SHARE))
+                                getattr(gates, "min_window_share", MIN_WINDOW_SHARE),
+                                refresh if isinstance(refresh, (int, float)) and refresh > 0 else GAUGE_REFRESH_PASSES)
     if problems:
         occupancy["detail"] = f"{problems[0]}; {occupancy['detail']}"
     out["occupancy"] = occupancy
