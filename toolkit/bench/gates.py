@@ -24,8 +24,8 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
 ``exact_occupancy`` the decode server's own scrapes hold an admissible window (``dsv4kit.bench.window``):
                      at least ``min_window_scrapes`` consecutive scrapes, at least ``min_exact_share`` of
                      them with exactly C running, none queued, no prompt tokens computed and no request
-                     finished in between nor within the running gauge's rewrite interval (40 decode passes)
-                     before; and exact occupancy over at least ``min_window_share`` of the
+                     finished in between, and the running gauge current since the last finish (changed
+                     since, or 40 decode passes later); and exact occupancy over at least ``min_window_share`` of the
                      decode phase (all the run's exact stretches: every wave counts). The headline comes from that window only. None: the gate says
                      what the server ran instead (running and queued over time, foreign load).
                      A series that is missing or ambiguous (box.metrics.select_metric): fail.
