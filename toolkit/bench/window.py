@@ -243,15 +243,14 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
                 and cur["num_requests_total"] != prev["num_requests_total"]:
             finished_at = cur.get("decode_passes_total")
             finished_at, rewritten = (math.nan if finished_at is None else finished_at), False
-            flags.append(ok)
-            continue
-        if ok and finished_at is not None and not rewritten:
-            passes = prev.get("decode_passes_total")
-            if passes is None or math.isnan(finished_at):
-                ok, why = False, "no decode_passes_total counter"
-            elif passes - finished_at < refresh_passes:
-                ok = False  # the running gauge may not have been rewritten since that finish
-        rewritten = rewritten or cur.get("num_running_reqs") != prev.get("num_running_reqs")
+        else:
+            if ok and finished_at is not None and not rewritten:
+                passes = prev.get("decode_passes_total")
+                if passes is None or math.isnan(finished_at):
+                    ok, why = False, "no decode_passes_total counter"
+                elif passes - finished_at < refresh_passes:
+                    ok = False  # the running gauge may not have been rewritten since that finish
+            rewritten = rewritten or cur.get("num_running_reqs") != prev.get("num_running_reqs")
         flags.append(ok)
         if why and why.startswith("no "):
             missing.add(why)
@@ -296,7 +295,8 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
 
 def _occupancy_detail(out: dict, samples: list, concurrency: int, missing: set) -> str:
     rule = (f"exactly {concurrency} running, none queued, no prompt tokens computed and no request finished "
-            f"between scrapes nor within {out['rule']['gauge_refresh_passes']:g} decode passes before, in at least {100 * out['rule']['min_exact_share']:g}% of at least "
+            f"between scrapes nor within {out['rule']['gauge_refresh_passes']:g} decode passes before unless the running "
+            f"gauge changed since, in at least {100 * out['rule']['min_exact_share']:g}% of at least "
             f"{out['rule']['min_window_scrapes']} consecutive scrapes")
     rule += (f", with exact occupancy over at least {100 * out['rule']['min_window_share']:g}% of the decode phase")
     if out["admissible"]:
