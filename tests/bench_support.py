@@ -6,7 +6,8 @@
   prebuilt one instead.
 - ``make_tokenizer(python, dir)``: a ``PreTrainedTokenizerFast`` around a ``tokenizers`` WordLevel
   model over the words ``w0 .. w{V-1}`` that the stand-in server generates, saved to ``dir``.
-- ``FakeServer``: ``tests/fake_sglang_server.py`` as a subprocess on 127.0.0.1.
+- ``FakeServer``: ``tests/fake_sglang_server.py`` as a subprocess on 127.0.0.1, by default as a
+  server launched with ``--decode-log-interval 8`` (``TEST_GAUGE_REFRESH_PASSES``).
 - ``DcgmStandin``: the DCGM exporter stand-in (``tests/fake_exporters.py``), the GPU telemetry source
   of every bench and eval box (``box_dcgm`` in conftest.py: a point no source observed is invalid).
 """
@@ -28,6 +29,13 @@ from tests.sglang_wheel import client_venv  # noqa: F401  (the bench tests impor
 HERE = Path(__file__).resolve().parent
 SGLANG_VERSION = "0.5.23"
 VOCAB_SIZE = 200
+#: The stand-in's gauge cadence unless a test names one: it rewrites its running gauge every 8
+#: decode passes and says so in /server_info, as a box launched with ``--decode-log-interval 8``.
+#: The bench then waits 8 passes after each finish, not SGLang's default 40, before a scrape is
+#: exact again: the 64-token outputs these tests use for speed would otherwise spend most of each
+#: wave waiting. SGLang's 40 stays where the cadence is the point (the quickstart journey, the
+#: stand-in's fault sweep).
+TEST_GAUGE_REFRESH_PASSES = 8
 
 
 #: The stand-in tokenizer's pre-tokenizer: words with their leading space, single digits,
@@ -87,14 +95,17 @@ class FakeServer:
     """tests/fake_sglang_server.py on 127.0.0.1 (a subprocess; stopped by ``stop``)."""
 
     def __init__(self, workdir: Path, model_path: Path, *, context_length: int = 4096,
-                 token_delay_ms: float = 10.0, error_every: int = 0, cached_tokens: int = 0, **faults):
+                 token_delay_ms: float = 10.0, error_every: int = 0, cached_tokens: int = 0,
+                 gauge_refresh_passes: int = TEST_GAUGE_REFRESH_PASSES, **faults):
         """``faults``: the stand-in's hostile switches, e.g. ``decode_cap=2``, ``serial_prefill=True``,
-        ``prefill_ms=80``, ``batch_slowdown=0.1``, ``omit="cached_tokens"``, ``max_running_requests=4``."""
+        ``prefill_ms=80``, ``batch_slowdown=0.1``, ``omit="cached_tokens"``, ``max_running_requests=4``.
+        ``gauge_refresh_passes``: the running gauge's rewrite cadence in decode passes (0: live)."""
         self.workdir = workdir
         self.args = [
             "--model-path", str(model_path), "--context-length", str(context_length),
             "--token-delay-ms", str(token_delay_ms), "--error-every", str(error_every),
             "--cached-tokens", str(cached_tokens), "--vocab-size", str(VOCAB_SIZE), "--max-lifetime", "900",
+            "--gauge-refresh-passes", str(gauge_refresh_passes),
         ]
         for name, value in faults.items():
             flag = "--" + name.replace("_", "-")

@@ -340,6 +340,8 @@ class State:
             "page_size": 256,
             "max_running_requests": self.max_running_requests,
             "cuda_graph_max_bs_decode": 64,
+            # the gauges' rewrite cadence, as a launched server reports it (live gauges: every pass)
+            "decode_log_interval": self.gauge_refresh_passes or 1,
             "mem_fraction_static": 0.8,
             "attention_backend": "dsv4",
             "disaggregation_mode": "null",

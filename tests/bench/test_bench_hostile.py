@@ -55,6 +55,8 @@ def test_an_honest_server_is_valid_and_the_headline_is_what_it_delivered(bench_b
     point = record["points"][0]
     assert proc.returncode == 0 and point["validity"]["passed"], point["validity"]
     assert point["window"]["occupancy"]["admissible"] and point["window"]["running"]["max"] == 8
+    # the gauge cadence the server reported in /server_info (decode_log_interval 8), not the default 40
+    assert point["window"]["occupancy"]["rule"]["gauge_refresh_passes"] == 8
     assert point["derived"]["decode_tok_s"] == pytest.approx(delivered_in_occupancy(server, point), rel=0.10)
     # the SLOs come from the inventory and are recorded; no request makes a 1 ms TPOT; no p99 from 16 requests
     assert record["sweep"]["slo"]["ttft_ms"] == 5000 and record["sweep"]["slo"]["tpot_ms"] == 1.0

@@ -160,7 +160,7 @@ def test_each_fault_of_the_standin_invalidates_its_point(bench_box):
     from dsv4kit.bench.config import BenchAbort
     from tests.bench_support import ForeignLoad, in_process_sweep
 
-    server, inventory = bench_box(context_length=4096)
+    server, inventory = bench_box(context_length=4096, gauge_refresh_passes=40)  # SGLang's default cadence
 
     def foreign_after_the_run_began(flushes: int) -> None:
         while server.stats()["flush_count"] <= flushes:  # the client flushes, then pauses 1 s
@@ -198,6 +198,7 @@ def test_each_fault_of_the_standin_invalidates_its_point(bench_box):
     assert occupancy["window_scrapes"] >= 20 and occupancy["exact_share"] >= 0.98, occupancy
     assert occupancy["window_share"] < 0.5 and f"{100 * occupancy['window_share']:.0f}% of the" in gate["detail"]
     assert honest["window"]["occupancy"]["window_share"] >= 0.5
+    assert honest["window"]["occupancy"]["rule"]["gauge_refresh_passes"] == 40
 
     # the servers say they run on more GPUs than the inventory gives them: no point runs
     server.post("/_test/config", {"dp_size": 2})
