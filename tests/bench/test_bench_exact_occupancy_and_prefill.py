@@ -309,6 +309,10 @@ def test_the_admissible_window_rule():
     assert window["admissible"] and window["window_s"][0] == pytest.approx(1.5) and window["window_scrapes"] == 45
     slow = exact_occupancy(after_finish, 8, 0.98, 20, refresh_passes=400)  # a decode_log_interval of 400
     assert not slow["admissible"] and slow["window_scrapes"] == 9 and "within 400 decode passes" in slow["detail"]
+    # and says what it cost and what leaves more exact time: 40 scrapes at 8 waited for the rewrite
+    assert window["gauge_wait_scrapes"] == 4 and slow["gauge_wait_scrapes"] == 40
+    assert "40 scrape(s) of exactly C=8 waited for the running gauge's rewrite" in slow["detail"], slow["detail"]
+    assert "--output-len" in slow["detail"] and "--decode-log-interval" in slow["detail"]
     # a gauge that changed after the finish (7, then 8 again as the next request joined) was rewritten:
     # current again at once
     rejoined = exact_occupancy(scrapes([exact] * 10 + [(7, 0, 100, 1)] + [(8, 0, 100, 1)] * 40), 8, 0.98, 20)

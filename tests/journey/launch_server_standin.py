@@ -44,6 +44,8 @@ def main(argv: list[str]) -> int:
     return fake.main(["--port", str(args.port), "--model-path", args.model_path, *accept,
                       "--disaggregation-mode", args.disaggregation_mode,  # PD's series on /metrics
                       "--served-model-name", args.served_model_name or args.model_path,
+                      # its gauges rewritten on the unit's cadence (SGLang's default 40), as /server_info says
+                      "--gauge-refresh-passes", str(args.decode_log_interval),
                       "--context-length", str(args.context_length),
                       "--max-running-requests", str(args.max_running_requests or 256),
                       # and holds to it: requests beyond it queue, as SGLang's scheduler makes them

@@ -228,7 +228,8 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
                           "min_window_share": min_window_share, "gauge_refresh_passes": refresh_passes},
                  "scrapes": len(samples), "admissible": False, "window_scrapes": 0, "exact_share": None,
                  "decode_tok_s": None, "forward_passes_per_s": None, "acceptance_length": None,
-                 "tokens_per_pass_per_request": None, "foreign_scrapes": 0, "foreign_max": 0}
+                 "tokens_per_pass_per_request": None, "foreign_scrapes": 0, "foreign_max": 0,
+                 "gauge_wait_scrapes": 0}
     if len(samples) < 2:
         out["detail"] = f"{len(samples)} scrape(s) of the decode server in the measured run: no evidence"
         return out
@@ -250,6 +251,7 @@ def exact_occupancy(samples: list, concurrency: int, min_share: float, min_scrap
                     ok, why = False, "no decode_passes_total counter"
                 elif passes - finished_at < refresh_passes:
                     ok = False  # the running gauge may not have been rewritten since that finish
+                    out["gauge_wait_scrapes"] += 1
             rewritten = rewritten or cur.get("num_running_reqs") != prev.get("num_running_reqs")
         flags.append(ok)
         if why and why.startswith("no "):
@@ -314,6 +316,12 @@ def _occupancy_detail(out: dict, samples: list, concurrency: int, missing: set) 
             + f" of {len(samples)}")
     if missing:
         told += "; the decode server's /metrics lacks " + ", ".join(sorted(m[3:] for m in missing))
+    waited, refresh = out.get("gauge_wait_scrapes") or 0, out["rule"]["gauge_refresh_passes"]
+    if waited >= 0.1 * len(samples):
+        told += (f"; {waited} scrape(s) of exactly C={concurrency} waited for the running gauge's rewrite after "
+                 f"a request finished (every {refresh:g} decode passes): outputs several times {refresh:g} "
+                 f"tokens long (--output-len), or a server launched with a smaller --decode-log-interval, "
+                 f"leave more of each wave exact")
     if running:
         told += (f"; the server ran {min(running):g} to {max(running):g} requests (median "
                  f"{statistics.median(running):g}) for C={concurrency}")
