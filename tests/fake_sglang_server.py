@@ -196,12 +196,17 @@ class State:
         self.retracted_total = 0
         self.publish_gauges()
 
-    def publish_gauges(self) -> None:
-        """Take the scheduler gauges' values now (lock held), as 0.5.23's metrics reporter does."""
+    def publish_gauges(self, admitting: int = 0, priority=None) -> None:
+        """Take the scheduler gauges' values now (lock held), as 0.5.23's metrics reporter does.
+        ``admitting``: a prefill batch's requests, which its write does not count as running yet
+        (0.5.23 counts the running batch before the batch it admits joins it)."""
         now = time.time()
         self.last_publish = now
-        self.published = {"running": self.running, "queued": self.queued,
-                          "running_by_priority": dict(self.running_by_priority),
+        by_priority = dict(self.running_by_priority)
+        if admitting and priority in by_priority:
+            by_priority[priority] -= admitting
+        self.published = {"running": self.running - admitting, "queued": self.queued,
+                          "running_by_priority": by_priority,
                           "queued_by_priority": dict(self.queued_by_priority),
                           "gen_throughput": float(sum(1 for t in self.token_times[-5000:] if t > now - 1.0)),
                           "token_usage": self.running_tokens / self.max_total_num_tokens}
@@ -661,7 +666,10 @@ def make_handler(state: State):
                     if not state.kv_transfer_ms:  # a PD decode server computes no prompt tokens
                         state.prefill_tokens += prompt_tokens - cached
                         state.prefill_cached += cached
-                    state.publish_gauges()  # a prefill batch refreshes the scheduler gauges
+                    # A prefill batch writes the scheduler gauges, without the request it admits; a PD
+                    # decode server admits a transferred request without one and writes nothing.
+                    if not (state.kv_transfer_ms or state.serving.mode == "decode"):
+                        state.publish_gauges(admitting=1, priority=priority)
                 try:
                     done_passes = verify_passes = 0
                     first_pass = True
