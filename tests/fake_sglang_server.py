@@ -169,8 +169,9 @@ class State:
         self.spec_accept_length = getattr(args, "spec_accept_length", 0.0)
         self.served_model_path = getattr(args, "served_model_path", "")
         self.kv_transfer_ms = getattr(args, "kv_transfer_ms", 0.0)
+        self.disaggregation_mode = getattr(args, "disaggregation_mode", None) or "null"
         # latency histograms, cache hit rate, SWA use, PD transfer series (tests/standin_histograms.py)
-        self.serving = ServingMetrics(getattr(args, "disaggregation_mode", None) or "null",
+        self.serving = ServingMetrics(self.disaggregation_mode,
                                       publish=getattr(args, "serving_metrics", False))
         self.chat = chat_standin.ChatStandIn(getattr(args, "served_model_name", "") or args.model_path)
         # SGLang's HTTP middleware counts every request it receives by (endpoint, method), as it arrives.
@@ -668,7 +669,7 @@ def make_handler(state: State):
                         state.prefill_cached += cached
                     # A prefill batch writes the scheduler gauges, without the request it admits; a PD
                     # decode server admits a transferred request without one and writes nothing.
-                    if not (state.kv_transfer_ms or state.serving.mode == "decode"):
+                    if not (state.kv_transfer_ms or state.disaggregation_mode == "decode"):
                         state.publish_gauges(admitting=1, priority=priority)
                 try:
                     done_passes = verify_passes = 0

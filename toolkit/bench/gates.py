@@ -25,7 +25,7 @@ The gates and the trap each one catches (docs/benchmarking.md explains them):
                      at least ``min_window_scrapes`` consecutive scrapes, at least ``min_exact_share`` of
                      them with exactly C running, none queued, no prompt tokens computed and no request
                      finished in between, and the running gauge current since the last finish (changed
-                     since, or 40 decode passes later); and exact occupancy over at least ``min_window_share`` of the
+                     since, or the server's decode_log_interval passes later, 40 by default); and exact occupancy over at least ``min_window_share`` of the
                      decode phase (all the run's exact stretches: every wave counts). The headline comes from that window only. None: the gate says
                      what the server ran instead (running and queued over time, foreign load).
                      A series that is missing or ambiguous (box.metrics.select_metric): fail.

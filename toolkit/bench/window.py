@@ -58,6 +58,9 @@ MIN_WINDOW_SHARE = 0.5
 #: SGLang 0.5.23 rewrites its running/queued gauges every ``decode_log_interval`` decode passes
 #: (default 40; a server_info that gives another value is followed).
 GAUGE_REFRESH_PASSES = 40
+#: An inadmissible point names the remedies for the gauge's wait when at least this share of its
+#: scrapes were exactly C but waited for a rewrite after a finish.
+GAUGE_WAIT_HINT_SHARE = 0.1
 
 
 def token_timeline(ttfts: Sequence[float], itls: Sequence[Sequence[float]], concurrency: int,
@@ -317,7 +320,7 @@ def _occupancy_detail(out: dict, samples: list, concurrency: int, missing: set) 
     if missing:
         told += "; the decode server's /metrics lacks " + ", ".join(sorted(m[3:] for m in missing))
     waited, refresh = out.get("gauge_wait_scrapes") or 0, out["rule"]["gauge_refresh_passes"]
-    if waited >= 0.1 * len(samples):
+    if waited >= GAUGE_WAIT_HINT_SHARE * len(samples):
         told += (f"; {waited} scrape(s) of exactly C={concurrency} waited for the running gauge's rewrite after "
                  f"a request finished (every {refresh:g} decode passes): outputs several times {refresh:g} "
                  f"tokens long (--output-len), or a server launched with a smaller --decode-log-interval, "
